@@ -1,0 +1,46 @@
+"""The `polar` command. Each subcommand lives in its own module and is imported only when used, so
+`polar --help` stays fast and a missing optional dependency (torch for the engine) only affects its command."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> (module, attribute, one-line help). Keep alphabetical.
+_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "demo": ("polar.cli.demo", "demo", "Run the quickstart: gateway + policy, driven by real SDK clients."),
+    "gateway": ("polar.cli.gateway", "gateway", "Serve the capturing gateway in front of an inference server."),
+    "serve-model": ("polar.cli.serve_model", "serve_model", "Serve a policy with the embedded engine."),
+    "traces": ("polar.cli.traces", "traces", "Build, audit and export trajectories from a store."),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        spec = _COMMANDS.get(cmd_name)
+        if spec is None:
+            return None
+        module = importlib.import_module(spec[0])
+        cmd = getattr(module, spec[1])
+        assert isinstance(cmd, click.Command)
+        return cmd
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, _COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="polar")
+def main() -> None:
+    """polar: train models inside the agent harnesses people use, without changing them.
+
+    The gateway sits at the model API boundary of any harness (Codex, Claude Code, Gemini CLI, Qwen Code,
+    OpenCode, Pi, or your own program), records the exact tokens and log-probabilities of every call, and
+    turns them into trainer-ready trajectories.
+    """

@@ -1,0 +1,1 @@
+"""Clients of the policy's inference server, one module per server kind."""

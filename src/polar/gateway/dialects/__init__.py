@@ -1,0 +1,1 @@
+"""One module per wire dialect a harness may speak."""

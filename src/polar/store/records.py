@@ -1,0 +1,90 @@
+"""What the gateway captures, as plain frozen values.
+
+A `CompletionRecord` is one successful model call with the exact token data the server returned; a
+`FailureRecord` is a call that did not complete (never mistaken for a completion). Trajectories, rollouts and
+training read only these. `to_json`/`from_json` give the wire form served by `GET /sessions/{id}/completions`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRecord:
+    session_id: str
+    seq: int  # order of the call within its session (shared with failures; gaps are failed calls)
+    completion_id: str
+    dialect: str  # "chat" | "responses" | "anthropic" | "gemini"
+    created_at: float  # unix seconds when the call arrived
+    request: dict[str, Any]  # the harness's original body, as sent
+    upstream_request: dict[str, Any]  # the canonical OpenAI Chat body sent to the backend
+    prompt_ids: list[int] | None
+    response_ids: list[int] | None
+    response_logprobs: list[float] | None
+    finish_reason: str
+    response_message: dict[str, Any]  # OpenAI Chat assistant message (content, reasoning_content, tool_calls)
+    tools: list[dict[str, Any]] | None  # canonical (OpenAI Chat) tools given to the policy
+    usage: dict[str, int]  # prompt_tokens, completion_tokens
+    model_requested: str
+    model_served: str
+    policy_version: int | None = None
+    upstream_latency_ms: float = 0.0
+    gateway_overhead_ms: float = 0.0
+    flags: tuple[str, ...] = ()  # see polar.gateway.canonical FLAG_*
+    tags: tuple[str, ...] = ()  # e.g. "side_call" from a harness preset's classifier
+
+    @property
+    def trainable(self) -> bool:
+        """True when every sampled token has an id and a logprob the server produced."""
+        return (
+            self.prompt_ids is not None
+            and self.response_ids is not None
+            and self.response_logprobs is not None
+            and len(self.response_ids) == len(self.response_logprobs)
+            and "not_trainable" not in self.flags
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["flags"] = list(self.flags)
+        d["tags"] = list(self.tags)
+        d["trainable"] = self.trainable
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CompletionRecord:
+        names = cls.__dataclass_fields__
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["flags"] = tuple(kw.get("flags", ()))
+        kw["tags"] = tuple(kw.get("tags", ()))
+        return cls(**kw)
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRecord:
+    session_id: str
+    seq: int
+    dialect: str
+    created_at: float
+    status: int
+    kind: str  # polar.gateway.errors.ErrorKind
+    message: str
+    request: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    session_id: str
+    created_at: float
+    status: str  # "open" | "closed"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    completions: int = 0
+    failures: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

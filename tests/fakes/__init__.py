@@ -1,0 +1,1 @@
+"""Test doubles. Only the policy's inference server is ever faked, and only here."""
