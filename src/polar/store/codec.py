@@ -1,0 +1,136 @@
+"""Compact encodings that make storage grow with what is new, not with context length.
+
+Agent prompts repeat everything before them: call k+1 of a session re-sends call k's messages, tools and
+system prompt, and its prompt token ids extend call k's. Two encodings exploit that:
+
+- token ids are little-endian int32 arrays, and a prompt is stored as "the first `shared` tokens of an
+  earlier prompt of the session" plus its new tail (`prefix_len` finds the shared length with memcmp-speed
+  slice comparisons);
+- JSON bodies are split into a small skeleton and content-addressed blobs (each element of a large
+  top-level list, or a large top-level value), so a message or tool list seen before costs a 16-byte hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from array import array
+from typing import Any
+
+import orjson
+
+_INT32 = "i"
+assert array(_INT32).itemsize == 4
+
+# Values whose JSON is shorter than this stay inline in the skeleton: a blob reference costs ~40 bytes.
+INLINE_LIMIT = 256
+_RAW, _ZLIB = b"r", b"z"
+
+
+def ids_to_bytes(ids: list[int]) -> bytes:
+    return array(_INT32, ids).tobytes()
+
+
+def bytes_to_ids(data: bytes) -> list[int]:
+    arr = array(_INT32)
+    arr.frombytes(data)
+    return arr.tolist()
+
+
+def floats_to_bytes(values: list[float]) -> bytes:
+    # float64: a logprob must read back bit-identical to what the server returned.
+    return array("d", values).tobytes()
+
+
+def bytes_to_floats(data: bytes) -> list[float]:
+    arr = array("d")
+    arr.frombytes(data)
+    return arr.tolist()
+
+
+def prefix_len(a: bytes, b: bytes) -> int:
+    """Number of leading int32 tokens two id arrays share (binary search over slice equality)."""
+    n = min(len(a), len(b)) // 4
+    if a[: n * 4] == b[: n * 4]:
+        return n
+    lo, hi = 0, n  # invariant: first lo tokens equal, first hi tokens differ
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[: mid * 4] == b[: mid * 4]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def pack_blob(data: bytes) -> bytes:
+    if len(data) >= INLINE_LIMIT:
+        packed = zlib.compress(data, 1)
+        if len(packed) < len(data):
+            return _ZLIB + packed
+    return _RAW + data
+
+
+def unpack_blob(data: bytes) -> bytes:
+    if data[:1] == _ZLIB:
+        return zlib.decompress(data[1:])
+    return data[1:]
+
+
+def blob_hash(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def split_json(obj: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
+    """Encode a JSON object as (skeleton bytes, {hash: element JSON}).
+
+    The skeleton is `{"order": [keys], "inline": {...}, "lists": {key: [hex, ...]}, "values": {key: hex}}`;
+    keeping refs out of the user's own keys means no content can be mistaken for a reference, and `order`
+    restores the body's key order.
+    """
+    inline: dict[str, Any] = {}
+    lists: dict[str, list[str]] = {}
+    values: dict[str, str] = {}
+    blobs: dict[bytes, bytes] = {}
+    for key, value in obj.items():
+        if isinstance(value, list) and value:
+            encoded = [orjson.dumps(v) for v in value]
+            if sum(len(e) for e in encoded) < INLINE_LIMIT:
+                inline[key] = value
+                continue
+            refs = []
+            for e in encoded:
+                h = blob_hash(e)
+                blobs[h] = e
+                refs.append(h.hex())
+            lists[key] = refs
+        elif isinstance(value, (dict, str)):
+            e = orjson.dumps(value)
+            if len(e) < INLINE_LIMIT:
+                inline[key] = value
+                continue
+            h = blob_hash(e)
+            blobs[h] = e
+            values[key] = h.hex()
+        else:
+            inline[key] = value
+    skeleton = orjson.dumps({"order": list(obj), "inline": inline, "lists": lists, "values": values})
+    return skeleton, blobs
+
+
+def join_json(skeleton: bytes, blob: dict[bytes, bytes] | Any) -> dict[str, Any]:
+    """Inverse of `split_json`; `blob` maps a 16-byte hash to the element's JSON bytes."""
+    sk = orjson.loads(skeleton)
+    parts: dict[str, Any] = dict(sk["inline"])
+    for key, refs in sk["lists"].items():
+        parts[key] = [orjson.loads(blob[bytes.fromhex(h)]) for h in refs]
+    for key, h in sk["values"].items():
+        parts[key] = orjson.loads(blob[bytes.fromhex(h)])
+    return {key: parts[key] for key in sk["order"]}
+
+
+def skeleton_refs(skeleton: bytes) -> list[bytes]:
+    sk = orjson.loads(skeleton)
+    refs = [bytes.fromhex(h) for hs in sk["lists"].values() for h in hs]
+    refs.extend(bytes.fromhex(h) for h in sk["values"].values())
+    return refs

@@ -1,0 +1,400 @@
+"""The embedded store: one SQLite file in WAL mode.
+
+Writes go through `RecordWriter` (one connection, used by one thread at a time); reads open their own
+connection, so readers never block the writer. Prompt ids are stored as a delta against an earlier prompt
+of the same session and JSON bodies as skeletons over content-addressed blobs (see `codec`), which keeps a
+200-call session with 30k-token contexts at megabytes.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from polar.store import codec
+from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
+
+Durability = Literal["normal", "full"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    status TEXT NOT NULL,
+    task_id TEXT,
+    metadata BLOB NOT NULL,
+    closed_at REAL
+);
+CREATE INDEX IF NOT EXISTS sessions_task ON sessions (task_id);
+CREATE TABLE IF NOT EXISTS blobs (hash BLOB PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS completions (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    completion_id TEXT NOT NULL,
+    dialect TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    request BLOB NOT NULL,
+    upstream BLOB NOT NULL,
+    prompt_len INTEGER NOT NULL,   -- -1 when the server returned no prompt ids
+    prompt_base INTEGER,           -- seq of the earlier record whose prompt this one extends
+    prompt_shared INTEGER NOT NULL,
+    prompt_tail BLOB,
+    response_ids BLOB,
+    response_logprobs BLOB,
+    finish_reason TEXT NOT NULL,
+    response_message BLOB NOT NULL,
+    tools BLOB,                    -- blob hash of the canonical tools list
+    usage BLOB NOT NULL,
+    model_requested TEXT NOT NULL,
+    model_served TEXT NOT NULL,
+    policy_version INTEGER,
+    upstream_ms REAL NOT NULL,
+    overhead_ms REAL NOT NULL,
+    flags TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS failures (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    dialect TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    status INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    message TEXT NOT NULL,
+    request BLOB,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+"""
+
+_COMPLETION_COLUMNS = (
+    "session_id, seq, completion_id, dialect, created_at, request, upstream, prompt_len, prompt_base, "
+    "prompt_shared, prompt_tail, response_ids, response_logprobs, finish_reason, response_message, tools, "
+    "usage, model_requested, model_served, policy_version, upstream_ms, overhead_ms, flags, tags"
+)
+
+
+def connect(path: str | Path, durability: Durability = "normal") -> sqlite3.Connection:
+    """Open the store, creating the schema. WAL + synchronous=NORMAL survives a killed process (every
+    committed transaction is in the WAL); `full` also survives power loss, at an fsync per commit."""
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.executescript(SCHEMA)
+    return conn
+
+
+class RecordWriter:
+    """Turns records into rows. Keeps, per session, the latest prompts it wrote so the next prompt is
+    stored as a delta; the cache is bounded by bytes, and a miss only costs a full copy."""
+
+    def __init__(self, conn: sqlite3.Connection, cache_bytes: int = 256 << 20, prompts_per_session: int = 4):
+        self.conn = conn
+        self._cache: OrderedDict[str, list[tuple[int, bytes]]] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._per_session = prompts_per_session
+        self._known_blobs: set[bytes] = set()
+
+    def reset(self) -> None:
+        """Forget cached state after a rollback: cached prompts and blobs may name rows that never landed."""
+        self._cache.clear()
+        self._cache_bytes = 0
+        self._known_blobs.clear()
+
+    # -- blobs ------------------------------------------------------------------------------------------
+    def _put_blobs(self, blobs: dict[bytes, bytes]) -> None:
+        new = [(h, codec.pack_blob(data)) for h, data in blobs.items() if h not in self._known_blobs]
+        if new:
+            self.conn.executemany("INSERT OR IGNORE INTO blobs (hash, data) VALUES (?, ?)", new)
+            if len(self._known_blobs) > 2_000_000:
+                self._known_blobs.clear()
+            self._known_blobs.update(h for h, _ in new)
+
+    def _put_json(self, obj: dict[str, Any]) -> bytes:
+        skeleton, blobs = codec.split_json(obj)
+        self._put_blobs(blobs)
+        return skeleton
+
+    # -- prompts ----------------------------------------------------------------------------------------
+    def _prompt_delta(self, session_id: str, seq: int, ids: bytes) -> tuple[int | None, int, bytes]:
+        best_seq, best = None, 0
+        for prev_seq, prev in self._cache.get(session_id, ()):
+            n = codec.prefix_len(prev, ids)
+            if n > best:
+                best_seq, best = prev_seq, n
+        entries = self._cache.setdefault(session_id, [])
+        self._cache.move_to_end(session_id)
+        entries.append((seq, ids))
+        self._cache_bytes += len(ids)
+        if len(entries) > self._per_session:
+            self._cache_bytes -= len(entries.pop(0)[1])
+        while self._cache_bytes > self._cache_limit and self._cache:
+            _, evicted = self._cache.popitem(last=False)
+            self._cache_bytes -= sum(len(b) for _, b in evicted)
+        if best_seq is None:
+            return None, 0, ids
+        return best_seq, best, ids[best * 4 :]
+
+    # -- rows -------------------------------------------------------------------------------------------
+    def add_session(self, info: SessionInfo) -> None:
+        self.conn.execute(
+            "INSERT INTO sessions (id, created_at, status, task_id, metadata) VALUES (?, ?, ?, ?, ?)",
+            (
+                info.session_id,
+                info.created_at,
+                info.status,
+                _task_id(info.metadata),
+                orjson.dumps(info.metadata),
+            ),
+        )
+
+    def close_session(self, session_id: str) -> None:
+        self.conn.execute(
+            "UPDATE sessions SET status = 'closed', closed_at = ? WHERE id = ?", (time.time(), session_id)
+        )
+
+    def add_completion(self, r: CompletionRecord) -> None:
+        if r.prompt_ids is None:
+            prompt_len, base, shared, tail = -1, None, 0, None
+        else:
+            prompt_len = len(r.prompt_ids)
+            base, shared, tail = self._prompt_delta(r.session_id, r.seq, codec.ids_to_bytes(r.prompt_ids))
+        tools_ref = None
+        if r.tools is not None:
+            data = orjson.dumps(r.tools)
+            tools_ref = codec.blob_hash(data)
+            self._put_blobs({tools_ref: data})
+        self.conn.execute(
+            f"INSERT INTO completions ({_COMPLETION_COLUMNS}) VALUES ({', '.join('?' * 24)})",
+            (
+                r.session_id,
+                r.seq,
+                r.completion_id,
+                r.dialect,
+                r.created_at,
+                self._put_json(r.request),
+                self._put_json(r.upstream_request),
+                prompt_len,
+                base,
+                shared,
+                tail,
+                None if r.response_ids is None else codec.ids_to_bytes(r.response_ids),
+                None if r.response_logprobs is None else codec.floats_to_bytes(r.response_logprobs),
+                r.finish_reason,
+                orjson.dumps(r.response_message),
+                tools_ref,
+                orjson.dumps(r.usage),
+                r.model_requested,
+                r.model_served,
+                r.policy_version,
+                r.upstream_latency_ms,
+                r.gateway_overhead_ms,
+                orjson.dumps(list(r.flags)).decode(),
+                orjson.dumps(list(r.tags)).decode(),
+            ),
+        )
+
+    def add_failure(self, f: FailureRecord) -> None:
+        self.conn.execute(
+            "INSERT INTO failures (session_id, seq, dialect, created_at, status, kind, message, request) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                f.session_id,
+                f.seq,
+                f.dialect,
+                f.created_at,
+                f.status,
+                f.kind,
+                f.message,
+                None if f.request is None else self._put_json(f.request),
+            ),
+        )
+
+
+def _task_id(metadata: dict[str, Any]) -> str | None:
+    task = metadata.get("task_id")
+    return None if task is None else str(task)
+
+
+class SQLiteStore:
+    """Read access to a store (and simple synchronous writes for tools and tests).
+
+    The gateway writes through `polar.store.writer.AsyncWriter`; everything else (CLI, trajectories,
+    the control plane's reads) uses this class.
+    """
+
+    def __init__(self, path: str | Path, durability: Durability = "normal") -> None:
+        self.path = Path(path)
+        self.conn = connect(self.path, durability)
+        self._writer = RecordWriter(self.conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writes (synchronous, one transaction each) -------------------------------------------------------
+    def write(self, fn: Any) -> None:
+        """Run `fn(writer)` in one transaction with a `RecordWriter` on this connection."""
+        self.conn.execute("BEGIN")
+        try:
+            fn(self._writer)
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            self._writer.reset()
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- sessions ---------------------------------------------------------------------------------------
+    def session(self, session_id: str) -> SessionInfo | None:
+        row = self.conn.execute(
+            "SELECT id, created_at, status, metadata FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        if row is None:
+            return None
+        return self._session_info(row)
+
+    def sessions(self, task_id: str | None = None) -> list[SessionInfo]:
+        if task_id is None:
+            rows = self.conn.execute(
+                "SELECT id, created_at, status, metadata FROM sessions ORDER BY created_at, id"
+            ).fetchall()
+        else:
+            rows = self.conn.execute(
+                "SELECT id, created_at, status, metadata FROM sessions WHERE task_id = ? "
+                "ORDER BY created_at, id",
+                (task_id,),
+            ).fetchall()
+        return [self._session_info(r) for r in rows]
+
+    def _session_info(self, row: tuple[Any, ...]) -> SessionInfo:
+        sid = row[0]
+        (n_ok,) = self.conn.execute(
+            "SELECT COUNT(*) FROM completions WHERE session_id = ?", (sid,)
+        ).fetchone()
+        (n_fail,) = self.conn.execute("SELECT COUNT(*) FROM failures WHERE session_id = ?", (sid,)).fetchone()
+        return SessionInfo(
+            session_id=sid,
+            created_at=row[1],
+            status=row[2],
+            metadata=orjson.loads(row[3]),
+            completions=n_ok,
+            failures=n_fail,
+        )
+
+    def next_seq(self, session_id: str) -> int:
+        row = self.conn.execute(
+            "SELECT MAX(m) FROM (SELECT MAX(seq) AS m FROM completions WHERE session_id = ? "
+            "UNION ALL SELECT MAX(seq) FROM failures WHERE session_id = ?)",
+            (session_id, session_id),
+        ).fetchone()
+        return 0 if row[0] is None else int(row[0]) + 1
+
+    # -- records ----------------------------------------------------------------------------------------
+    def _blobs(self, hashes: Iterable[bytes]) -> dict[bytes, bytes]:
+        wanted = list(set(hashes))
+        out: dict[bytes, bytes] = {}
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            rows = self.conn.execute(
+                f"SELECT hash, data FROM blobs WHERE hash IN ({', '.join('?' * len(chunk))})", chunk
+            ).fetchall()
+            out.update((h, codec.unpack_blob(d)) for h, d in rows)
+        return out
+
+    def completions(self, session_id: str) -> list[CompletionRecord]:
+        """Every completion of a session, in call order, with prompts rebuilt from their deltas."""
+        rows = self.conn.execute(
+            f"SELECT {_COMPLETION_COLUMNS} FROM completions WHERE session_id = ? ORDER BY seq", (session_id,)
+        ).fetchall()
+        refs: list[bytes] = []
+        for row in rows:
+            refs += codec.skeleton_refs(row[5]) + codec.skeleton_refs(row[6])
+            if row[15] is not None:
+                refs.append(row[15])
+        blobs = self._blobs(refs)
+        prompts: dict[int, bytes] = {}
+        out = []
+        for row in rows:
+            seq, prompt_len, base, shared, tail = row[1], row[7], row[8], row[9], row[10]
+            prompt_ids = None
+            if prompt_len >= 0:
+                full = (prompts[base][: shared * 4] if base is not None else b"") + (tail or b"")
+                prompts[seq] = full
+                prompt_ids = codec.bytes_to_ids(full)
+            out.append(
+                CompletionRecord(
+                    session_id=row[0],
+                    seq=seq,
+                    completion_id=row[2],
+                    dialect=row[3],
+                    created_at=row[4],
+                    request=codec.join_json(row[5], blobs),
+                    upstream_request=codec.join_json(row[6], blobs),
+                    prompt_ids=prompt_ids,
+                    response_ids=None if row[11] is None else codec.bytes_to_ids(row[11]),
+                    response_logprobs=None if row[12] is None else codec.bytes_to_floats(row[12]),
+                    finish_reason=row[13],
+                    response_message=orjson.loads(row[14]),
+                    tools=None if row[15] is None else orjson.loads(blobs[row[15]]),
+                    usage=orjson.loads(row[16]),
+                    model_requested=row[17],
+                    model_served=row[18],
+                    policy_version=row[19],
+                    upstream_latency_ms=row[20],
+                    gateway_overhead_ms=row[21],
+                    flags=tuple(orjson.loads(row[22])),
+                    tags=tuple(orjson.loads(row[23])),
+                )
+            )
+        return out
+
+    def failures(self, session_id: str) -> list[FailureRecord]:
+        rows = self.conn.execute(
+            "SELECT session_id, seq, dialect, created_at, status, kind, message, request FROM failures "
+            "WHERE session_id = ? ORDER BY seq",
+            (session_id,),
+        ).fetchall()
+        blobs = self._blobs(h for r in rows if r[7] is not None for h in codec.skeleton_refs(r[7]))
+        return [
+            FailureRecord(
+                session_id=r[0],
+                seq=r[1],
+                dialect=r[2],
+                created_at=r[3],
+                status=r[4],
+                kind=r[5],
+                message=r[6],
+                request=None if r[7] is None else codec.join_json(r[7], blobs),
+            )
+            for r in rows
+        ]
+
+    def size_bytes(self) -> int:
+        """Bytes the store occupies on disk (database + WAL), for the storage benchmark."""
+        total = 0
+        for suffix in ("", "-wal"):
+            p = Path(str(self.path) + suffix)
+            if p.exists():
+                total += p.stat().st_size
+        return total
+
+    def meta(self, key: str) -> bytes | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def set_meta(self, key: str, value: bytes) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))

@@ -1,0 +1,123 @@
+"""Durable capture without a commit per call: group commit on a writer thread.
+
+The gateway must not answer a harness before its record is committed (a record must survive the process
+being killed right after the response left). Committing each record alone would cap throughput at the
+commit rate; instead every request hands its write to one thread, which takes everything queued, runs it in
+one transaction, commits, and only then releases the waiting requests. Under load a commit covers dozens of
+calls; at low load it covers one, and latency is one small transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from polar.store.sqlite import Durability, RecordWriter, connect
+
+log = logging.getLogger(__name__)
+
+WriteOp = Callable[[RecordWriter], None]
+_STOP = object()
+
+
+class AsyncWriter:
+    """Runs write operations on a dedicated thread and resolves each caller's future after the commit."""
+
+    def __init__(self, path: str | Path, durability: Durability = "normal", max_batch: int = 512) -> None:
+        self.path = Path(path)
+        self._conn = connect(self.path, durability)
+        self._writer = RecordWriter(self._conn)
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._max_batch = max_batch
+        self._thread = threading.Thread(target=self._run, name="polar-store-writer", daemon=True)
+        self._thread.start()
+        self.commits = 0
+        self.writes = 0
+
+    async def write(self, op: WriteOp) -> None:
+        """Run `op` in the next transaction; returns once it is committed, raises what `op` raised."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._queue.put((op, fut, loop))
+        await fut
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                break
+            batch = [item]
+            stop = False
+            while len(batch) < self._max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._commit(batch)  # type: ignore[arg-type]
+            if stop:
+                break
+        self._conn.close()
+
+    def _commit(self, batch: list[tuple[WriteOp, asyncio.Future[None], asyncio.AbstractEventLoop]]) -> None:
+        results: list[BaseException | None] = []
+        try:
+            self._conn.execute("BEGIN")
+            for op, _, _ in batch:
+                op(self._writer)
+            self._conn.execute("COMMIT")
+            results = [None] * len(batch)
+        except Exception:
+            # One bad write must not take its batch-mates down: roll back, then retry each alone.
+            self._rollback()
+            results = [self._commit_one(op) for op, _, _ in batch]
+        self.commits += 1
+        self.writes += len(batch)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
+        for (_, fut, loop), exc in zip(batch, results, strict=True):
+            by_loop.setdefault(loop, []).append((fut, exc))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, items)
+            except RuntimeError:  # the caller's loop is gone (shutdown); nothing waits any more
+                pass
+
+    def _commit_one(self, op: WriteOp) -> BaseException | None:
+        try:
+            self._conn.execute("BEGIN")
+            op(self._writer)
+            self._conn.execute("COMMIT")
+            return None
+        except Exception as exc:
+            log.exception("store write failed")
+            self._rollback()
+            return exc
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(Exception):
+            self._conn.execute("ROLLBACK")
+        self._writer.reset()
+
+    def close(self) -> None:
+        """Flush everything queued, then stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout=30)
+
+
+def _resolve(items: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    for fut, exc in items:
+        if fut.done():
+            continue
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)

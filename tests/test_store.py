@@ -1,0 +1,148 @@
+"""The SQLite store: exact round trips, compact prompts, dedup'd bodies, group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from polar.store import codec
+from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
+from polar.store.sqlite import SQLiteStore
+from polar.store.writer import AsyncWriter
+
+
+def make_record(seq: int, prompt: list[int] | None, sid: str = "s1", **kw: object) -> CompletionRecord:
+    fields: dict[str, object] = dict(
+        session_id=sid,
+        seq=seq,
+        completion_id=f"c{seq}",
+        dialect="chat",
+        created_at=1000.0 + seq,
+        request={"model": "m", "messages": [{"role": "user", "content": "x" * 300}] * (seq + 1)},
+        upstream_request={"model": "served", "messages": [{"role": "user", "content": "x" * 300}]},
+        prompt_ids=prompt,
+        response_ids=[7, 8, 9],
+        response_logprobs=[-0.1, -0.2000000000000001, -3.14159],
+        finish_reason="stop",
+        response_message={"role": "assistant", "content": "hi"},
+        tools=[{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+        usage={"prompt_tokens": len(prompt or []), "completion_tokens": 3},
+        model_requested="m",
+        model_served="served",
+        policy_version=2,
+        flags=("x",),
+    )
+    fields.update(kw)
+    return CompletionRecord(**fields)  # type: ignore[arg-type]
+
+
+def add_session(store: SQLiteStore, sid: str = "s1", task: str = "t1") -> None:
+    store.write(lambda w: w.add_session(SessionInfo(sid, 1.0, "open", {"task_id": task})))
+
+
+def test_round_trip_is_exact(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "s.db") as store:
+        add_session(store)
+        prompts = [list(range(100)), [*range(100), 5, 6, 7], [1, 2, 3], None]
+        records = [make_record(i, p) for i, p in enumerate(prompts)]
+        for r in records:
+            store.write(lambda w, r=r: w.add_completion(r))
+    with SQLiteStore(tmp_path / "s.db") as store:
+        assert store.completions("s1") == records
+        info = store.session("s1")
+        assert info is not None and info.completions == 4 and info.metadata == {"task_id": "t1"}
+        assert [s.session_id for s in store.sessions(task_id="t1")] == ["s1"]
+        assert store.sessions(task_id="nope") == []
+        assert store.next_seq("s1") == 4
+
+
+def test_body_key_order_and_small_values_survive(tmp_path: Path) -> None:
+    body = {"z": 1, "messages": [{"role": "user", "content": "y" * 500}], "a": "b" * 400, "n": None, "e": []}
+    skeleton, blobs = codec.split_json(body)
+    back = codec.join_json(skeleton, blobs)
+    assert back == body and list(back) == list(body)
+
+
+def test_prompts_are_stored_as_deltas(tmp_path: Path) -> None:
+    """A 200-call session growing to 30k tokens costs megabytes, not gigabytes."""
+    path = tmp_path / "big.db"
+    rng = random.Random(0)
+    with SQLiteStore(path) as store:
+        add_session(store)
+        prompt: list[int] = []
+        full_bytes = 0
+        for seq in range(200):
+            prompt = prompt + [rng.randrange(150_000) for _ in range(150)]
+            full_bytes += 4 * len(prompt)
+            r = make_record(
+                seq, prompt, request={"messages": [{"content": "m" * 300, "i": i} for i in range(seq)]}
+            )
+            store.write(lambda w, r=r: w.add_completion(r))
+        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = store.size_bytes()
+        records = store.completions("s1")
+    assert records[-1].prompt_ids == prompt and len(prompt) == 30_000
+    assert full_bytes > 10 * 2**20
+    assert size < 3 * 2**20, f"store is {size} bytes for {full_bytes} bytes of prompt ids"
+
+
+def test_failures_round_trip(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "s.db") as store:
+        add_session(store)
+        f = FailureRecord("s1", 3, "anthropic", 5.0, 502, "upstream_error", "boom", {"model": "m"})
+        store.write(lambda w: w.add_failure(f))
+        assert store.failures("s1") == [f]
+        assert store.next_seq("s1") == 4
+
+
+@given(st.lists(st.lists(st.integers(0, 2**31 - 1), max_size=60), min_size=1, max_size=8))
+@settings(max_examples=40, deadline=None)
+def test_prefix_len_matches_naive(ids: list[list[int]]) -> None:
+    for a in ids:
+        for b in ids:
+            naive = 0
+            while naive < min(len(a), len(b)) and a[naive] == b[naive]:
+                naive += 1
+            assert codec.prefix_len(codec.ids_to_bytes(a), codec.ids_to_bytes(b)) == naive
+
+
+async def test_group_commit_isolates_a_bad_write(tmp_path: Path) -> None:
+    writer = AsyncWriter(tmp_path / "w.db")
+    await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
+    good = [make_record(i, list(range(i + 5))) for i in range(20)]
+    dup = make_record(3, [1])  # same (session, seq) as a good one: must fail alone
+
+    results = await asyncio.gather(
+        *[writer.write(lambda w, r=r: w.add_completion(r)) for r in [*good[:10], dup, *good[10:]]],
+        return_exceptions=True,
+    )
+    writer.close()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert len(errors) == 1
+    with SQLiteStore(tmp_path / "w.db") as store:
+        assert store.completions("s1") == good
+
+
+async def test_group_commit_batches_concurrent_writes(tmp_path: Path) -> None:
+    writer = AsyncWriter(tmp_path / "w.db")
+    await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
+    recs = [make_record(i, list(range(i + 5))) for i in range(300)]
+    await asyncio.gather(*[writer.write(lambda w, r=r: w.add_completion(r)) for r in recs])
+    writer.close()
+    assert writer.writes == 301 and writer.commits < 301
+    with SQLiteStore(tmp_path / "w.db") as store:
+        assert store.completions("s1") == recs
+
+
+def test_unknown_session(tmp_path: Path) -> None:
+    with SQLiteStore(tmp_path / "s.db") as store:
+        assert store.session("nope") is None
+        assert store.completions("nope") == []
+        with pytest.raises(ZeroDivisionError):
+            store.write(lambda w: w.add_session(SessionInfo("gone", 1.0, "open", {})) or 1 / 0)
+        assert store.session("gone") is None  # rolled back
