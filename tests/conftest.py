@@ -1,0 +1,82 @@
+"""Shared fixtures: a fake vLLM on loopback, and a real gateway in front of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from polar.gateway.app import create_app
+from polar.gateway.backends.base import BackendOptions
+from polar.gateway.config import GatewayConfig
+from polar.store.records import CompletionRecord
+from polar.store.sqlite import SQLiteStore
+from tests.fakes.server import ServerThread, serve
+
+SERVED_MODEL = "fake-policy"
+
+
+@dataclass
+class FakeBackend:
+    url: str
+    app: Any  # the fake's ASGI app: `.requests`, fault attributes, script
+
+
+@dataclass
+class Gateway:
+    url: str
+    store_path: Path
+    server: ServerThread
+    control_token: str | None = None
+
+    def _headers(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.control_token}"} if self.control_token else {}
+
+    def new_session(self, **metadata: Any) -> str:
+        r = httpx.post(f"{self.url}/sessions", json=metadata, headers=self._headers())
+        assert r.status_code == 201, r.text
+        return str(r.json()["session_id"])
+
+    def completions(self, session_id: str) -> list[CompletionRecord]:
+        r = httpx.get(f"{self.url}/sessions/{session_id}/completions", headers=self._headers())
+        assert r.status_code == 200, r.text
+        return [CompletionRecord.from_json(d) for d in r.json()["completions"]]
+
+    def stored(self, session_id: str) -> list[CompletionRecord]:
+        with SQLiteStore(self.store_path) as store:
+            return store.completions(session_id)
+
+
+def start_gateway(backend_url: str, tmp_path: Path, **overrides: Any) -> Gateway:
+    options = overrides.pop("backend", BackendOptions(retries=0, timeout_s=30.0))
+    config = GatewayConfig(
+        backend_url=backend_url,
+        served_model=overrides.pop("served_model", SERVED_MODEL),
+        store_path=overrides.pop("store_path", tmp_path / "gateway.db"),
+        backend=options,
+        **overrides,
+    )
+    server = ServerThread(create_app(config)).start()
+    return Gateway(server.url, config.store_path, server, config.control_token)
+
+
+@pytest.fixture
+def fake_backend() -> Iterator[FakeBackend]:
+    from tests.fakes.fake_vllm import make_fake_backend
+
+    app = make_fake_backend("vllm")
+    with serve(app) as srv:
+        yield FakeBackend(srv.url, app)
+
+
+@pytest.fixture
+def gateway(fake_backend: FakeBackend, tmp_path: Path) -> Iterator[Gateway]:
+    gw = start_gateway(fake_backend.url, tmp_path)
+    try:
+        yield gw
+    finally:
+        gw.server.stop()
