@@ -1,0 +1,238 @@
+"""The one HTTP client every backend uses: a pooled aiohttp session, timeouts, retries, error mapping.
+
+One `ClientSession` per backend keeps connections alive across calls (a gateway makes thousands per minute to
+the same server). Bodies go out as orjson bytes and come back as raw bytes parsed by orjson, which is several
+times cheaper than aiohttp's stdlib-json helpers.
+
+Retries are only for failures where the server certainly did not produce an answer we could use: a connection
+that could not be made or was dropped, and 502/503/504 (a proxy or a server that is starting or overloaded).
+A 4xx is the request's fault and is never retried; a timeout is not retried either, since the call already
+used its whole budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import aiohttp
+import orjson
+
+from polar.gateway.backends.base import BackendOptions
+from polar.gateway.errors import GatewayError
+
+_RETRY_STATUS = frozenset((502, 503, 504))
+_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+
+
+class UpstreamClient:
+    """JSON over HTTP to one server at `base_url` (no trailing slash)."""
+
+    def __init__(self, base_url: str, options: BackendOptions) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.options = options
+        self._session: aiohttp.ClientSession | None = None
+        self._headers = dict(_JSON_HEADERS)
+        if options.api_key:
+            self._headers["Authorization"] = f"Bearer {options.api_key}"
+
+    async def start(self) -> None:
+        if self._session is not None and not self._session.closed:
+            return
+        o = self.options
+        connector = aiohttp.TCPConnector(
+            limit=o.max_connections,
+            limit_per_host=o.max_connections,
+            keepalive_timeout=75.0,
+            ttl_dns_cache=300,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=o.timeout_s, sock_connect=o.connect_timeout_s),
+            # No cookies: every call stands alone, and the jar costs time per response.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=True,
+        )
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def get(self, path: str) -> Any:
+        return await self._request("GET", path, None)
+
+    async def post(self, path: str, body: dict[str, Any]) -> Any:
+        return await self._request("POST", path, orjson.dumps(body))
+
+    async def _request(self, method: str, path: str, payload: bytes | None) -> Any:
+        if self._session is None or self._session.closed:
+            await self.start()
+        assert self._session is not None
+        url = self.base_url + path
+        o = self.options
+        attempt = 0
+        while True:
+            failure: GatewayError
+            try:
+                async with self._session.request(
+                    method, url, data=payload, headers=self._headers, allow_redirects=False
+                ) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+            except TimeoutError:
+                # aiohttp's ServerTimeoutError/ConnectionTimeoutError are TimeoutError subclasses too.
+                raise GatewayError(
+                    "timeout", f"inference server at {self.base_url} did not answer within {o.timeout_s:g} s"
+                ) from None
+            except aiohttp.ClientConnectorError:
+                failure = GatewayError("upstream_error", f"inference server unreachable at {self.base_url}")
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as e:
+                # A pooled keep-alive connection the server had already closed lands here; a new one works.
+                failure = GatewayError(
+                    "upstream_error", f"inference server at {self.base_url} dropped the connection ({e})"
+                )
+            except aiohttp.ClientError as e:
+                raise GatewayError(
+                    "upstream_error", f"inference server at {self.base_url} failed: {type(e).__name__}: {e}"
+                ) from None
+            else:
+                if status < 300:
+                    return _decode(raw, status)
+                if status not in _RETRY_STATUS or attempt >= o.retries:
+                    raise map_status(status, raw)
+                failure = map_status(status, raw)
+            if attempt >= o.retries:
+                raise failure
+            await asyncio.sleep(o.retry_backoff_s * (2**attempt))
+            attempt += 1
+
+
+def _decode(raw: bytes, status: int) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise GatewayError(
+            "upstream_error",
+            f"inference server answered HTTP {status} with a body that is not JSON: {_snippet(raw)}",
+        ) from None
+
+
+def _snippet(raw: bytes, limit: int = 200) -> str:
+    text = raw[:limit].decode("utf-8", errors="replace").strip()
+    return repr(text + ("..." if len(raw) > limit else "")) if text else "(empty body)"
+
+
+def error_detail(raw: bytes) -> tuple[str, str | None]:
+    """(message, param) of an error body in any of the shapes servers use, else a snippet of the body.
+
+    vLLM (recent) and OpenAI: {"error": {"message", "type", "param", "code"}}; SGLang and vLLM <= 0.10:
+    {"object": "error", "message", "type", "param", "code"}; FastAPI's own errors (unknown route, request
+    validation): {"detail": str | list}.
+    """
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _snippet(raw), None
+    if not isinstance(data, dict):
+        return _snippet(raw), None
+    err = data.get("error")
+    src = err if isinstance(err, dict) else data
+    msg = src.get("message")
+    param = src.get("param")
+    if isinstance(err, str):
+        msg = err
+    if not isinstance(msg, str):
+        detail = data.get("detail")
+        if isinstance(detail, str):
+            msg = detail
+        elif detail is not None:
+            msg = orjson.dumps(detail).decode()
+        else:
+            msg = _snippet(raw)
+    return msg, param if isinstance(param, str) else None
+
+
+def map_status(status: int, raw: bytes) -> GatewayError:
+    """The `GatewayError` for a non-2xx upstream answer."""
+    msg, param = error_detail(raw)
+    if status == 400:
+        if is_context_overflow(msg):
+            prompt_tokens, max_tokens = context_numbers(msg)
+            return GatewayError("context_length", msg, prompt_tokens=prompt_tokens, max_tokens=max_tokens)
+        return GatewayError("invalid_request", msg, param=param)
+    if status == 404:
+        return GatewayError("not_found", msg, param=param)
+    if status == 413:
+        return GatewayError("request_too_large", msg)
+    if status == 429:
+        return GatewayError("rate_limit", msg)
+    if status in (401, 403):
+        # The gateway's own credentials for the upstream are wrong: not the harness's key, so not a 401.
+        return GatewayError(
+            "upstream_error", f"inference server refused the gateway's credentials (HTTP {status}): {msg}"
+        )
+    if 400 <= status < 500:
+        return GatewayError("invalid_request", msg, param=param)
+    return GatewayError("upstream_error", f"inference server failed (HTTP {status}): {msg}")
+
+
+# Context-length overflow, as vLLM and SGLang word it across versions (all HTTP 400):
+#   vLLM <= 0.9:   "This model's maximum context length is M tokens. However, you requested T tokens
+#                   (N in the messages, O in the completion). ..."  /  "... you requested N tokens in the messages, ..."
+#   vLLM 0.10-0.17: "This model's maximum context length is M tokens. However, your request has N input tokens. ..."
+#                  "'max_tokens' or 'max_completion_tokens' is too large: O. This model's maximum context length
+#                   is M tokens and your request has N input tokens (O > M - N)."
+#   vLLM 0.18+:    "This model's maximum context length is M tokens. However, you requested O output tokens and
+#                   your prompt contains [at least ]N input tokens, for a total of [at least ]T tokens. ..."
+#   vLLM renderer: "You passed N input tokens and requested O output tokens. However, the model's context length
+#                   is only M tokens, ..." (and "You passed C input characters ..." before tokenizing)
+#   vLLM engine:   "The decoder prompt (length N) is longer than the maximum model length of M. ..."
+#   SGLang:        "The input (N tokens) is longer than the model's context length (M tokens)."
+#                  "Requested token count exceeds the model's maximum context length of M tokens. You requested a
+#                   total of T tokens: N tokens from the input messages and O tokens for the completion. ..."
+_OVERFLOW = re.compile(
+    r"maximum context length|context length is only|longer than the maximum model length"
+    r"|longer than the model's context length",
+    re.IGNORECASE,
+)
+_MAX_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"maximum context length (?:is|of) (\d+)",
+        r"context length is only (\d+)",
+        r"maximum model length of (\d+)",
+        r"model's context length \((\d+) tokens\)",
+    )
+)
+_PROMPT_PATTERNS = tuple(
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"request has (\d+) input tokens",
+        r"prompt contains (?:at least )?(\d+) input tokens",
+        r"\((\d+) in the messages",
+        r"requested (\d+) tokens in the messages",
+        r"you passed (\d+) input tokens",
+        r"prompt \(length (\d+)\)",
+        r"the input \((\d+) tokens\)",
+        r"(\d+) tokens from the input messages",
+    )
+)
+
+
+def is_context_overflow(message: str) -> bool:
+    return _OVERFLOW.search(message) is not None
+
+
+def context_numbers(message: str) -> tuple[int | None, int | None]:
+    """(prompt_tokens, max context tokens) where the message states them."""
+    return _first_int(_PROMPT_PATTERNS, message), _first_int(_MAX_PATTERNS, message)
+
+
+def _first_int(patterns: tuple[re.Pattern[str], ...], text: str) -> int | None:
+    for p in patterns:
+        m = p.search(text)
+        if m:
+            return int(m.group(1))
+    return None

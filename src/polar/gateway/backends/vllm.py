@@ -1,0 +1,52 @@
+"""vLLM's OpenAI-compatible server (and our embedded engine, which answers in the same shape).
+
+Matched against vLLM's `ChatCompletionResponse` (vllm/entrypoints/openai/chat_completion/protocol.py, the
+0.11-0.2x line): with `return_token_ids: true` it adds top-level `prompt_token_ids` and per-choice
+`token_ids` (every sampled id, the end-of-turn token included); `logprobs: true, top_logprobs: 0` gives one
+`logprobs.content[i].logprob` per sampled token. vLLM must run with `--logprobs-mode processed_logprobs` for
+those to be the distribution actually sampled from (the gateway cannot check that from here).
+
+Reasoning comes as `message.reasoning` (vLLM PR #27752, late 2025; `reasoning_content` was dropped by PR
+#33402) or `message.reasoning_content` (older vLLM).
+Our embedded engine adds top-level `policy_version` (int) and `polar_flags` (list of str).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar.gateway.backends.base import float_list, int_list
+from polar.gateway.backends.openai import TokenData, TokenizingBackend
+
+
+class VLLMBackend(TokenizingBackend):
+    kind = "vllm"
+
+    def training_fields(self) -> dict[str, Any]:
+        return {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+
+    def read_tokens(self, data: dict[str, Any], choice: dict[str, Any]) -> TokenData:
+        tokens = TokenData(
+            prompt_ids=int_list(data.get("prompt_token_ids")),
+            response_ids=int_list(choice.get("token_ids")),
+            logprobs=_logprobs(choice.get("logprobs")),
+        )
+        version = data.get("policy_version")
+        if type(version) is int:
+            tokens.policy_version = version
+        flags = data.get("polar_flags")
+        if isinstance(flags, list):
+            tokens.flags = [f for f in flags if isinstance(f, str)]
+        return tokens
+
+
+def _logprobs(value: Any) -> list[float] | None:
+    """`logprobs.content[].logprob` as floats; None when absent or malformed (flagged, not repaired)."""
+    content = value.get("content") if isinstance(value, dict) else None
+    if type(content) is not list:
+        return None
+    try:
+        raw = [entry["logprob"] for entry in content]
+    except (TypeError, KeyError):
+        return None
+    return float_list(raw)

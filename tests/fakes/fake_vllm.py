@@ -1,0 +1,306 @@
+"""A deterministic fake of the policy's inference server (vLLM, SGLang or a plain OpenAI endpoint).
+
+A raw ASGI app, no framework, so it stays far faster than anything it is used to measure. It serves
+`POST /v1/chat/completions`, `POST /tokenize` (and `/v1/tokenize`), `GET /v1/models` and `GET /health`,
+renders prompts with `FakeTokenizer` (see chatml.py for the prefix property this guarantees) and answers in
+the wire shape of its `kind`. Test double only: nothing under src/ may import it.
+
+Faults are constructor keywords and plain attributes, switchable while it runs (`fake.status = 503`):
+`status` (every call answers this status with the kind's error body), `delay_s`, `garbage` (a non-JSON 200),
+`no_token_ids` (no token fields at all), `max_model_len` (longer prompts get the server's exact overflow
+400), `fail_first_n` (the first N calls answer `fail_status`, default 502), `transform` (a callable that may
+rewrite each successful chat body before it is sent: for corrupting one field precisely).
+`policy_version` is reported like our embedded engine does (vLLM kind) or as SGLang's weight_version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, text_of
+from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message
+
+KINDS = ("vllm", "sglang", "openai")
+_JSON = b"application/json"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted assistant turn. `tool_calls` are (name, arguments JSON text); the text is sent verbatim.
+
+    `finish_reason` None means "tool_calls" when there are calls, else "stop"; "length" drops the end token.
+    `flags` are reported as our embedded engine's `polar_flags` (vLLM kind).
+    """
+
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: Sequence[tuple[str, str]] = ()
+    finish_reason: str | None = None
+    flags: Sequence[str] = ()
+
+
+Script = Callable[[dict[str, Any]], Reply] | Sequence[Reply] | None
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, err_type: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.err_type = status, message, err_type
+
+
+class FakeInferenceServer:
+    """The ASGI app. `requests` holds every chat body received, `tokenize_requests` every /tokenize body."""
+
+    def __init__(
+        self,
+        kind: str = "vllm",
+        script: Script = None,
+        *,
+        model: str | None = None,
+        status: int | None = None,
+        error_message: str | None = None,
+        delay_s: float = 0.0,
+        garbage: bool = False,
+        no_token_ids: bool = False,
+        max_model_len: int | None = None,
+        fail_first_n: int = 0,
+        fail_status: int = 502,
+        transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        policy_version: int | None = None,
+        record: bool = True,
+    ) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+        self.kind = kind
+        self.script = script
+        self.model = model  # None: serve whatever model is asked for
+        self.status = status
+        self.error_message = error_message
+        self.delay_s = delay_s
+        self.garbage = garbage
+        self.no_token_ids = no_token_ids
+        self.max_model_len = max_model_len
+        self.fail_first_n = fail_first_n
+        self.fail_status = fail_status
+        self.transform = transform
+        self.policy_version = policy_version
+        self.record = record
+        self.tokenizer = FakeTokenizer()
+        self.requests: list[dict[str, Any]] = []
+        self.tokenize_requests: list[dict[str, Any]] = []
+        self.calls = 0  # POSTs received, faulted ones included
+        self.last_headers: dict[str, str] = {}  # headers of the last POST, lower-cased names
+        self._seq = 0  # chat completions generated
+        self._script_pos = 0
+
+    def reset(self, script: Script = None, **faults: Any) -> None:
+        """Back to a fresh server of the same kind (a module-scoped server reused across tests)."""
+        self.__init__(self.kind, script, **faults)  # type: ignore[misc]
+
+    def set(self, **faults: Any) -> None:
+        """Switch faults at run time, e.g. `fake.set(status=None, delay_s=0)`."""
+        for name, value in faults.items():
+            if not hasattr(self, name) or name.startswith("_"):
+                raise AttributeError(f"no fault named {name!r}")
+            setattr(self, name, value)
+
+    # ---- ASGI ----
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        method, path = scope["method"], scope["path"]
+        if method == "POST":
+            self.last_headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        raw = b""
+        more = True
+        while more:
+            msg = await receive()
+            raw += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        try:
+            status, body, ctype = await self._route(method, path, raw)
+        except HTTPError as e:
+            status, ctype = e.status, _JSON
+            body = orjson.dumps(error_body(self.kind, e.status, e.message, e.err_type))
+        headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _route(self, method: str, path: str, raw: bytes) -> tuple[int, bytes, bytes]:
+        if path == "/health":
+            return 200, b"", _JSON
+        if path == "/v1/models" and method == "GET":
+            self._faults_for_get()
+            return 200, orjson.dumps(self._models()), _JSON
+        handler = {
+            "/v1/chat/completions": self._chat,
+            "/tokenize": self._tokenize,
+            "/v1/tokenize": self._tokenize,
+        }
+        fn = handler.get(path)
+        if fn is None or (fn == self._tokenize and self.kind == "openai"):
+            return 404, b'{"detail":"Not Found"}', _JSON
+        if method != "POST":
+            return 405, b'{"detail":"Method Not Allowed"}', _JSON
+        self.calls += 1
+        n = self.calls
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if n <= self.fail_first_n:
+            raise HTTPError(
+                self.fail_status, self.error_message or f"fake: failing call {n} of {self.fail_first_n}"
+            )
+        if self.status is not None:
+            raise HTTPError(self.status, self.error_message or _default_message(self.status, self.model))
+        if self.garbage:
+            return 200, b"<html><body>this is not JSON</body></html>", b"text/html"
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise HTTPError(400, f"JSON decode error: {e}") from None
+        if not isinstance(body, dict):
+            raise HTTPError(400, "the request body must be a JSON object")
+        return 200, orjson.dumps(fn(body)), _JSON
+
+    def _faults_for_get(self) -> None:
+        if self.status is not None:
+            raise HTTPError(self.status, self.error_message or _default_message(self.status, self.model))
+
+    def _models(self) -> dict[str, Any]:
+        card = {
+            "id": self.model or "fake-model",
+            "object": "model",
+            "created": 1_700_000_000,
+            "owned_by": "fake",
+        }
+        if self.kind != "openai":
+            card["max_model_len"] = self.max_model_len or 131072
+        return {"object": "list", "data": [card]}
+
+    # ---- endpoints ----
+
+    def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise HTTPError(400, "messages: Field required (a list of message objects)")
+        tools = body.get("tools")
+        try:
+            text = self.tokenizer.render(messages, tools, body.get("add_generation_prompt", True))
+        except (TypeError, AttributeError) as e:
+            raise HTTPError(400, f"could not render the messages: {e}") from None
+        return self.tokenizer.encode(text)
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        if self.model is not None and body.get("model") != self.model:
+            raise HTTPError(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+
+    def _tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.record:
+            self.tokenize_requests.append(body)
+        self._check_model(body)
+        ids = self.tokenizer.encode(str(body["prompt"])) if "prompt" in body else self._prompt_ids(body)
+        return {"count": len(ids), "max_model_len": self.max_model_len or 131072, "tokens": ids}
+
+    def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.record:
+            self.requests.append(body)
+        self._check_model(body)
+        if body.get("stream"):
+            raise HTTPError(400, "the fake inference server does not stream")
+        prompt = self._prompt_ids(body)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        limit = self.max_model_len
+        if limit is not None and (len(prompt) > limit or (max_tokens and len(prompt) + max_tokens > limit)):
+            raise HTTPError(400, overflow_message(self.kind, limit, len(prompt), max_tokens))
+        self._seq += 1
+        sampled = self._sample(body, prompt, max_tokens)
+        out = chat_body(self.kind, sampled, body, self.tokenizer, with_tokens=not self.no_token_ids)
+        if self.kind == "vllm":
+            if self.policy_version is not None:
+                out["policy_version"] = self.policy_version
+            if sampled["flags"]:
+                out["polar_flags"] = list(sampled["flags"])
+        return self.transform(out) if self.transform is not None else out
+
+    def _next_reply(self, body: dict[str, Any]) -> Reply:
+        script = self.script
+        if script is None:
+            return default_reply(body)
+        if callable(script):
+            return script(body)
+        if self._script_pos >= len(script):
+            raise HTTPError(500, f"fake script exhausted after {len(script)} replies", "InternalServerError")
+        self._script_pos += 1
+        return script[self._script_pos - 1]
+
+    def _sample(self, body: dict[str, Any], prompt: list[int], max_tokens: int | None) -> Sampled:
+        reply = self._next_reply(body)
+        calls = [(name, args) for name, args in reply.tool_calls]
+        ids = self.tokenizer.encode(assistant_text(reply.content, reply.reasoning, calls))
+        content, reasoning = reply.content, reply.reasoning
+        finish = reply.finish_reason or ("tool_calls" if calls else "stop")
+        if max_tokens is not None and len(ids) >= max_tokens:
+            # Cut off by max_tokens: no end-of-turn token, and the message is whatever text got out.
+            ids = ids[:max_tokens]
+            finish, calls = "length", []
+            content, reasoning = split_reasoning(self.tokenizer.decode(ids))
+        elif finish != "length":
+            ids.append(IM_END)
+        version = self.policy_version
+        return {
+            "seq": self._seq,
+            "prompt_ids": prompt,
+            "ids": ids,
+            "content": content,
+            "reasoning": reasoning,
+            "tool_calls": calls,
+            "finish": finish,
+            "flags": tuple(reply.flags),
+            "weight_version": str(version) if version is not None else "default",
+        }
+
+
+def split_reasoning(text: str) -> tuple[str | None, str | None]:
+    """(content, reasoning) of raw assistant text, the way a `<think>` reasoning parser splits it."""
+    if not text.startswith("<think>\n"):
+        return text or None, None
+    rest = text[len("<think>\n") :]
+    reasoning, sep, content = rest.partition("\n</think>\n\n")
+    return (content or None) if sep else None, reasoning
+
+
+def default_reply(body: dict[str, Any]) -> Reply:
+    """A short deterministic answer derived from the last user message."""
+    last = next((m for m in reversed(body.get("messages") or []) if m.get("role") == "user"), None)
+    said = text_of(last.get("content")) if last else ""
+    return Reply(content=f"You said: {said[:80]}" if said else "Hello.")
+
+
+def _default_message(status: int, model: str | None) -> str:
+    return {
+        400: "fake: the request is invalid",
+        404: f"The model `{model or 'fake-model'}` does not exist.",
+        429: "fake: too many requests, slow down",
+        500: "fake: internal server error",
+        502: "fake: bad gateway",
+        503: "fake: the server is not ready",
+    }.get(status, f"fake: HTTP {status}")
+
+
+def make_fake_backend(kind: str = "vllm", script: Script = None, **faults: Any) -> FakeInferenceServer:
+    """The fake inference server of `kind`; serve it with tests.fakes.server.serve(app)."""
+    return FakeInferenceServer(kind, script, **faults)
