@@ -1,0 +1,337 @@
+"""Anthropic Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), as Claude Code speaks it.
+
+Conversion choices the chat template forces on us (each is deterministic, so the same history always
+yields the same upstream prompt):
+- `system` blocks are joined with "\n" into one system message.
+- A user turn's `tool_result` blocks become `tool` messages, in order, followed by one user message with
+  the turn's remaining text and image blocks (images inside tool results join that user message too: Chat
+  tool messages carry text only).
+- `is_error` has no place in the chat template, so a failed tool result reaches the model as text that
+  says so: "Error: " + the content, unless the content is already marked `<tool_use_error>` (Claude Code
+  2.x wraps its tool failures that way).
+- Assistant `thinking` becomes `reasoning_content`: the text our own signature carries when it verifies
+  (exact, even when the harness edited the visible text), else the block's text. Several thinking blocks
+  in one turn are joined with "\n\n"; a `redacted_thinking` block counts only if its data is ours.
+- Assistant `tool_use` becomes `tool_calls` with compact JSON arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.gateway.dialects import anthropic_schema as s
+from polar.gateway.dialects.anthropic_stream import MessageStream
+from polar.gateway.dialects.base import sse
+from polar.gateway.dialects.wire import data_url, parse_model, tool_arguments, tool_input, tool_input_json
+from polar.gateway.errors import GatewayError, invalid
+from polar.gateway.signatures import ReasoningCodec
+
+_STOP_REASON = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "content_filter": "refusal",
+}
+
+_ERROR_TYPE = {
+    "invalid_request": "invalid_request_error",
+    "context_length": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "request_too_large": "request_too_large",
+    "rate_limit": "rate_limit_error",
+    "upstream_error": "api_error",
+    "timeout": "timeout_error",
+    "overloaded": "overloaded_error",
+}
+
+_TOOL_ERROR_MARK = "<tool_use_error>"
+
+
+class AnthropicDialect:
+    """The Anthropic Messages API; see the module docstring for how turns map to Chat messages."""
+
+    name = "anthropic"
+
+    # ---- requests ----------------------------------------------------------------------------------
+
+    def parse(
+        self,
+        body: Any,
+        codec: ReasoningCodec,
+        *,
+        path_model: str | None = None,
+        path_stream: bool | None = None,
+    ) -> CanonicalRequest:
+        req = parse_model(s.MessagesRequest, body)
+        params: dict[str, Any] = {"max_tokens": req.max_tokens}
+        if req.temperature is not None:
+            params["temperature"] = req.temperature
+        if req.top_p is not None:
+            params["top_p"] = req.top_p
+        if req.top_k is not None:
+            params["top_k"] = req.top_k
+        if req.stop_sequences:
+            params["stop"] = req.stop_sequences
+        return self._canonical(req, codec, params, stream=req.stream)
+
+    def parse_count_tokens(self, body: Any, codec: ReasoningCodec) -> CanonicalRequest:
+        """`/v1/messages/count_tokens`: the same conversion, without generation settings."""
+        return self._canonical(parse_model(s.CountTokensRequest, body), codec, {}, stream=False)
+
+    def render_count_tokens(self, n: int) -> dict[str, Any]:
+        return {"input_tokens": n}
+
+    def _canonical(
+        self, req: s.CountTokensRequest, codec: ReasoningCodec, params: dict[str, Any], *, stream: bool
+    ) -> CanonicalRequest:
+        render: dict[str, Any] = {}
+        messages: list[dict[str, Any]] = []
+        system = _system_text(req.system)
+        if system is not None:
+            messages.append({"role": "system", "content": system})
+        for i, msg in enumerate(req.messages):
+            if msg.role == "user":
+                _user_turn(msg.content, i, messages)
+            else:
+                messages.append(_assistant_turn(msg.content, i, codec))
+
+        tools, dropped = _tools(req.tools)
+        if dropped:
+            render["dropped_tools"] = dropped
+        tool_choice = None
+        if req.tool_choice is not None:
+            tool_choice = _tool_choice(req.tool_choice, tools, dropped)
+            if req.tool_choice.disable_parallel_tool_use:
+                params["parallel_tool_calls"] = False
+
+        thinking = req.thinking
+        if thinking is not None:
+            enabled = thinking.type != "disabled"
+            params["chat_template_kwargs"] = {"enable_thinking": enabled}
+            render["thinking"] = enabled
+            if thinking.display == "omitted":
+                render["thinking_omitted"] = True
+        return CanonicalRequest(
+            model=req.model,
+            messages=messages,
+            tools=tools or None,
+            tool_choice=tool_choice,
+            params=params,
+            stream=stream,
+            render=render,
+        )
+
+    # ---- responses ---------------------------------------------------------------------------------
+
+    def render(self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        reasoning = _shown_reasoning(req, comp)
+        if reasoning is not None:
+            text = "" if req.render.get("thinking_omitted") else reasoning
+            content.append({"type": "thinking", "thinking": text, "signature": codec.encode(reasoning)})
+        if comp.content:
+            content.append({"type": "text", "text": comp.content})
+        for tc in comp.tool_calls:
+            content.append(
+                {"type": "tool_use", "id": tc.id, "name": tc.name, "input": tool_input(tc.arguments)}
+            )
+        return {
+            "id": _message_id(comp),
+            "type": "message",
+            "role": "assistant",
+            "model": req.model,
+            "content": content,
+            "stop_reason": _stop_reason(comp),
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": comp.prompt_tokens,
+                "output_tokens": comp.completion_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
+
+    def stream(self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> Iterator[bytes]:
+        w = MessageStream()
+        yield w.start(_message_id(comp), req.model, comp.prompt_tokens)
+        reasoning = _shown_reasoning(req, comp)
+        if reasoning is not None:
+            yield w.thinking("" if req.render.get("thinking_omitted") else reasoning)
+            yield w.signature(codec.encode(reasoning))
+        if comp.content:
+            yield w.text(comp.content)
+        for tc in comp.tool_calls:
+            yield w.tool_use(tc.id, tc.name)
+            yield w.tool_input(tool_input_json(tc.arguments))
+        yield w.finish(_stop_reason(comp), None, comp.completion_tokens)
+
+    # ---- errors ------------------------------------------------------------------------------------
+
+    def error(self, err: GatewayError) -> tuple[int, dict[str, Any]]:
+        message = err.message
+        if err.kind == "context_length" and err.prompt_tokens is not None and err.max_tokens is not None:
+            # Claude Code matches this exact wording to trigger its compaction / "prompt too long" path.
+            message = f"prompt is too long: {err.prompt_tokens} tokens > {err.max_tokens} maximum"
+        status = 529 if err.kind == "overloaded" else err.status
+        return status, {"type": "error", "error": {"type": _ERROR_TYPE[err.kind], "message": message}}
+
+    def stream_error(self, err: GatewayError) -> bytes:
+        return sse(orjson.dumps(self.error(err)[1]), "error")
+
+
+# ---- request conversion helpers ---------------------------------------------------------------------
+
+
+def _system_text(system: str | list[s.TextBlock] | None) -> str | None:
+    if system is None or isinstance(system, str):
+        return system or None
+    text = "\n".join(b.text for b in system)
+    return text or None
+
+
+def _user_turn(content: str | list[s.ContentBlock], i: int, out: list[dict[str, Any]]) -> None:
+    if isinstance(content, str):
+        out.append({"role": "user", "content": content})
+        return
+    if not content:
+        raise invalid(f"messages[{i}].content must not be empty", f"messages[{i}].content")
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        if isinstance(block, s.TextBlock):
+            parts.append({"type": "text", "text": block.text})
+        elif isinstance(block, s.ImageBlock):
+            parts.append(_image_part(block))
+        elif isinstance(block, s.ToolResultBlock):
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block.tool_use_id,
+                    "content": _tool_result_text(block, parts),
+                }
+            )
+        else:
+            path = f"messages[{i}].content[{j}]"
+            raise invalid(f"{path}.type: a user message cannot carry a {block.type!r} block", f"{path}.type")
+    if parts:
+        out.append({"role": "user", "content": parts})
+
+
+def _tool_result_text(block: s.ToolResultBlock, images: list[dict[str, Any]]) -> str:
+    if isinstance(block.content, str):
+        text = block.content
+    else:
+        texts = []
+        for part in block.content:
+            if isinstance(part, s.TextBlock):
+                texts.append(part.text)
+            else:
+                images.append(_image_part(part))
+        text = "\n".join(texts)
+    if block.is_error and not text.startswith(_TOOL_ERROR_MARK):
+        return f"Error: {text}" if text else "Error"
+    return text
+
+
+def _image_part(block: s.ImageBlock) -> dict[str, Any]:
+    src = block.source
+    url = src.url if isinstance(src, s.UrlImageSource) else data_url(src.media_type, src.data)
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _assistant_turn(content: str | list[s.ContentBlock], i: int, codec: ReasoningCodec) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        if isinstance(block, s.TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, s.ToolUseBlock):
+            fn = {"name": block.name, "arguments": tool_arguments(block.input)}
+            calls.append({"id": block.id, "type": "function", "function": fn})
+        elif isinstance(block, s.ThinkingBlock):
+            decoded = codec.decode(block.signature)
+            reasoning.append(block.thinking if decoded is None else decoded)
+        elif isinstance(block, s.RedactedThinkingBlock):
+            decoded = codec.decode(block.data)
+            if decoded is not None:
+                reasoning.append(decoded)
+        else:
+            path = f"messages[{i}].content[{j}]"
+            raise invalid(
+                f"{path}.type: an assistant message cannot carry a {block.type!r} block", f"{path}.type"
+            )
+    msg: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(texts) if texts else (None if calls else ""),
+    }
+    if reasoning:
+        msg["reasoning_content"] = "\n\n".join(reasoning)
+    if calls:
+        msg["tool_calls"] = calls
+    return msg
+
+
+def _tools(tools: list[s.Tool] | None) -> tuple[list[dict[str, Any]], list[str]]:
+    if not tools:
+        return [], []
+    out: list[dict[str, Any]] = []
+    dropped: list[str] = []
+    for k, tool in enumerate(tools):
+        if tool.type not in (None, "custom"):
+            # Anthropic-run tools (web_search_*, code_execution_*, ...) and Anthropic-defined client tools
+            # (bash_*, text_editor_*) come without a schema the policy could follow.
+            dropped.append(tool.name)
+            continue
+        if tool.input_schema is None:
+            raise invalid(f"missing required field tools[{k}].input_schema", f"tools[{k}].input_schema")
+        fn: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            fn["description"] = tool.description
+        fn["parameters"] = tool.input_schema
+        out.append({"type": "function", "function": fn})
+    return out, dropped
+
+
+def _tool_choice(choice: s.ToolChoice, tools: list[dict[str, Any]], dropped: list[str]) -> Any:
+    if choice.type == "auto":
+        return "auto"
+    if choice.type == "any":
+        return "required"
+    if choice.type == "none":
+        return "none"
+    if not choice.name:
+        raise invalid(
+            "missing required field tool_choice.name (tool_choice.type is 'tool')", "tool_choice.name"
+        )
+    if choice.name in dropped or not any(t["function"]["name"] == choice.name for t in tools):
+        raise invalid(
+            f"tool_choice.name {choice.name!r} is not one of the request's tools", "tool_choice.name"
+        )
+    return {"type": "function", "function": {"name": choice.name}}
+
+
+# ---- response helpers -------------------------------------------------------------------------------
+
+
+def _shown_reasoning(req: CanonicalRequest, comp: Completion) -> str | None:
+    """The reasoning to emit as a thinking block: none when thinking was explicitly disabled."""
+    if not comp.reasoning or req.render.get("thinking") is False:
+        return None
+    return comp.reasoning
+
+
+def _message_id(comp: Completion) -> str:
+    cid = comp.id.removeprefix("chatcmpl-")
+    return cid if cid.startswith("msg_") else f"msg_{cid}"
+
+
+def _stop_reason(comp: Completion) -> str:
+    return _STOP_REASON.get(comp.finish_reason, "end_turn")
