@@ -1,0 +1,265 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): Qwen Code, OpenCode and Pi speak it.
+
+The canonical request is already Chat-shaped, so parsing is mostly validation plus a few normalizations
+(`developer` -> `system`, `reasoning` -> `reasoning_content`, `max_completion_tokens` -> `max_tokens`).
+Rendering and streaming answer with the model name the harness asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.gateway.dialects import chat_schema as s
+from polar.gateway.dialects.openai_wire import error_object, split_text, unix_now, upstream_effort, validate
+from polar.gateway.errors import GatewayError, invalid
+from polar.gateway.signatures import ReasoningCodec
+
+_DONE = b"data: [DONE]\n\n"
+
+
+class ChatDialect:
+    """The OpenAI Chat dialect (see `Dialect` in `dialects.base`)."""
+
+    name = "chat"
+
+    def parse(
+        self,
+        body: Any,
+        codec: ReasoningCodec,
+        *,
+        path_model: str | None = None,
+        path_stream: bool | None = None,
+    ) -> CanonicalRequest:
+        req = validate(s.ChatCompletionRequest, body)
+        if req.n is not None and req.n != 1:
+            # Capture records one sampled sequence per call; n > 1 would need n records per call.
+            raise invalid(f"Only n=1 is supported (got n={req.n}).", "n")
+        if req.functions is not None or req.function_call is not None:
+            param = "functions" if req.functions is not None else "function_call"
+            raise invalid(f"'{param}' (legacy function calling) is not supported; use 'tools'.", param)
+
+        messages = [_message(m) for m in req.messages]
+        tools = [_tool(t) for t in req.tools] if req.tools else None
+        tool_choice: Any = req.tool_choice
+        if isinstance(tool_choice, s.NamedToolChoice):
+            tool_choice = {"type": "function", "function": {"name": tool_choice.function.name}}
+
+        params: dict[str, Any] = {}
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        for key, value in (
+            ("temperature", req.temperature),
+            ("top_p", req.top_p),
+            ("top_k", req.top_k),
+            ("max_tokens", max_tokens),
+            ("stop", [req.stop] if isinstance(req.stop, str) else req.stop),
+            ("seed", req.seed),
+            ("presence_penalty", req.presence_penalty),
+            ("frequency_penalty", req.frequency_penalty),
+            ("parallel_tool_calls", req.parallel_tool_calls),
+            ("chat_template_kwargs", req.chat_template_kwargs),
+            ("reasoning_effort", upstream_effort(req.reasoning_effort)),
+        ):
+            if value is not None:
+                params[key] = value
+
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return CanonicalRequest(
+            model=req.model,
+            messages=messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            params=params,
+            stream=bool(req.stream),
+            render={"model": req.model, "include_usage": include_usage},
+        )
+
+    def render(self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> dict[str, Any]:
+        return {
+            "id": comp.id,
+            "object": "chat.completion",
+            "created": comp.created or unix_now(),
+            "model": req.render.get("model", req.model),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": comp.message(),
+                    "logprobs": None,
+                    "finish_reason": comp.finish_reason,
+                }
+            ],
+            "usage": _usage(comp),
+        }
+
+    def stream(self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> Iterator[bytes]:
+        w = ChatChunkWriter(comp.id, comp.created or unix_now(), req.render.get("model", req.model))
+        yield w.role()
+        if comp.reasoning:
+            for piece in split_text(comp.reasoning):
+                yield w.reasoning(piece)
+        if comp.content:
+            for piece in split_text(comp.content):
+                yield w.content(piece)
+        for index, tc in enumerate(comp.tool_calls):
+            yield w.tool_call_start(index, tc.id, tc.name)
+            for piece in split_text(tc.arguments, parts=3):
+                if piece:
+                    yield w.tool_call_args(index, piece)
+        yield w.finish(comp.finish_reason)
+        if req.render.get("include_usage"):
+            yield w.usage(_usage(comp))
+        yield _DONE
+
+    def error(self, err: GatewayError) -> tuple[int, dict[str, Any]]:
+        return err.status, {"error": _error_object(err)}
+
+    def stream_error(self, err: GatewayError) -> bytes:
+        # The openai SDK raises `APIError` on any SSE data with a top-level "error" key (openai-python
+        # `Stream.__stream__`); `[DONE]` then closes the stream for clients that keep reading.
+        return b"data: " + orjson.dumps({"error": _error_object(err)}) + b"\n\n" + _DONE
+
+
+class ChatChunkWriter:
+    """Writes `chat.completion.chunk` SSE frames, one method per kind of delta.
+
+    `ChatDialect.stream` drives it from a finished `Completion`; an incremental upstream can call the same
+    methods as tokens arrive. The constant head of every chunk (id, created, model) is encoded once.
+    """
+
+    __slots__ = ("_head",)
+
+    def __init__(self, chunk_id: str, created: int, model: str) -> None:
+        self._head = (
+            b'data: {"id":'
+            + orjson.dumps(chunk_id)
+            + b',"object":"chat.completion.chunk","created":'
+            + str(created).encode()
+            + b',"model":'
+            + orjson.dumps(model)
+            + b',"choices":['
+        )
+
+    def _delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        return self._head + orjson.dumps(choice) + b"]}\n\n"
+
+    def role(self) -> bytes:
+        return self._delta({"role": "assistant", "content": ""})
+
+    def reasoning(self, piece: str) -> bytes:
+        return self._delta({"reasoning_content": piece})
+
+    def content(self, piece: str) -> bytes:
+        return self._delta({"content": piece})
+
+    def tool_call_start(self, index: int, call_id: str, name: str) -> bytes:
+        call = {
+            "index": index,
+            "id": call_id,
+            "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }
+        return self._delta({"tool_calls": [call]})
+
+    def tool_call_args(self, index: int, piece: str) -> bytes:
+        return self._delta({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+
+    def finish(self, finish_reason: str) -> bytes:
+        return self._delta({}, finish_reason)
+
+    def usage(self, usage: dict[str, int]) -> bytes:
+        """The trailing `stream_options.include_usage` chunk: no choices, only usage."""
+        return self._head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
+
+
+def _usage(comp: Completion) -> dict[str, int]:
+    return {
+        "prompt_tokens": comp.prompt_tokens,
+        "completion_tokens": comp.completion_tokens,
+        "total_tokens": comp.prompt_tokens + comp.completion_tokens,
+    }
+
+
+def _error_object(err: GatewayError) -> dict[str, Any]:
+    if err.kind == "context_length":
+        message = err.message
+        if err.prompt_tokens is not None and err.max_tokens is not None:
+            # OpenAI's wording; agent frameworks match on it to trigger history compaction.
+            message = (
+                f"This model's maximum context length is {err.max_tokens} tokens. However, your messages "
+                f"resulted in {err.prompt_tokens} tokens. Please reduce the length of the messages."
+            )
+        return error_object(err, message, param=err.param or "messages")
+    return error_object(err)
+
+
+def _text_parts(parts: list[s.TextPart]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": p.text} for p in parts]
+
+
+def _user_parts(parts: list[s.TextPart | s.ImagePart]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        if isinstance(p, s.TextPart):
+            out.append({"type": "text", "text": p.text})
+        else:
+            image: dict[str, Any] = {"url": p.image_url.url}
+            if p.image_url.detail is not None:
+                image["detail"] = p.image_url.detail
+            out.append({"type": "image_url", "image_url": image})
+    return out
+
+
+def _message(m: s.Message) -> dict[str, Any]:
+    """One canonical message. String content (the common case) is passed on as the same object."""
+    if isinstance(m, s.UserMessage):
+        msg: dict[str, Any] = {
+            "role": "user",
+            "content": m.content if isinstance(m.content, str) else _user_parts(m.content),
+        }
+    elif isinstance(m, s.AssistantMessage):
+        content = m.content
+        if isinstance(content, list):
+            # The model produced one string; parts are a client's re-wrapping of it.
+            content = "".join(p.text if isinstance(p, s.TextPart) else p.refusal for p in content)
+        msg = {"role": "assistant", "content": content}
+        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+        if reasoning is not None:
+            msg["reasoning_content"] = reasoning
+        if m.tool_calls:
+            msg["tool_calls"] = [
+                {
+                    "id": tc.id,
+                    "type": "function",
+                    "function": {"name": tc.function.name, "arguments": tc.function.arguments},
+                }
+                for tc in m.tool_calls
+            ]
+    elif isinstance(m, s.ToolMessage):
+        msg = {
+            "role": "tool",
+            "tool_call_id": m.tool_call_id,
+            "content": m.content if isinstance(m.content, str) else _text_parts(m.content),
+        }
+    else:
+        # `developer` is OpenAI's newer name for `system`; chat templates only know `system`.
+        msg = {
+            "role": "system",
+            "content": m.content if isinstance(m.content, str) else _text_parts(m.content),
+        }
+    name = getattr(m, "name", None)
+    if name is not None:
+        msg["name"] = name
+    return msg
+
+
+def _tool(t: s.Tool) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": t.function.name}
+    if t.function.description is not None:
+        fn["description"] = t.function.description
+    if t.function.parameters is not None:
+        fn["parameters"] = t.function.parameters
+    return {"type": "function", "function": fn}

@@ -1,0 +1,184 @@
+"""A `Completion` as a Responses `Response` object and its output items.
+
+Output order follows OpenAI's: reasoning, message, then one item per tool call. Reasoning is always sent as
+one summary part holding the full text (Codex shows it, and resends it when it has nothing better), and,
+when the client includes `reasoning.encrypted_content`, also as our codec token, which restores it verbatim
+on the next turn. Tool calls to Responses custom tools become `custom_tool_call` items carrying `input`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.gateway.dialects.openai_wire import unix_now
+from polar.gateway.signatures import ReasoningCodec
+
+ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
+
+_INCOMPLETE_REASON = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputItem:
+    """One finished output item, plus the text a stream delivers in deltas for it (reasoning summary,
+    message text, function arguments or custom tool input)."""
+
+    kind: ItemKind
+    item: dict[str, Any]
+    text: str
+
+
+def base_id(comp: Completion) -> str:
+    """Ids of the response and its items derive from the completion id, so records and answers link up."""
+    cid = comp.id
+    for prefix in ("chatcmpl-", "resp_", "cmpl-"):
+        if cid.startswith(prefix):
+            return cid[len(prefix) :]
+    return cid
+
+
+def custom_input(arguments: str) -> str:
+    """The free-form input of a custom tool call the policy wrote as `{"input": "..."}`.
+
+    Anything else (not JSON, other keys) is passed through as the raw argument text rather than lost.
+    """
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments
+    if isinstance(value, dict):
+        got = value.get("input")
+        if isinstance(got, str):
+            return got
+        if len(value) == 1:
+            (only,) = value.values()
+            if isinstance(only, str):
+                return only
+    return arguments
+
+
+def output_items(req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> list[OutputItem]:
+    base = base_id(comp)
+    truncated = comp.finish_reason in _INCOMPLETE_REASON
+    items: list[OutputItem] = []
+    if comp.reasoning:
+        reasoning: dict[str, Any] = {
+            "id": f"rs_{base}",
+            "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": comp.reasoning}],
+        }
+        if req.render.get("include_encrypted"):
+            reasoning["encrypted_content"] = codec.encode(comp.reasoning)
+        items.append(OutputItem("reasoning", reasoning, comp.reasoning))
+    if comp.content or not comp.tool_calls:
+        text = comp.content or ""
+        message = {
+            "id": f"msg_{base}",
+            "type": "message",
+            "status": "incomplete" if truncated else "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}],
+        }
+        items.append(OutputItem("message", message, text))
+    custom: frozenset[str] = req.render.get("custom_tools") or frozenset()
+    for i, tc in enumerate(comp.tool_calls):
+        if tc.name in custom:
+            value = custom_input(tc.arguments)
+            call = {
+                "id": f"ctc_{base}_{i}",
+                "type": "custom_tool_call",
+                "status": "completed",
+                "call_id": tc.id,
+                "name": tc.name,
+                "input": value,
+            }
+            items.append(OutputItem("custom_tool_call", call, value))
+        else:
+            call = {
+                "id": f"fc_{base}_{i}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": tc.id,
+                "name": tc.name,
+                "arguments": tc.arguments,
+            }
+            items.append(OutputItem("function_call", call, tc.arguments))
+    return items
+
+
+def usage(comp: Completion) -> dict[str, Any]:
+    return {
+        "input_tokens": comp.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": comp.completion_tokens,
+        # The backend does not split reasoning from answer tokens; 0 means "not counted", not "none".
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": comp.prompt_tokens + comp.completion_tokens,
+    }
+
+
+def response_object(
+    req: CanonicalRequest,
+    resp_id: str,
+    created: int,
+    *,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None = None,
+    incomplete_reason: str | None = None,
+) -> dict[str, Any]:
+    """The Response envelope. `instructions` is not echoed: Codex resends ~20 KB of them every turn and no
+    client reads them back; `tools` is echoed as the request's own list (required by the schema)."""
+    r = req.render
+    resp: dict[str, Any] = {
+        "id": resp_id,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
+        "instructions": None,
+        "max_output_tokens": r.get("max_output_tokens"),
+        "model": r.get("model", req.model),
+        "output": output,
+        "parallel_tool_calls": r.get("parallel_tool_calls", True),
+        "previous_response_id": None,
+        "prompt_cache_key": r.get("prompt_cache_key"),
+        "reasoning": r.get("reasoning") or {"effort": None, "summary": None},
+        "store": r.get("store", True),
+        "temperature": r.get("temperature"),
+        "text": r.get("text") or {"format": {"type": "text"}},
+        "tool_choice": r.get("tool_choice", "auto"),
+        "tools": r.get("tools", []),
+        "top_p": r.get("top_p"),
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": r.get("metadata") or {},
+    }
+    if status in ("completed", "incomplete"):
+        resp["completed_at"] = unix_now()
+    return resp
+
+
+def final_status(comp: Completion) -> tuple[str, str | None]:
+    """`completed`, or `incomplete` with OpenAI's reason when the policy hit its token limit."""
+    reason = _INCOMPLETE_REASON.get(comp.finish_reason)
+    return ("incomplete", reason) if reason else ("completed", None)
+
+
+def render_response(req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> dict[str, Any]:
+    status, reason = final_status(comp)
+    return response_object(
+        req,
+        f"resp_{base_id(comp)}",
+        comp.created or unix_now(),
+        status=status,
+        output=[o.item for o in output_items(req, comp, codec)],
+        usage=usage(comp),
+        incomplete_reason=reason,
+    )
