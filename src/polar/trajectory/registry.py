@@ -1,0 +1,95 @@
+"""Builders by name: the two built-ins, any registered one, or an import path "pkg.mod:func".
+
+A builder is `fn(records, *, status, **options) -> Trajectory`, records being one session's
+`CompletionRecord`s in call order. `build` checks what every builder relies on (one session, unique
+completion ids, known options) so bad input fails with a `BuildError` naming the parameter, never deep in
+a builder.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from polar.store.records import CompletionRecord
+from polar.trajectory.errors import BuildError
+from polar.trajectory.models import Trajectory, TrajectoryStatus
+
+Builder = Callable[..., Trajectory]
+
+_BUILTIN = {
+    "per_request": "polar.trajectory.per_request:per_request",
+    "prefix_merging": "polar.trajectory.prefix_merging:prefix_merging",
+}
+_REGISTERED: dict[str, Builder] = {}
+
+
+def register_builder(name: str, builder: Builder | str, *, replace: bool = False) -> None:
+    """Make `builder` (a callable or an import path "pkg.mod:func") available as `strategy=name`."""
+    if not name or ":" in name:
+        raise BuildError(f"builder name must be non-empty and contain no ':', got {name!r}", param="name")
+    if not replace and (name in _BUILTIN or name in _REGISTERED):
+        raise BuildError(f"a builder named {name!r} exists; pass replace=True to override it", param="name")
+    _REGISTERED[name] = _import(builder) if isinstance(builder, str) else builder
+
+
+def builders() -> list[str]:
+    return sorted({*_BUILTIN, *_REGISTERED})
+
+
+def _import(path: str) -> Builder:
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise BuildError(
+            f"unknown strategy {path!r}: expected one of {builders()} or 'pkg.mod:func'", param="strategy"
+        )
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise BuildError(f"cannot load builder {path!r}: {e}", param="strategy") from e
+    if not callable(obj):
+        raise BuildError(f"builder {path!r} is not callable", param="strategy")
+    return obj
+
+
+def get_builder(strategy: str) -> Builder:
+    if strategy in _REGISTERED:
+        return _REGISTERED[strategy]
+    return _import(_BUILTIN.get(strategy, strategy))
+
+
+def build(
+    records: Iterable[CompletionRecord],
+    strategy: str = "prefix_merging",
+    *,
+    status: TrajectoryStatus | str = TrajectoryStatus.COMPLETED,
+    **options: Any,
+) -> Trajectory:
+    """One session's records as a `Trajectory`, built by `strategy` with `options`."""
+    builder = get_builder(strategy)
+    try:
+        status = TrajectoryStatus(status)
+    except ValueError:
+        allowed = [s.value for s in TrajectoryStatus]
+        raise BuildError(f"status must be one of {allowed}, not {status!r}", param="status") from None
+    recs = sorted(records, key=lambda r: r.seq)
+    sessions = {r.session_id for r in recs}
+    if len(sessions) > 1:
+        raise BuildError(
+            f"records span {len(sessions)} sessions; build one session at a time", param="records"
+        )
+    ids = [r.completion_id for r in recs]
+    if len(set(ids)) != len(ids):
+        raise BuildError("records repeat a completion_id", param="records")
+    try:
+        inspect.signature(builder).bind(recs, status=status, **options)
+    except TypeError as e:
+        raise BuildError(f"strategy {strategy!r} does not take these options: {e}", param="options") from None
+    trajectory = builder(recs, status=status, **options)
+    if not isinstance(trajectory, Trajectory):
+        raise BuildError(f"builder {strategy!r} returned {type(trajectory).__name__}, not a Trajectory")
+    return trajectory
