@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from typing import Any
@@ -197,6 +198,28 @@ def test_parse_normalizes_roles_reasoning_and_limits() -> None:
     assert req.tool_choice == {"type": "function", "function": {"name": "f"}}
     assert req.stream is False
     assert req.render == {"model": "m", "include_usage": False}
+
+
+def test_parse_leaves_the_body_untouched() -> None:
+    """The proxy records the body as the harness sent it; normalizing must not write into it."""
+    body = qwen_code_body()
+    body["messages"] += [
+        {"role": "developer", "content": "d"},
+        {"role": "assistant", "content": [{"type": "text", "text": "t"}], "reasoning": "r"},
+        {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},
+    ]
+    before = copy.deepcopy(body)
+    req = CHAT.parse(body, CODEC)
+    assert body == before
+    assert req.messages[-3:] == [
+        {"role": "system", "content": "d"},
+        {"role": "assistant", "content": "t", "reasoning_content": "r"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+    ]
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:

@@ -4,6 +4,7 @@ handler that returns what the dialect rendered)."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from typing import Any
@@ -220,6 +221,13 @@ def test_parse_codex_body_with_history() -> None:
     assert r["include_encrypted"] is True
     assert r["store"] is False
     assert r["prompt_cache_key"] == "0199-session"
+
+
+def test_parse_leaves_the_body_untouched() -> None:
+    body = codex_body(history_items())
+    before = copy.deepcopy(body)
+    RESP.parse(body, CODEC)
+    assert body == before
 
 
 def test_consecutive_assistant_items_form_one_message() -> None:

@@ -34,47 +34,48 @@ class ChatDialect:
         path_model: str | None = None,
         path_stream: bool | None = None,
     ) -> CanonicalRequest:
-        req = validate(s.ChatCompletionRequest, body)
-        if req.n is not None and req.n != 1:
+        req = validate(s.REQUEST, body)
+        n = req.get("n")
+        if n is not None and n != 1:
             # Capture records one sampled sequence per call; n > 1 would need n records per call.
-            raise invalid(f"Only n=1 is supported (got n={req.n}).", "n")
-        if req.functions is not None or req.function_call is not None:
-            param = "functions" if req.functions is not None else "function_call"
-            raise invalid(f"'{param}' (legacy function calling) is not supported; use 'tools'.", param)
+            raise invalid(f"Only n=1 is supported (got n={n}).", "n")
+        for legacy in ("functions", "function_call"):
+            if req.get(legacy) is not None:
+                raise invalid(f"'{legacy}' (legacy function calling) is not supported; use 'tools'.", legacy)
 
-        messages = [_message(m) for m in req.messages]
-        tools = [_tool(t) for t in req.tools] if req.tools else None
-        tool_choice: Any = req.tool_choice
-        if isinstance(tool_choice, s.NamedToolChoice):
-            tool_choice = {"type": "function", "function": {"name": tool_choice.function.name}}
+        messages = [_message(m) for m in req["messages"]]
+        tools = [_tool(t) for t in req.get("tools") or ()] or None
 
         params: dict[str, Any] = {}
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = req.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = req.get("max_tokens")
+        stop = req.get("stop")
         for key, value in (
-            ("temperature", req.temperature),
-            ("top_p", req.top_p),
-            ("top_k", req.top_k),
+            ("temperature", req.get("temperature")),
+            ("top_p", req.get("top_p")),
+            ("top_k", req.get("top_k")),
             ("max_tokens", max_tokens),
-            ("stop", [req.stop] if isinstance(req.stop, str) else req.stop),
-            ("seed", req.seed),
-            ("presence_penalty", req.presence_penalty),
-            ("frequency_penalty", req.frequency_penalty),
-            ("parallel_tool_calls", req.parallel_tool_calls),
-            ("chat_template_kwargs", req.chat_template_kwargs),
-            ("reasoning_effort", upstream_effort(req.reasoning_effort)),
+            ("stop", [stop] if isinstance(stop, str) else stop),
+            ("seed", req.get("seed")),
+            ("presence_penalty", req.get("presence_penalty")),
+            ("frequency_penalty", req.get("frequency_penalty")),
+            ("parallel_tool_calls", req.get("parallel_tool_calls")),
+            ("chat_template_kwargs", req.get("chat_template_kwargs")),
+            ("reasoning_effort", upstream_effort(req.get("reasoning_effort"))),
         ):
             if value is not None:
                 params[key] = value
 
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        stream_options = req.get("stream_options") or {}
         return CanonicalRequest(
-            model=req.model,
+            model=req["model"],
             messages=messages,
             tools=tools,
-            tool_choice=tool_choice,
+            tool_choice=req.get("tool_choice"),
             params=params,
-            stream=bool(req.stream),
-            render={"model": req.model, "include_usage": include_usage},
+            stream=bool(req.get("stream")),
+            render={"model": req["model"], "include_usage": bool(stream_options.get("include_usage"))},
         )
 
     def render(self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> dict[str, Any]:
@@ -196,70 +197,39 @@ def _error_object(err: GatewayError) -> dict[str, Any]:
     return error_object(err)
 
 
-def _text_parts(parts: list[s.TextPart]) -> list[dict[str, Any]]:
-    return [{"type": "text", "text": p.text} for p in parts]
-
-
-def _user_parts(parts: list[s.TextPart | s.ImagePart]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for p in parts:
-        if isinstance(p, s.TextPart):
-            out.append({"type": "text", "text": p.text})
-        else:
-            image: dict[str, Any] = {"url": p.image_url.url}
-            if p.image_url.detail is not None:
-                image["detail"] = p.image_url.detail
-            out.append({"type": "image_url", "image_url": image})
-    return out
-
-
-def _message(m: s.Message) -> dict[str, Any]:
-    """One canonical message. String content (the common case) is passed on as the same object."""
-    if isinstance(m, s.UserMessage):
-        msg: dict[str, Any] = {
-            "role": "user",
-            "content": m.content if isinstance(m.content, str) else _user_parts(m.content),
-        }
-    elif isinstance(m, s.AssistantMessage):
-        content = m.content
+def _message(m: Any) -> dict[str, Any]:
+    """One canonical message. Pydantic built `m` as a fresh dict holding only declared keys, in the
+    canonical Chat shape already, so it is adjusted in place rather than copied."""
+    role = m["role"]
+    if role == "developer":
+        m["role"] = "system"  # OpenAI's newer name for `system`; chat templates only know `system`
+    elif role == "assistant":
+        content = m.get("content")
         if isinstance(content, list):
             # The model produced one string; parts are a client's re-wrapping of it.
-            content = "".join(p.text if isinstance(p, s.TextPart) else p.refusal for p in content)
-        msg = {"role": "assistant", "content": content}
-        reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
-        if reasoning is not None:
-            msg["reasoning_content"] = reasoning
-        if m.tool_calls:
-            msg["tool_calls"] = [
-                {
-                    "id": tc.id,
-                    "type": "function",
-                    "function": {"name": tc.function.name, "arguments": tc.function.arguments},
-                }
-                for tc in m.tool_calls
-            ]
-    elif isinstance(m, s.ToolMessage):
-        msg = {
-            "role": "tool",
-            "tool_call_id": m.tool_call_id,
-            "content": m.content if isinstance(m.content, str) else _text_parts(m.content),
-        }
-    else:
-        # `developer` is OpenAI's newer name for `system`; chat templates only know `system`.
-        msg = {
-            "role": "system",
-            "content": m.content if isinstance(m.content, str) else _text_parts(m.content),
-        }
-    name = getattr(m, "name", None)
-    if name is not None:
-        msg["name"] = name
-    return msg
+            m["content"] = "".join(p["text"] if p["type"] == "text" else p["refusal"] for p in content)
+        elif "content" not in m:
+            m["content"] = None
+        reasoning = m.pop("reasoning", None)
+        if m.get("reasoning_content") is None:
+            m.pop("reasoning_content", None)
+            if reasoning is not None:
+                m["reasoning_content"] = reasoning
+        calls = m.get("tool_calls")
+        if calls:
+            for call in calls:
+                call["type"] = "function"
+        else:
+            m.pop("tool_calls", None)
+    return m
 
 
-def _tool(t: s.Tool) -> dict[str, Any]:
-    fn: dict[str, Any] = {"name": t.function.name}
-    if t.function.description is not None:
-        fn["description"] = t.function.description
-    if t.function.parameters is not None:
-        fn["parameters"] = t.function.parameters
-    return {"type": "function", "function": fn}
+def _tool(t: Any) -> dict[str, Any]:
+    """A chat function tool with only the fields the template and upstream use."""
+    fn = t["function"]
+    out: dict[str, Any] = {"name": fn["name"]}
+    if fn.get("description") is not None:
+        out["description"] = fn["description"]
+    if fn.get("parameters") is not None:
+        out["parameters"] = fn["parameters"]
+    return {"type": "function", "function": out}

@@ -1,35 +1,36 @@
 """Pydantic schemas of an OpenAI Chat Completions request (`POST /v1/chat/completions`), one per wire type.
 
-Only what the gateway reads is modelled; unknown fields are ignored (see `Wire`). Content the policy cannot
-consume (audio, files) is outside the discriminated unions, so it is refused with a 400 naming
-`messages[i].content[j].type`.
+They are `TypedDict`s validated by pydantic: validation yields plain dicts (three times cheaper than model
+instances on a 100-message agent history), and validated messages are already in the canonical Chat shape,
+so most pass through untouched. Only what the gateway reads is declared; unknown keys are dropped, as
+OpenAI-compatible servers tolerate them. Content the policy cannot consume (audio, files) is outside the
+discriminated unions, so it is refused with a 400 naming `messages[i].content[j].type`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired, Required
 
-from pydantic import Field
+from pydantic import Field, TypeAdapter
+from typing_extensions import TypedDict
 
-from polar.gateway.dialects.openai_wire import Wire
 
-
-class TextPart(Wire):
+class TextPart(TypedDict):
     type: Literal["text"]
     text: str
 
 
-class ImageURL(Wire):
+class ImageURL(TypedDict):
     url: str
-    detail: str | None = None
+    detail: NotRequired[str]
 
 
-class ImagePart(Wire):
+class ImagePart(TypedDict):
     type: Literal["image_url"]
     image_url: ImageURL
 
 
-class RefusalPart(Wire):
+class RefusalPart(TypedDict):
     type: Literal["refusal"]
     refusal: str
 
@@ -38,103 +39,100 @@ UserPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 AssistantPart = Annotated[TextPart | RefusalPart, Field(discriminator="type")]
 
 
-class SystemMessage(Wire):
-    role: Literal["system"]
+class SystemMessage(TypedDict):
+    role: Literal["system", "developer"]
     content: str | list[TextPart]
-    name: str | None = None
+    name: NotRequired[str]
 
 
-class DeveloperMessage(Wire):
-    role: Literal["developer"]
-    content: str | list[TextPart]
-    name: str | None = None
-
-
-class UserMessage(Wire):
+class UserMessage(TypedDict):
     role: Literal["user"]
     content: str | list[UserPart]
-    name: str | None = None
+    name: NotRequired[str]
 
 
-class FunctionCall(Wire):
+class FunctionCall(TypedDict):
     name: str
     arguments: str
 
 
-class ToolCall(Wire):
+class ToolCall(TypedDict):
     id: str
-    type: Literal["function"] = "function"
+    type: NotRequired[Literal["function"]]
     function: FunctionCall
 
 
-class AssistantMessage(Wire):
+class AssistantMessage(TypedDict):
     role: Literal["assistant"]
-    content: str | list[AssistantPart] | None = None
-    tool_calls: list[ToolCall] | None = None
+    content: NotRequired[str | list[AssistantPart] | None]
+    tool_calls: NotRequired[list[ToolCall] | None]
     # vLLM/SGLang reasoning parsers answer with `reasoning_content` (newer vLLM: `reasoning`); harnesses
     # that keep reasoning (OpenCode, Pi) send back whichever they got.
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    name: str | None = None
+    reasoning_content: NotRequired[str | None]
+    reasoning: NotRequired[str | None]
+    name: NotRequired[str]
 
 
-class ToolMessage(Wire):
+class ToolMessage(TypedDict):
     role: Literal["tool"]
     content: str | list[TextPart]
     tool_call_id: str
 
 
 Message = Annotated[
-    SystemMessage | DeveloperMessage | UserMessage | AssistantMessage | ToolMessage,
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage,
     Field(discriminator="role"),
 ]
 
 
-class FunctionDef(Wire):
+class FunctionDef(TypedDict):
     name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
+    strict: NotRequired[bool | None]
 
 
-class Tool(Wire):
+class Tool(TypedDict):
     type: Literal["function"]
     function: FunctionDef
 
 
-class NamedFunction(Wire):
+class NamedFunction(TypedDict):
     name: str
 
 
-class NamedToolChoice(Wire):
+class NamedToolChoice(TypedDict):
     type: Literal["function"]
     function: NamedFunction
 
 
-class StreamOptions(Wire):
-    include_usage: bool | None = None
+class StreamOptions(TypedDict, total=False):
+    include_usage: bool | None
 
 
-class ChatCompletionRequest(Wire):
-    model: str
-    messages: list[Message] = Field(min_length=1)
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, ge=0, le=1)
-    top_k: int | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    n: int | None = Field(default=None, ge=1)
-    chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
+class ChatCompletionRequest(TypedDict, total=False):
+    model: Required[str]
+    messages: Required[Annotated[list[Message], Field(min_length=1)]]
+    tools: list[Tool] | None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None
+    parallel_tool_calls: bool | None
+    stream: bool | None
+    stream_options: StreamOptions | None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None
+    top_k: int | None
+    max_tokens: Annotated[int, Field(ge=1)] | None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None
+    stop: str | list[str] | None
+    seed: int | None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None
+    n: Annotated[int, Field(ge=1)] | None
+    chat_template_kwargs: dict[str, Any] | None
+    reasoning_effort: str | None
     # Legacy function calling (pre-`tools`): refused rather than silently dropped.
-    functions: Any = None
-    function_call: Any = None
+    functions: Any
+    function_call: Any
+
+
+REQUEST = TypeAdapter(ChatCompletionRequest)

@@ -11,31 +11,24 @@ import re
 import time
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from polar.gateway.errors import GatewayError, invalid
 
-M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
-class Wire(BaseModel):
-    """Base of every request schema. Real OpenAI-compatible servers (vLLM, SGLang, OpenAI itself for many
-    fields) tolerate fields they do not know, and harnesses send plenty (`user`, `store`, `metadata`, vendor
-    extras), so unknown fields are ignored rather than refused; unsupported *content* is refused where it
-    is modelled."""
+def validate(adapter: TypeAdapter[T], body: Any) -> T:
+    """`adapter.validate_python(body)`, with any failure turned into a 400 that names the field.
 
-    model_config = ConfigDict(extra="ignore")
-
-
-def validate(model: type[M], body: Any) -> M:
-    """`model.model_validate(body)`, with any failure turned into a 400 that names the field."""
+    Schemas are pydantic-validated `TypedDict`s; pydantic drops keys they do not declare, which is what
+    real OpenAI-compatible servers (vLLM, SGLang, OpenAI itself for many fields) do with fields they do
+    not know. Harnesses send plenty (`user`, `store`, `metadata`, vendor extras).
+    """
     if not isinstance(body, dict):
-        raise invalid(
-            f"The request body must be a JSON object, got {_json_type(body)}.",
-            param=None,
-        )
+        raise invalid(f"The request body must be a JSON object, got {_json_type(body)}.", param=None)
     try:
-        return model.model_validate(body)
+        return adapter.validate_python(body)
     except ValidationError as exc:
         raise validation_error(exc, body) from None
 

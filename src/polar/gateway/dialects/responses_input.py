@@ -1,0 +1,186 @@
+"""Responses input -> Chat: tools, tool choice and the item history.
+
+Consecutive assistant items (reasoning, message, function_call, custom_tool_call) form ONE assistant
+message, as the policy produced them in one completion, so the chat template renders what the model
+actually sampled. Reasoning is restored verbatim from the `encrypted_content` we issued.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from polar.gateway.errors import invalid
+from polar.gateway.signatures import ReasoningCodec
+
+
+def convert_tools(
+    specs: list[Any] | None,
+) -> tuple[list[dict[str, Any]], frozenset[str], list[str], frozenset[str]]:
+    """Chat function tools, the names of custom tools, the names of dropped hosted tools, function names."""
+    tools: list[dict[str, Any]] = []
+    custom: set[str] = set()
+    functions: set[str] = set()
+    dropped: list[str] = []
+    for t in specs or ():
+        kind = t["type"]
+        if kind == "function":
+            fn: dict[str, Any] = {"name": t["name"]}
+            if t.get("description") is not None:
+                fn["description"] = t["description"]
+            params = t.get("parameters")
+            fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
+            tools.append({"type": "function", "function": fn})
+            functions.add(t["name"])
+        elif kind == "custom":
+            tools.append(_custom_as_function(t))
+            custom.add(t["name"])
+        else:
+            # Hosted tools (web_search, file_search, ...) run on OpenAI's side; the policy cannot call them.
+            dropped.append(t.get("name") or kind)
+    return tools, frozenset(custom), dropped, frozenset(functions)
+
+
+def _custom_as_function(t: Any) -> dict[str, Any]:
+    """A free-form (custom) tool as a function with one string argument `input`.
+
+    Codex declares `apply_patch` this way, with a Lark grammar; the grammar goes into the argument's
+    description so a policy trained through chat templates can see the format it must follow.
+    """
+    desc = "The raw input for this tool."
+    fmt = t.get("format") or {}
+    if fmt.get("type") == "grammar" and fmt.get("definition"):
+        syntax = fmt.get("syntax", "")
+        desc = f"The raw input for this tool. It must match this {syntax} grammar:\n{fmt['definition']}"
+    fn: dict[str, Any] = {"name": t["name"]}
+    if t.get("description") is not None:
+        fn["description"] = t["description"]
+    fn["parameters"] = {
+        "type": "object",
+        "properties": {"input": {"type": "string", "description": desc}},
+        "required": ["input"],
+        "additionalProperties": False,
+    }
+    return {"type": "function", "function": fn}
+
+
+def convert_tool_choice(choice: Any, callable_names: frozenset[str]) -> Any:
+    if choice is None or isinstance(choice, str):
+        return choice
+    if choice["type"] in ("function", "custom"):
+        name = choice.get("name")
+        if not name:
+            raise invalid("Missing required parameter: 'tool_choice.name'.", "tool_choice.name")
+        if name not in callable_names:
+            raise invalid(
+                f"Invalid value for 'tool_choice.name': {name!r} is not one of the request's tools.",
+                "tool_choice.name",
+            )
+        return {"type": "function", "function": {"name": name}}
+    raise invalid(f"Unsupported value for 'tool_choice.type': {choice['type']!r}.", "tool_choice.type")
+
+
+def convert_history(items: list[Any], codec: ReasoningCodec) -> list[dict[str, Any]]:
+    """Input items -> Chat messages, merging each run of assistant items into one assistant message."""
+    out: list[dict[str, Any]] = []
+    turn: dict[str, Any] | None = None  # the assistant message being assembled
+    turns: list[dict[str, Any]] = []
+
+    def open_turn() -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": None}
+        out.append(msg)
+        turns.append(msg)
+        return msg
+
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            # A reasoning item starts a new completion unless the current one has produced nothing yet.
+            if turn is None or turn["content"] is not None or "tool_calls" in turn:
+                turn = open_turn()
+            text = _reasoning_text(item, codec)
+            if text:
+                prev = turn.get("reasoning_content")
+                turn["reasoning_content"] = f"{prev}\n\n{text}" if prev else text
+        elif kind == "message" and item["role"] == "assistant":
+            turn = turn or open_turn()
+            text = _assistant_text(item["content"])
+            turn["content"] = text if turn["content"] is None else turn["content"] + text
+        elif kind == "function_call":
+            turn = turn or open_turn()
+            turn.setdefault("tool_calls", []).append(_call(item["call_id"], item["name"], item["arguments"]))
+        elif kind == "custom_tool_call":
+            turn = turn or open_turn()
+            # Same text `json.dumps` gives (and Qwen-style models write): `{"input": "..."}`.
+            arguments = json.dumps({"input": item["input"]}, ensure_ascii=False)
+            turn.setdefault("tool_calls", []).append(_call(item["call_id"], item["name"], arguments))
+        elif kind == "message":
+            turn = None
+            # `developer` (Codex's permissions and instructions) is `system` to a chat template.
+            role = "system" if item["role"] in ("system", "developer") else "user"
+            out.append({"role": role, "content": _content(item["content"])})
+        else:  # function_call_output / custom_tool_call_output
+            turn = None
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": _content(item["output"])})
+
+    for msg in turns:
+        if msg["content"] is None and "tool_calls" not in msg:
+            msg["content"] = ""
+    return out
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@lru_cache(maxsize=2048)
+def _decode(codec: ReasoningCodec, token: str) -> str | None:
+    """Codex resends every earlier reasoning item on every turn; without a cache a session's decoding work
+    (HMAC + zlib, ~5 us a token) grows with the square of its length."""
+    return codec.decode(token)
+
+
+def _reasoning_text(item: Any, codec: ReasoningCodec) -> str | None:
+    """Our own `encrypted_content` restores the exact reasoning; otherwise take what the client kept."""
+    token = item.get("encrypted_content")
+    if token:
+        text = _decode(codec, token)
+        if text is not None:
+            return text
+    content = item.get("content")
+    if content:
+        return "".join(c["text"] for c in content)
+    summary = item.get("summary")
+    if summary:
+        return "\n\n".join(p["text"] for p in summary)
+    return None
+
+
+def _text_of(part: Any) -> str:
+    return part["refusal"] if part["type"] == "refusal" else part["text"]
+
+
+def _assistant_text(content: str | list[Any]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(_text_of(p) for p in content if p["type"] != "input_image")
+
+
+def _content(content: str | list[Any]) -> str | list[dict[str, Any]]:
+    """Responses content -> Chat content; a lone text part (what Codex sends) becomes a string."""
+    if isinstance(content, str):
+        return content
+    if len(content) == 1 and content[0]["type"] != "input_image":
+        return _text_of(content[0])
+    out: list[dict[str, Any]] = []
+    for p in content:
+        if p["type"] == "input_image":
+            image: dict[str, Any] = {"url": p["image_url"]}
+            detail = p.get("detail")
+            if detail is not None and detail != "auto":
+                image["detail"] = detail
+            out.append({"type": "image_url", "image_url": image})
+        else:
+            out.append({"type": "text", "text": _text_of(p)})
+    return out
