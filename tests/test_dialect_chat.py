@@ -295,6 +295,8 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
         "messages[1].tool_calls[0].function.arguments",
     ),
     ("temperature not a number", qwen_code_body(temperature="hot"), "temperature"),
+    ("stream as a string is not coerced", qwen_code_body(stream="yes"), "stream"),
+    ("max_tokens as a string is not coerced", qwen_code_body(max_tokens="64"), "max_tokens"),
     ("temperature out of range", qwen_code_body(temperature=3), "temperature"),
     ("max_tokens zero", qwen_code_body(max_tokens=0), "max_tokens"),
     ("stop not a string", qwen_code_body(stop=5), "stop"),
@@ -327,6 +329,20 @@ def test_bad_body_is_a_400_naming_the_field(case: str, body: Any, param: str | N
     assert envelope["error"]["param"] == param
     if param is not None:
         assert param in envelope["error"]["message"]
+
+
+def test_type_errors_name_every_accepted_type() -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": {"text": "hi"}}]}
+    with pytest.raises(GatewayError) as info:
+        CHAT.parse(body, CODEC)
+    assert info.value.message == (
+        "Invalid type for 'messages[0].content': expected a string or an array, but got an object instead."
+    )
+
+
+def test_integers_are_fine_where_numbers_are_expected() -> None:
+    req = CHAT.parse(qwen_code_body(temperature=1, top_p=1), CODEC)
+    assert (req.params["temperature"], req.params["top_p"]) == (1, 1)
 
 
 def test_unsupported_part_message_names_the_type() -> None:

@@ -452,6 +452,7 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
         {"model": "m", "input": "x", "tool_choice": {"type": "function", "name": "nope"}},
         "tool_choice.name",
     ),
+    ("stream as a string is not coerced", {"model": "m", "input": "x", "stream": "true"}, "stream"),
     ("include not a list", {"model": "m", "input": "x", "include": "reasoning.encrypted_content"}, "include"),
 ]
 

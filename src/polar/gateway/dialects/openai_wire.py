@@ -28,7 +28,8 @@ def validate(adapter: TypeAdapter[T], body: Any) -> T:
     if not isinstance(body, dict):
         raise invalid(f"The request body must be a JSON object, got {_json_type(body)}.", param=None)
     try:
-        return adapter.validate_python(body)
+        # Strict, like OpenAI: `"stream": "yes"` or `"max_tokens": "64"` is a type error, not a coercion.
+        return adapter.validate_python(body, strict=True)
     except ValidationError as exc:
         raise validation_error(exc, body) from None
 
@@ -88,7 +89,33 @@ def validation_error(exc: ValidationError, body: Any) -> GatewayError:
         )
     if kind == "missing":
         return invalid(f"Missing required parameter: '{path}'.", path)
+    if kind in _EXPECTED:
+        # A type mismatch: name every type the union at this location would have taken, as OpenAI does.
+        expected = []
+        for e in errors:
+            want = _EXPECTED.get(e["type"])
+            if want and want not in expected and field_path(tuple(e["loc"]), body)[0] == path:
+                expected.append(want)
+        return invalid(
+            f"Invalid type for '{path}': expected {' or '.join(expected)}, but got {_json_type(value)} instead.",
+            path or None,
+        )
     return invalid(f"Invalid value for '{path}': {err['msg']}.", path or None)
+
+
+_EXPECTED = {
+    "string_type": "a string",
+    "list_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "a boolean",
+    "bool_parsing": "a boolean",
+    "none_required": "null",
+}
 
 
 def _json_type(value: Any) -> str:
