@@ -86,14 +86,27 @@ class FakeTokenizer:
     byte_offset = BYTE_OFFSET
     im_start = IM_START
     im_end = IM_END
+    _CACHE_LIMIT = 65536
+
+    def __init__(self) -> None:
+        # Text between special tokens is mostly one message's text, re-sent on every turn of a session: a
+        # cache keeps the fake's per-call cost flat as histories grow (benchmarks need it fast).
+        self._pieces: dict[str, list[int]] = {}
+        self._tokens: dict[int, tuple[str, list[int]]] = {}
 
     def encode(self, text: str) -> list[int]:
         out: list[int] = []
+        cache = self._pieces
         for k, piece in enumerate(_SPLIT.split(text)):
             if k % 2:
                 out.append(SPECIAL_TOKENS[piece])
             elif piece:
-                out += [b + BYTE_OFFSET for b in piece.encode()]
+                ids = cache.get(piece)
+                if ids is None:
+                    if len(cache) >= self._CACHE_LIMIT:
+                        cache.clear()
+                    ids = cache[piece] = [b + BYTE_OFFSET for b in piece.encode()]
+                out += ids
         return out
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -116,6 +129,14 @@ class FakeTokenizer:
         if BYTE_OFFSET <= i < BYTE_OFFSET + 256:
             return bytes((i - BYTE_OFFSET,))
         return _SPECIAL_BY_ID[i].encode()
+
+    def token_info(self, i: int) -> tuple[str, list[int]]:
+        """(token text, its bytes) as a logprobs entry shows them; cached, treat as read-only."""
+        info = self._tokens.get(i)
+        if info is None:
+            raw = self.token_bytes(i)
+            info = self._tokens[i] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return info
 
     def render(
         self,

@@ -68,15 +68,8 @@ def _tool_calls(s: Sampled) -> list[dict[str, Any]]:
 def _logprob_content(tok: FakeTokenizer, ids: list[int]) -> list[dict[str, Any]]:
     out = []
     for pos, i in enumerate(ids):
-        raw = tok.token_bytes(i)
-        out.append(
-            {
-                "token": raw.decode("utf-8", errors="replace"),
-                "logprob": logprob(pos, i),
-                "bytes": list(raw),
-                "top_logprobs": [],
-            }
-        )
+        text, raw = tok.token_info(i)
+        out.append({"token": text, "logprob": logprob(pos, i), "bytes": raw, "top_logprobs": []})
     return out
 
 

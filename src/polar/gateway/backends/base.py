@@ -11,7 +11,6 @@ inconsistent becomes a flag that makes the record untrainable. Nothing is re-tok
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -133,7 +132,7 @@ def text_field(message: dict[str, Any], key: str) -> str | None:
 def tool_calls(message: dict[str, Any]) -> tuple[tuple[ToolCall, ...], bool]:
     """The structured tool calls and whether any has arguments that are not valid JSON (kept as sent)."""
     raw = message.get("tool_calls")
-    if not raw:
+    if raw is None:
         return (), False
     if not isinstance(raw, list):
         raise upstream_error("inference server answer's `message.tool_calls` is not a list")
@@ -203,23 +202,26 @@ def usage(
 def int_list(value: Any) -> list[int] | None:
     """`value` if it is a list of ints, else None (flagged by the caller, never repaired).
 
-    The check runs in C (`array`): about as costly per token as orjson's parse, far less than a Python loop.
+    `sum` is the check: it runs in C at a few ns per element (a Python loop costs ~30, `array("q", ...)`
+    ~15), raises on anything that is not a number, and turns float as soon as one element is a float.
+    orjson decodes every integral JSON number to int, so this is exact for what a server can send.
     """
     if type(value) is not list:
         return None
     try:
-        array("q", value)
-    except (TypeError, OverflowError):
+        total = sum(value)
+    except TypeError:
         return None
-    return value
+    return value if type(total) is int else None
 
 
 def float_list(value: list[Any]) -> list[float] | None:
-    """`value` as floats if every entry is a number, else None."""
+    """`value` if every entry is a number (JSON ints such as `0` included), else None."""
     try:
-        return array("d", value).tolist()
+        total = sum(value)
     except TypeError:
         return None
+    return value if type(total) in (int, float) else None
 
 
 def token_flags(

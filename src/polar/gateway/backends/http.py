@@ -52,7 +52,7 @@ class UpstreamClient:
             timeout=aiohttp.ClientTimeout(total=o.timeout_s, sock_connect=o.connect_timeout_s),
             # No cookies: every call stands alone, and the jar costs time per response.
             cookie_jar=aiohttp.DummyCookieJar(),
-            auto_decompress=True,
+            headers=self._headers,
         )
 
     async def aclose(self) -> None:
@@ -64,7 +64,14 @@ class UpstreamClient:
         return await self._request("GET", path, None)
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
-        return await self._request("POST", path, orjson.dumps(body))
+        try:
+            payload = orjson.dumps(body)
+        except orjson.JSONEncodeError as e:
+            # Only harness-given values reach here (e.g. a seed beyond 64 bits): the caller's fault.
+            raise GatewayError(
+                "invalid_request", f"the request cannot be sent upstream as JSON: {e}"
+            ) from None
+        return await self._request("POST", path, payload)
 
     async def _request(self, method: str, path: str, payload: bytes | None) -> Any:
         if self._session is None or self._session.closed:
@@ -76,9 +83,7 @@ class UpstreamClient:
         while True:
             failure: GatewayError
             try:
-                async with self._session.request(
-                    method, url, data=payload, headers=self._headers, allow_redirects=False
-                ) as resp:
+                async with self._session.request(method, url, data=payload, allow_redirects=False) as resp:
                     raw = await resp.read()
                     status = resp.status
             except TimeoutError:
