@@ -634,3 +634,34 @@ async def test_client_starts_lazily_and_closes_cleanly(servers: Any) -> None:
     await b.start()  # idempotent
     assert (await b.complete(b.build_body(request(), "served"))).flags == ()
     await b.aclose()
+
+
+# ---- against our embedded engine (a real model behind vLLM's API) ----
+
+
+@pytest.mark.slow
+async def test_vllm_backend_reads_the_embedded_engine() -> None:
+    from tests.engine_support import TEST_CONTEXT, tiny_server
+
+    with tiny_server() as (engine, srv):
+        async with client("vllm", srv.url) as b:
+            req = CanonicalRequest(
+                model="h", messages=[{"role": "user", "content": "Say hi."}], params={"max_tokens": 6}
+            )
+            comp = await b.complete(b.build_body(req, engine.name))
+            assert comp.flags == () and comp.finish_reason == "length"
+            assert comp.prompt_ids is not None and len(comp.prompt_ids) == comp.prompt_tokens
+            assert comp.response_ids is not None and len(comp.response_ids) == 6 == comp.completion_tokens
+            assert comp.response_logprobs is not None and len(comp.response_logprobs) == 6
+            assert all(lp <= 0 for lp in comp.response_logprobs)
+            assert comp.policy_version == engine.policy_version
+            assert await b.count_tokens(req, engine.name) == comp.prompt_tokens
+            assert await b.list_models() == [engine.name]
+            long = CanonicalRequest(
+                model="h", messages=[{"role": "user", "content": "word " * (TEST_CONTEXT + 10)}]
+            )
+            with pytest.raises(GatewayError) as info:
+                await b.complete(b.build_body(long, engine.name))
+            err = info.value
+            assert err.kind == "context_length" and err.max_tokens == TEST_CONTEXT
+            assert err.prompt_tokens is not None and err.prompt_tokens > TEST_CONTEXT

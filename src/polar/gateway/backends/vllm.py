@@ -8,7 +8,7 @@ those to be the distribution actually sampled from (the gateway cannot check tha
 
 Reasoning comes as `message.reasoning` (vLLM PR #27752, late 2025; `reasoning_content` was dropped by PR
 #33402) or `message.reasoning_content` (older vLLM).
-Our embedded engine adds top-level `policy_version` (int) and `polar_flags` (list of str).
+Our embedded engine adds top-level `policy_version` (int) and `polar_flags` (list of str, also per choice).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ class VLLMBackend(TokenizingBackend):
         version = data.get("policy_version")
         if type(version) is int:
             tokens.policy_version = version
-        flags = data.get("polar_flags")
-        if isinstance(flags, list):
-            tokens.flags = [f for f in flags if isinstance(f, str)]
+        # The engine reports flags per choice and their union at the top; the gateway reads choice 0.
+        for flags in (choice.get("polar_flags"), data.get("polar_flags")):
+            if isinstance(flags, list):
+                tokens.flags += [f for f in flags if isinstance(f, str) and f not in tokens.flags]
         return tokens
 
 
