@@ -44,7 +44,9 @@ class UpstreamClient:
         connector = aiohttp.TCPConnector(
             limit=o.max_connections,
             limit_per_host=o.max_connections,
-            keepalive_timeout=75.0,
+            # vLLM (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and SGLang serve through uvicorn, which closes idle keep-alive
+            # connections after 5 s by default; letting go first avoids reusing one the server is closing.
+            keepalive_timeout=4.0,
             ttl_dns_cache=300,
         )
         self._session = aiohttp.ClientSession(
