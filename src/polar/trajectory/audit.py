@@ -6,8 +6,9 @@ Checked for every trace, through its `completion_ids` / `turn_offsets` metadata,
   server sampled; trainable ones carry exactly the server's logprobs (bit for bit), masked ones 0.0;
 - no token carries loss unless it is a sampled token of a trainable call;
 - every interstitial is masked and is the tail of the next call's server prompt;
-- before each turn, prompt ‖ response-so-far equals that call's server prompt (the trainer sees the
-  context the policy saw) unless the trace declares the turn in `drift_turns` (`on_drift="merge"`);
+- at each boundary, the call's server prompt is the previous call's prompt ‖ its sampled tokens ‖ the
+  interstitial, so prompt ‖ response-so-far is exactly the context the policy saw, unless the trace
+  declares the turn in `drift_turns` (`on_drift="merge"`) and the re-rendering really differs there;
 - every trainable sampled token appears, trainable, in exactly one trace: coverage is exactly 1.0.
 It also reports context drift: boundaries where the server's re-rendering of a sampled turn in the next
 prompt differs from the sampled tokens, whether the build merged across them or split there.
@@ -115,27 +116,28 @@ class _Auditor:
         if logprobs is None and not any(c.trainable and c.record.response_logprobs is None for c in turns):
             self.fail(where, "response_logprobs is None although every trainable token has a logprob")
         pos = 0
+        drifted = False  # a declared drift earlier in the trace: later contexts inherit it
         for k, (call, off) in enumerate(zip(turns, offsets, strict=True)):
             self.turns += 1
             at = f"{where} turn {k} ({call.record.completion_id})"
             if not isinstance(off, int) or not pos <= off <= n:
                 return self.fail(at, f"turn offset {off!r} out of order")
             if k:
+                prev, interstitial = turns[k - 1], response[pos * ITEM : off * ITEM]
                 if any(t.loss_mask[pos:off]):
                     self.fail(at, "interstitial tokens carry loss")
                 if logprobs is not None and any(logprobs[pos:off]):
                     self.fail(at, "interstitial tokens have non-zero logprobs")
-                if not call.prompt.endswith(response[pos * ITEM : off * ITEM]):
+                if not call.prompt.endswith(interstitial):
                     self.fail(at, "interstitial is not the tail of the server prompt")
-                if prompt + response[: off * ITEM] == call.prompt:
-                    self.exact += 1
-                else:
-                    d = _drift(turns[k - 1], call, self.eot, merged=True)
+                if call.prompt != prev.prompt + prev.sampled + interstitial:
+                    d = _drift(prev, call, self.eot, merged=True)
                     if k in declared and d is not None:
                         self.drift.append(d)
+                        drifted = True
                     else:
                         self.fail(at, "context differs from the prompt the server saw")
-            else:
+            if not drifted and prompt + response[: off * ITEM] == call.prompt:
                 self.exact += 1
             end = off + call.n_sampled
             if response[off * ITEM : end * ITEM] != call.sampled:

@@ -102,23 +102,22 @@ def _diverged(call: Call, tips: TipIndex[int], chains: Sequence[Chain]) -> tuple
     - otherwise `root` (first call, subagent, side call, changed system prompt).
     A subagent that reuses its parent's system prompt and starts shorter reads as a compaction: tokens
     and messages alone cannot tell the two apart."""
-    best, best_n = None, -1
-    for key, tip in tips.items():
-        n = lcp(call.prompt, tip)
-        if n > best_n or (n == best_n and best is not None and key > best):
-            best, best_n = key, n
-    if best is None:
-        return ROOT, None
-    chain = chains[best]
-    root = chain.turns[0].call
-    shorter = call.n_prompt < n_tokens(tips.tip(best) or b"")
-    if best_n >= root.n_prompt:
-        return (COMPACTION if shorter else REWRITE), best
+    scored = [(lcp(call.prompt, tip), key, n_tokens(tip)) for key, tip in tips.items()]
+    kept = [(n, key, size) for n, key, size in scored if n >= chains[key].turns[0].call.n_prompt]
+    if kept:
+        _, key, size = max(kept)
+        return (COMPACTION if call.n_prompt < size else REWRITE), key
     system = _system(call)
-    conversation = len(chain.turns) > 1 or chain.started_by != ROOT
-    if shorter and conversation and system is not None and system == _system(root):
-        return COMPACTION, best
-    return ROOT, None
+    if system is None:
+        return ROOT, None
+    compacted = [
+        (n, key)
+        for n, key, size in scored
+        if call.n_prompt < size
+        and (len(chains[key].turns) > 1 or chains[key].started_by != ROOT)
+        and _system(chains[key].turns[0].call) == system
+    ]
+    return (COMPACTION, max(compacted)[1]) if compacted else (ROOT, None)
 
 
 def assemble(calls: Sequence[Call], eot: int | None, merge_drift: bool) -> Assembly:
