@@ -16,7 +16,7 @@ import pytest
 
 from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
 from polar.gateway.dialects.anthropic import AnthropicDialect
-from polar.gateway.dialects.wire import RAW_ARGUMENTS_KEY
+from polar.gateway.dialects.wire import RAW_ARGUMENTS_KEY, SignatureCache
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 
@@ -727,3 +727,21 @@ def test_parse_does_not_mutate_the_body() -> None:
     before = copy.deepcopy(body)
     D.parse(body, CODEC)
     assert body == before
+
+
+def test_signature_cache_is_bounded_and_keyed_by_codec() -> None:
+    calls: list[str] = []
+
+    def decode(codec: ReasoningCodec, token: str) -> str | None:
+        calls.append(token)
+        return codec.decode(token)
+
+    cache = SignatureCache(decode, size=2)
+    good = CODEC.encode("ours")
+    assert cache(CODEC, good) == "ours" and cache(CODEC, good) == "ours"
+    assert calls == [good]  # the second lookup did not verify again
+    assert cache(ReasoningCodec(b"another key"), good) is None  # never trusted under another key
+    assert cache(CODEC, None) is None and cache(CODEC, "") is None
+    cache(CODEC, "foreign-1")
+    cache(CODEC, good)  # evicted by now: verified again
+    assert calls == [good, good, "foreign-1", good]

@@ -8,7 +8,6 @@ request (and its message dicts) may be shared with capture.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -16,18 +15,33 @@ from polar.gateway.canonical import CanonicalRequest
 
 Quirk = Callable[[CanonicalRequest], CanonicalRequest | None]
 
-_BILLING_MARK = "x-anthropic-billing-header:"
 # Claude Code (>= 2.1.36) sends `system[0]` = "x-anthropic-billing-header: cc_version=2.1.197.a3f;
 # cc_entrypoint=sdk-cli; cch=5e1d0;", whose `cch` changes on every call (anthropics/claude-code#68900).
-# Only that line goes, with its line break, wherever it sits in the system prompt.
-_BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n|$)", re.MULTILINE)
+# Only that line goes, with its line break, wherever it starts a line of the system prompt.
+_BILLING_MARK = "x-anthropic-billing-header:"
 
 
 def _strip_billing(text: str) -> str | None:
-    if _BILLING_MARK not in text:
+    """`text` without its billing lines, or None when it has none. `str.find` rather than a multiline
+    regex: system prompts are tens of kilobytes and this runs on every call."""
+    start = text.find(_BILLING_MARK)
+    if start < 0:
         return None
-    stripped = _BILLING_LINE.sub("", text)
-    return None if stripped == text else stripped
+    pieces: list[str] = []
+    kept_from = 0
+    while start >= 0:
+        if start == 0 or text[start - 1] == "\n":
+            end = text.find("\n", start)
+            end = len(text) if end < 0 else end + 1
+            pieces.append(text[kept_from:start])
+            kept_from = end
+            start = text.find(_BILLING_MARK, end)
+        else:
+            start = text.find(_BILLING_MARK, start + 1)
+    if not pieces:
+        return None
+    pieces.append(text[kept_from:])
+    return "".join(pieces)
 
 
 def strip_claude_code_billing_header(req: CanonicalRequest) -> CanonicalRequest | None:

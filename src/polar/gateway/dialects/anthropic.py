@@ -26,7 +26,14 @@ from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import anthropic_schema as s
 from polar.gateway.dialects.anthropic_stream import MessageStream
 from polar.gateway.dialects.base import sse
-from polar.gateway.dialects.wire import data_url, parse_model, tool_arguments, tool_input, tool_input_json
+from polar.gateway.dialects.wire import (
+    SignatureCache,
+    data_url,
+    tool_arguments,
+    tool_input,
+    tool_input_json,
+    validate,
+)
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
 
@@ -52,6 +59,8 @@ _ERROR_TYPE = {
 
 _TOOL_ERROR_MARK = "<tool_use_error>"
 
+_decode_signature = SignatureCache(ReasoningCodec.decode)
+
 
 class AnthropicDialect:
     """The Anthropic Messages API; see the module docstring for how turns map to Chat messages."""
@@ -68,21 +77,19 @@ class AnthropicDialect:
         path_model: str | None = None,
         path_stream: bool | None = None,
     ) -> CanonicalRequest:
-        req = parse_model(s.MessagesRequest, body)
-        params: dict[str, Any] = {"max_tokens": req.max_tokens}
-        if req.temperature is not None:
-            params["temperature"] = req.temperature
-        if req.top_p is not None:
-            params["top_p"] = req.top_p
-        if req.top_k is not None:
-            params["top_k"] = req.top_k
-        if req.stop_sequences:
-            params["stop"] = req.stop_sequences
-        return self._canonical(req, codec, params, stream=req.stream)
+        req = validate(s.MESSAGES_REQUEST, body)
+        params: dict[str, Any] = {"max_tokens": req["max_tokens"]}
+        for key in ("temperature", "top_p", "top_k"):
+            value = req.get(key)
+            if value is not None:
+                params[key] = value
+        if stop := req.get("stop_sequences"):
+            params["stop"] = stop
+        return self._canonical(req, codec, params, stream=bool(req.get("stream")))
 
     def parse_count_tokens(self, body: Any, codec: ReasoningCodec) -> CanonicalRequest:
         """`/v1/messages/count_tokens`: the same conversion, without generation settings."""
-        return self._canonical(parse_model(s.CountTokensRequest, body), codec, {}, stream=False)
+        return self._canonical(validate(s.COUNT_TOKENS_REQUEST, body), codec, {}, stream=False)
 
     def render_count_tokens(self, n: int) -> dict[str, Any]:
         return {"input_tokens": n}
@@ -92,33 +99,34 @@ class AnthropicDialect:
     ) -> CanonicalRequest:
         render: dict[str, Any] = {}
         messages: list[dict[str, Any]] = []
-        system = _system_text(req.system)
+        system = _system_text(req.get("system"))
         if system is not None:
             messages.append({"role": "system", "content": system})
-        for i, msg in enumerate(req.messages):
-            if msg.role == "user":
-                _user_turn(msg.content, i, messages)
+        for i, msg in enumerate(req["messages"]):
+            if msg["role"] == "user":
+                _user_turn(msg["content"], i, messages)
             else:
-                messages.append(_assistant_turn(msg.content, i, codec))
+                messages.append(_assistant_turn(msg["content"], i, codec))
 
-        tools, dropped = _tools(req.tools)
+        tools, dropped = _tools(req.get("tools"))
         if dropped:
             render["dropped_tools"] = dropped
         tool_choice = None
-        if req.tool_choice is not None:
-            tool_choice = _tool_choice(req.tool_choice, tools, dropped)
-            if req.tool_choice.disable_parallel_tool_use:
+        choice = req.get("tool_choice")
+        if choice is not None:
+            tool_choice = _tool_choice(choice, tools, dropped)
+            if choice.get("disable_parallel_tool_use"):
                 params["parallel_tool_calls"] = False
 
-        thinking = req.thinking
+        thinking = req.get("thinking")
         if thinking is not None:
-            enabled = thinking.type != "disabled"
+            enabled = thinking["type"] != "disabled"
             params["chat_template_kwargs"] = {"enable_thinking": enabled}
             render["thinking"] = enabled
-            if thinking.display == "omitted":
+            if thinking.get("display") == "omitted":
                 render["thinking_omitted"] = True
         return CanonicalRequest(
-            model=req.model,
+            model=req["model"],
             messages=messages,
             tools=tools or None,
             tool_choice=tool_choice,
@@ -191,8 +199,7 @@ class AnthropicDialect:
 def _system_text(system: str | list[s.TextBlock] | None) -> str | None:
     if system is None or isinstance(system, str):
         return system or None
-    text = "\n".join(b.text for b in system)
-    return text or None
+    return "\n".join(b["text"] for b in system) or None
 
 
 def _user_turn(content: str | list[s.ContentBlock], i: int, out: list[dict[str, Any]]) -> None:
@@ -203,44 +210,40 @@ def _user_turn(content: str | list[s.ContentBlock], i: int, out: list[dict[str, 
         raise invalid(f"messages[{i}].content must not be empty", f"messages[{i}].content")
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(content):
-        if isinstance(block, s.TextBlock):
-            parts.append({"type": "text", "text": block.text})
-        elif isinstance(block, s.ImageBlock):
+        if block["type"] == "text":
+            parts.append({"type": "text", "text": block["text"]})
+        elif block["type"] == "image":
             parts.append(_image_part(block))
-        elif isinstance(block, s.ToolResultBlock):
-            out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": block.tool_use_id,
-                    "content": _tool_result_text(block, parts),
-                }
-            )
+        elif block["type"] == "tool_result":
+            text = _tool_result_text(block, parts)
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
         else:
-            path = f"messages[{i}].content[{j}]"
-            raise invalid(f"{path}.type: a user message cannot carry a {block.type!r} block", f"{path}.type")
+            path = f"messages[{i}].content[{j}].type"
+            raise invalid(f"{path}: a user message cannot carry a {block['type']!r} block", path)
     if parts:
         out.append({"role": "user", "content": parts})
 
 
 def _tool_result_text(block: s.ToolResultBlock, images: list[dict[str, Any]]) -> str:
-    if isinstance(block.content, str):
-        text = block.content
+    content = block.get("content", "")
+    if isinstance(content, str):
+        text = content
     else:
         texts = []
-        for part in block.content:
-            if isinstance(part, s.TextBlock):
-                texts.append(part.text)
+        for part in content:
+            if part["type"] == "text":
+                texts.append(part["text"])
             else:
                 images.append(_image_part(part))
         text = "\n".join(texts)
-    if block.is_error and not text.startswith(_TOOL_ERROR_MARK):
+    if block.get("is_error") and not text.startswith(_TOOL_ERROR_MARK):
         return f"Error: {text}" if text else "Error"
     return text
 
 
 def _image_part(block: s.ImageBlock) -> dict[str, Any]:
-    src = block.source
-    url = src.url if isinstance(src, s.UrlImageSource) else data_url(src.media_type, src.data)
+    src = block["source"]
+    url = src["url"] if src["type"] == "url" else data_url(src["media_type"], src["data"])
     return {"type": "image_url", "image_url": {"url": url}}
 
 
@@ -251,23 +254,21 @@ def _assistant_turn(content: str | list[s.ContentBlock], i: int, codec: Reasonin
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
-        if isinstance(block, s.TextBlock):
-            texts.append(block.text)
-        elif isinstance(block, s.ToolUseBlock):
-            fn = {"name": block.name, "arguments": tool_arguments(block.input)}
-            calls.append({"id": block.id, "type": "function", "function": fn})
-        elif isinstance(block, s.ThinkingBlock):
-            decoded = codec.decode(block.signature)
-            reasoning.append(block.thinking if decoded is None else decoded)
-        elif isinstance(block, s.RedactedThinkingBlock):
-            decoded = codec.decode(block.data)
+        if block["type"] == "text":
+            texts.append(block["text"])
+        elif block["type"] == "tool_use":
+            fn = {"name": block["name"], "arguments": tool_arguments(block["input"])}
+            calls.append({"id": block["id"], "type": "function", "function": fn})
+        elif block["type"] == "thinking":
+            decoded = _decode_signature(codec, block.get("signature"))
+            reasoning.append(block["thinking"] if decoded is None else decoded)
+        elif block["type"] == "redacted_thinking":
+            decoded = _decode_signature(codec, block["data"])
             if decoded is not None:
                 reasoning.append(decoded)
         else:
-            path = f"messages[{i}].content[{j}]"
-            raise invalid(
-                f"{path}.type: an assistant message cannot carry a {block.type!r} block", f"{path}.type"
-            )
+            path = f"messages[{i}].content[{j}].type"
+            raise invalid(f"{path}: an assistant message cannot carry a {block['type']!r} block", path)
     msg: dict[str, Any] = {
         "role": "assistant",
         "content": "".join(texts) if texts else (None if calls else ""),
@@ -285,37 +286,34 @@ def _tools(tools: list[s.Tool] | None) -> tuple[list[dict[str, Any]], list[str]]
     out: list[dict[str, Any]] = []
     dropped: list[str] = []
     for k, tool in enumerate(tools):
-        if tool.type not in (None, "custom"):
+        if tool.get("type") not in (None, "custom"):
             # Anthropic-run tools (web_search_*, code_execution_*, ...) and Anthropic-defined client tools
             # (bash_*, text_editor_*) come without a schema the policy could follow.
-            dropped.append(tool.name)
+            dropped.append(tool["name"])
             continue
-        if tool.input_schema is None:
+        schema = tool.get("input_schema")
+        if schema is None:
             raise invalid(f"missing required field tools[{k}].input_schema", f"tools[{k}].input_schema")
-        fn: dict[str, Any] = {"name": tool.name}
-        if tool.description is not None:
-            fn["description"] = tool.description
-        fn["parameters"] = tool.input_schema
+        fn: dict[str, Any] = {"name": tool["name"]}
+        if (description := tool.get("description")) is not None:
+            fn["description"] = description
+        fn["parameters"] = schema
         out.append({"type": "function", "function": fn})
     return out, dropped
 
 
 def _tool_choice(choice: s.ToolChoice, tools: list[dict[str, Any]], dropped: list[str]) -> Any:
-    if choice.type == "auto":
-        return "auto"
-    if choice.type == "any":
-        return "required"
-    if choice.type == "none":
-        return "none"
-    if not choice.name:
+    kind = choice["type"]
+    if kind != "tool":
+        return {"auto": "auto", "any": "required", "none": "none"}[kind]
+    name = choice.get("name")
+    if not name:
         raise invalid(
             "missing required field tool_choice.name (tool_choice.type is 'tool')", "tool_choice.name"
         )
-    if choice.name in dropped or not any(t["function"]["name"] == choice.name for t in tools):
-        raise invalid(
-            f"tool_choice.name {choice.name!r} is not one of the request's tools", "tool_choice.name"
-        )
-    return {"type": "function", "function": {"name": choice.name}}
+    if name in dropped or not any(t["function"]["name"] == name for t in tools):
+        raise invalid(f"tool_choice.name {name!r} is not one of the request's tools", "tool_choice.name")
+    return {"type": "function", "function": {"name": name}}
 
 
 # ---- response helpers -------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest
 from polar.gateway.dialects import gemini_schema as g
-from polar.gateway.dialects.wire import data_url, parse_model, tool_arguments
+from polar.gateway.dialects.wire import SignatureCache, data_url, tool_arguments, validate
 from polar.gateway.errors import invalid
 from polar.gateway.signatures import ReasoningCodec
 
@@ -42,26 +42,27 @@ def parse_request(
     """Validate a `generateContent` body and normalize it; the model and streaming come from the path."""
     if not path_model:
         raise invalid("the model must be given in the path: /v1beta/models/{model}:generateContent", "model")
-    req = parse_model(g.GenerateContentRequest, body)
+    req = validate(g.GENERATE_CONTENT_REQUEST, body)
     render: dict[str, Any] = {}
     messages: list[dict[str, Any]] = []
-    if req.system_instruction is not None:
-        system = _system_text(req.system_instruction)
+    if (instruction := req.get("system_instruction")) is not None:
+        system = _system_text(instruction)
         if system:
             messages.append({"role": "system", "content": system})
-    _Turns(codec, messages).convert(req.contents)
+    _Turns(codec, messages).convert(req["contents"])
 
-    tools, names, dropped = _tools(req.tools)
+    tools, names, dropped = _tools(req.get("tools"))
     if dropped:
         render["dropped_tools"] = dropped
     tool_choice = None
-    cfg = req.tool_config.function_calling_config if req.tool_config else None
+    tool_config = req.get("tool_config")
+    cfg = tool_config.get("function_calling_config") if tool_config else None
     if cfg is not None:
         tool_choice, tools = _tool_choice(cfg, tools, names)
 
     params: dict[str, Any] = {}
-    if req.generation_config is not None:
-        _generation(req.generation_config, params, render)
+    if (generation := req.get("generation_config")) is not None:
+        _generation(generation, params, render)
     return CanonicalRequest(
         model=path_model,
         messages=messages,
@@ -94,10 +95,12 @@ def decode_signature(codec: ReasoningCodec, signature: str | None) -> str | None
 
 
 _URLSAFE = str.maketrans("-_", "+/")
+_restore = SignatureCache(decode_signature)
 
 
 def _system_text(content: g.Content) -> str:
-    return "\n".join(p.text for p in content.parts if p.text is not None and not p.thought)
+    texts = (p.get("text") for p in content.get("parts", ()) if not p.get("thought"))
+    return "\n".join(t for t in texts if t is not None)
 
 
 class _Turns:
@@ -111,12 +114,7 @@ class _Turns:
 
     def convert(self, contents: list[g.Content]) -> None:
         for i, content in enumerate(contents):
-            for j, part in enumerate(content.parts):
-                for field, wire in _UNSUPPORTED_PARTS:
-                    if getattr(part, field) is not None:
-                        path = f"contents[{i}].parts[{j}].{wire}"
-                        raise invalid(f"unsupported part {path}: the policy cannot read it", path)
-            if content.role == "model":
+            if content.get("role") == "model":
                 self.out.append(self._model(content, i))
             else:
                 self._user(content, i)
@@ -126,22 +124,23 @@ class _Turns:
         thoughts: list[str] = []
         calls: list[dict[str, Any]] = []
         restored: str | None = None
-        for j, part in enumerate(content.parts):
-            if restored is None and part.thought_signature:
-                restored = decode_signature(self.codec, part.thought_signature)
-            if part.function_call is not None:
-                fc = part.function_call
-                call_id = fc.id or f"call_{i}_{j}"
+        for j, part in enumerate(content.get("parts", ())):
+            if restored is None and (signature := part.get("thought_signature")):
+                restored = _restore(self.codec, signature)
+            if (fc := part.get("function_call")) is not None:
+                call_id = fc.get("id") or f"call_{i}_{j}"
                 self.known.add(call_id)
-                self.pending.setdefault(fc.name, deque()).append(call_id)
-                fn = {"name": fc.name, "arguments": tool_arguments(fc.args or {})}
+                self.pending.setdefault(fc["name"], deque()).append(call_id)
+                fn = {"name": fc["name"], "arguments": tool_arguments(fc.get("args") or {})}
                 calls.append({"id": call_id, "type": "function", "function": fn})
-            elif part.text is not None:
-                (thoughts if part.thought else texts).append(part.text)
-            elif part.function_response is not None or part.inline_data is not None:
-                kind = "functionResponse" if part.function_response is not None else "inlineData"
+            elif (text := part.get("text")) is not None:
+                (thoughts if part.get("thought") else texts).append(text)
+            elif part.get("function_response") is not None or part.get("inline_data") is not None:
+                kind = "functionResponse" if part.get("function_response") is not None else "inlineData"
                 path = f"contents[{i}].parts[{j}].{kind}"
                 raise invalid(f"{path}: a model turn cannot carry a {kind} part", path)
+            else:
+                _refuse_unsupported(part, i, j)
         text = "".join(texts)
         msg: dict[str, Any] = {"role": "assistant", "content": text if texts or not calls else None}
         reasoning = restored if restored is not None else ("".join(thoughts) if thoughts else None)
@@ -153,33 +152,46 @@ class _Turns:
 
     def _user(self, content: g.Content, i: int) -> None:
         parts: list[dict[str, Any]] = []
-        for j, part in enumerate(content.parts):
-            if part.function_response is not None:
-                self.out.append(self._tool_message(part.function_response, parts))
-            elif part.inline_data is not None:
-                parts.append(_image(part.inline_data))
-            elif part.text is not None and not part.thought:
-                parts.append({"type": "text", "text": part.text})
-            elif part.function_call is not None:
+        for j, part in enumerate(content.get("parts", ())):
+            if (fr := part.get("function_response")) is not None:
+                self.out.append(self._tool_message(fr, parts))
+            elif (blob := part.get("inline_data")) is not None:
+                parts.append(_image(blob))
+            elif (text := part.get("text")) is not None and not part.get("thought"):
+                parts.append({"type": "text", "text": text})
+            elif part.get("function_call") is not None:
                 path = f"contents[{i}].parts[{j}].functionCall"
                 raise invalid(f"{path}: only a model turn can carry a functionCall part", path)
+            else:
+                _refuse_unsupported(part, i, j)
         if parts:
             self.out.append({"role": "user", "content": parts})
 
     def _tool_message(self, fr: g.FunctionResponse, images: list[dict[str, Any]]) -> dict[str, Any]:
-        queue = self.pending.get(fr.name)
-        if fr.id is not None and fr.id in self.known:
-            call_id = fr.id
+        name = fr["name"]
+        given = fr.get("id")
+        queue = self.pending.get(name)
+        if given is not None and given in self.known:
+            call_id = given
             if queue and call_id in queue:
                 queue.remove(call_id)
         elif queue:
             call_id = queue.popleft()
         else:
-            call_id = fr.id or f"call_{fr.name}"
-        for extra in fr.parts or ():
-            if extra.inline_data is not None:
-                images.append(_image(extra.inline_data))
-        return {"role": "tool", "tool_call_id": call_id, "content": _response_text(fr.response)}
+            call_id = given or f"call_{name}"
+        for extra in fr.get("parts") or ():
+            if (blob := extra.get("inline_data")) is not None:
+                images.append(_image(blob))
+        return {"role": "tool", "tool_call_id": call_id, "content": _response_text(fr.get("response"))}
+
+
+def _refuse_unsupported(part: g.Part, i: int, j: int) -> None:
+    """A part with none of the kinds we convert: refused by name if it holds content we cannot pass on
+    (a bare `thoughtSignature` or an empty part is simply skipped)."""
+    for key, wire in _UNSUPPORTED_PARTS:
+        if part.get(key) is not None:
+            path = f"contents[{i}].parts[{j}].{wire}"
+            raise invalid(f"unsupported part {path}: the policy cannot read it", path)
 
 
 def _response_text(response: dict[str, Any] | None) -> str:
@@ -194,7 +206,7 @@ def _response_text(response: dict[str, Any] | None) -> str:
 
 
 def _image(blob: g.Blob) -> dict[str, Any]:
-    return {"type": "image_url", "image_url": {"url": data_url(blob.mime_type, blob.data)}}
+    return {"type": "image_url", "image_url": {"url": data_url(blob["mime_type"], blob["data"])}}
 
 
 def _tools(tools: list[g.Tool] | None) -> tuple[list[dict[str, Any]], list[str], list[str]]:
@@ -203,28 +215,29 @@ def _tools(tools: list[g.Tool] | None) -> tuple[list[dict[str, Any]], list[str],
     dropped: list[str] = []
     for tool in tools or ():
         # googleSearch, codeExecution, urlContext, retrieval...: run by Google, not by the policy.
-        dropped.extend(tool.model_extra or ())
-        for decl in tool.function_declarations or ():
-            fn: dict[str, Any] = {"name": decl.name}
-            if decl.description is not None:
-                fn["description"] = decl.description
-            if decl.parameters_json_schema is not None:
-                fn["parameters"] = decl.parameters_json_schema
-            elif decl.parameters is not None:
-                fn["parameters"] = g.to_json_schema(decl.parameters)
+        dropped.extend(k for k in tool if k != "function_declarations")
+        for decl in tool.get("function_declarations") or ():
+            fn: dict[str, Any] = {"name": decl["name"]}
+            if (description := decl.get("description")) is not None:
+                fn["description"] = description
+            if (json_schema := decl.get("parameters_json_schema")) is not None:
+                fn["parameters"] = json_schema
+            elif (openapi := decl.get("parameters")) is not None:
+                fn["parameters"] = g.to_json_schema(openapi)
             out.append({"type": "function", "function": fn})
-            names.append(decl.name)
+            names.append(decl["name"])
     return out, names, dropped
 
 
 def _tool_choice(
     cfg: g.FunctionCallingConfig, tools: list[dict[str, Any]], names: list[str]
 ) -> tuple[Any, list[dict[str, Any]]]:
-    if cfg.mode == "NONE":
+    mode = cfg.get("mode")
+    if mode == "NONE":
         return "none", tools
-    if cfg.mode != "ANY":
-        return ("auto" if cfg.mode in ("AUTO", "VALIDATED") else None), tools
-    allowed = cfg.allowed_function_names
+    if mode != "ANY":
+        return ("auto" if mode in ("AUTO", "VALIDATED") else None), tools
+    allowed = cfg.get("allowed_function_names")
     if not allowed:
         return "required", tools
     for k, name in enumerate(allowed):
@@ -239,29 +252,29 @@ def _tool_choice(
 
 
 def _generation(cfg: g.GenerationConfig, params: dict[str, Any], render: dict[str, Any]) -> None:
-    if cfg.candidate_count is not None and cfg.candidate_count != 1:
+    if cfg.get("candidate_count") not in (None, 1):
         raise invalid(
             "generationConfig.candidateCount: only 1 candidate is supported",
             "generationConfig.candidateCount",
         )
-    for key, value in (
-        ("temperature", cfg.temperature),
-        ("top_p", cfg.top_p),
-        ("top_k", cfg.top_k),
-        ("max_tokens", cfg.max_output_tokens),
-        ("seed", cfg.seed),
-        ("presence_penalty", cfg.presence_penalty),
-        ("frequency_penalty", cfg.frequency_penalty),
+    for key, wire in (
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("top_k", "top_k"),
+        ("max_tokens", "max_output_tokens"),
+        ("seed", "seed"),
+        ("presence_penalty", "presence_penalty"),
+        ("frequency_penalty", "frequency_penalty"),
     ):
-        if value is not None:
+        if (value := cfg.get(wire)) is not None:
             params[key] = value
-    if cfg.stop_sequences:
-        params["stop"] = cfg.stop_sequences
-    mime = cfg.response_mime_type
+    if stop := cfg.get("stop_sequences"):
+        params["stop"] = stop
+    mime = cfg.get("response_mime_type")
     if mime == "application/json":
-        schema = cfg.response_json_schema
-        if schema is None and cfg.response_schema is not None:
-            schema = g.to_json_schema(cfg.response_schema)
+        schema = cfg.get("response_json_schema")
+        if schema is None and (openapi := cfg.get("response_schema")) is not None:
+            schema = g.to_json_schema(openapi)
         params["response_format"] = (
             {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
             if schema is not None
@@ -272,13 +285,14 @@ def _generation(cfg: g.GenerationConfig, params: dict[str, Any], render: dict[st
             f"generationConfig.responseMimeType {mime!r} is not supported",
             "generationConfig.responseMimeType",
         )
-    tc = cfg.thinking_config
+    tc = cfg.get("thinking_config")
     if tc is not None:
-        if tc.include_thoughts:
+        if tc.get("include_thoughts"):
             render["include_thoughts"] = True
-        if tc.thinking_budget == 0:
+        budget = tc.get("thinking_budget")
+        if budget == 0:
             params["chat_template_kwargs"] = {"enable_thinking": False}
             render["thinking"] = False
-        elif tc.thinking_budget is not None or tc.thinking_level is not None:
+        elif budget is not None or tc.get("thinking_level") is not None:
             params["chat_template_kwargs"] = {"enable_thinking": True}
             render["thinking"] = True

@@ -1,119 +1,135 @@
-"""Gemini `generateContent` request bodies, one pydantic model per wire type, and the schema translation.
+"""Gemini `generateContent` request bodies, one pydantic-validated schema per wire type, and the schema
+translation.
 
-Fields are camelCase on the wire (Gemini CLI and the SDKs send camelCase; the REST API also takes
-snake_case, so both are accepted). `safetySettings`, `cachedContent`, `labels` and other settings that have
-no meaning for the policy are accepted and dropped. Parts the policy cannot consume (`fileData`,
-`executableCode`, `codeExecutionResult`) are modelled only so they can be refused by name.
+Schemas are `TypedDict`s (validated by pydantic, returned as plain dicts; see `anthropic_schema` for why).
+`safetySettings`, `cachedContent`, `labels` and other settings without meaning for the policy are
+accepted and dropped. Parts the policy cannot consume
+(`fileData`, `executableCode`, `codeExecutionResult`) are declared only so they can be refused by name.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, TypeAdapter, with_config
 from pydantic.alias_generators import to_camel
+from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
-from polar.gateway.dialects.wire import WireModel
-
-
-class GeminiModel(WireModel):
-    model_config = ConfigDict(
-        extra="ignore", frozen=True, alias_generator=to_camel, validate_by_name=True, validate_by_alias=True
-    )
+# Fields are declared snake_case and read under their camelCase names (Gemini CLI, the JS SDK) or as they
+# are (the Python SDK sends some nested fields snake_case, e.g. `thinkingConfig.include_thoughts`); the
+# REST API accepts both spellings.
+_wire = with_config(ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=True))
 
 
-class Blob(GeminiModel):
+@_wire
+class Blob(TypedDict):
     mime_type: str
     data: str
 
 
-class FunctionCall(GeminiModel):
-    id: str | None = None
+@_wire
+class FunctionCall(TypedDict):
+    id: NotRequired[str | None]
     name: str
-    args: dict[str, Any] | None = None
+    args: NotRequired[dict[str, Any] | None]
 
 
-class FunctionResponsePart(GeminiModel):
-    inline_data: Blob | None = None
+@_wire
+class FunctionResponsePart(TypedDict):
+    inline_data: NotRequired[Blob | None]
 
 
-class FunctionResponse(GeminiModel):
-    id: str | None = None
+@_wire
+class FunctionResponse(TypedDict):
+    id: NotRequired[str | None]
     name: str
-    response: dict[str, Any] | None = None
+    response: NotRequired[dict[str, Any] | None]
     # Multimodal function responses (newer API): images a tool returned.
-    parts: list[FunctionResponsePart] | None = None
+    parts: NotRequired[list[FunctionResponsePart] | None]
 
 
-class Part(GeminiModel):
-    text: str | None = None
-    thought: bool | None = None
-    thought_signature: str | None = None
-    function_call: FunctionCall | None = None
-    function_response: FunctionResponse | None = None
-    inline_data: Blob | None = None
-    file_data: Any = None
-    executable_code: Any = None
-    code_execution_result: Any = None
+@_wire
+class Part(TypedDict):
+    text: NotRequired[str | None]
+    thought: NotRequired[bool | None]
+    thought_signature: NotRequired[str | None]
+    function_call: NotRequired[FunctionCall | None]
+    function_response: NotRequired[FunctionResponse | None]
+    inline_data: NotRequired[Blob | None]
+    file_data: NotRequired[Any]
+    executable_code: NotRequired[Any]
+    code_execution_result: NotRequired[Any]
 
 
-class Content(GeminiModel):
+@_wire
+class Content(TypedDict):
     # "function" is the role older clients used for function responses.
-    role: Literal["user", "model", "function"] | None = None
-    parts: list[Part] = Field(default_factory=list)
+    role: NotRequired[Literal["user", "model", "function"] | None]
+    parts: NotRequired[list[Part]]
 
 
-class FunctionDeclaration(GeminiModel):
+@_wire
+class FunctionDeclaration(TypedDict):
     name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    parameters_json_schema: dict[str, Any] | None = None
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
+    parameters_json_schema: NotRequired[dict[str, Any] | None]
 
 
-class Tool(GeminiModel):
-    # Other kinds (googleSearch, codeExecution, urlContext, ...) are kept as extras so they can be noted.
-    model_config = ConfigDict(extra="allow")
+@with_config(
+    ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=True, extra="allow")
+)
+class Tool(TypedDict):
+    """Other kinds (googleSearch, codeExecution, urlContext, ...) stay as extra keys so they can be noted."""
 
-    function_declarations: list[FunctionDeclaration] | None = None
-
-
-class FunctionCallingConfig(GeminiModel):
-    mode: Literal["MODE_UNSPECIFIED", "AUTO", "ANY", "NONE", "VALIDATED"] | None = None
-    allowed_function_names: list[str] | None = None
+    function_declarations: NotRequired[list[FunctionDeclaration] | None]
 
 
-class ToolConfig(GeminiModel):
-    function_calling_config: FunctionCallingConfig | None = None
+@_wire
+class FunctionCallingConfig(TypedDict):
+    mode: NotRequired[Literal["MODE_UNSPECIFIED", "AUTO", "ANY", "NONE", "VALIDATED"] | None]
+    allowed_function_names: NotRequired[list[str] | None]
 
 
-class ThinkingConfig(GeminiModel):
-    include_thoughts: bool | None = None
-    thinking_budget: int | None = None
-    thinking_level: str | None = None
+@_wire
+class ToolConfig(TypedDict):
+    function_calling_config: NotRequired[FunctionCallingConfig | None]
 
 
-class GenerationConfig(GeminiModel):
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: Annotated[int, Field(ge=1)] | None = None
-    max_output_tokens: Annotated[int, Field(ge=1)] | None = None
-    stop_sequences: list[str] | None = None
-    candidate_count: int | None = None
-    seed: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    response_mime_type: str | None = None
-    response_schema: dict[str, Any] | None = None
-    response_json_schema: dict[str, Any] | None = None
-    thinking_config: ThinkingConfig | None = None
+@_wire
+class ThinkingConfig(TypedDict):
+    include_thoughts: NotRequired[bool | None]
+    thinking_budget: NotRequired[int | None]
+    thinking_level: NotRequired[str | None]
 
 
-class GenerateContentRequest(GeminiModel):
+@_wire
+class GenerationConfig(TypedDict):
+    temperature: NotRequired[float | None]
+    top_p: NotRequired[float | None]
+    top_k: NotRequired[Annotated[int, Field(ge=1)] | None]
+    max_output_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
+    stop_sequences: NotRequired[list[str] | None]
+    candidate_count: NotRequired[int | None]
+    seed: NotRequired[int | None]
+    presence_penalty: NotRequired[float | None]
+    frequency_penalty: NotRequired[float | None]
+    response_mime_type: NotRequired[str | None]
+    response_schema: NotRequired[dict[str, Any] | None]
+    response_json_schema: NotRequired[dict[str, Any] | None]
+    thinking_config: NotRequired[ThinkingConfig | None]
+
+
+@_wire
+class GenerateContentRequest(TypedDict):
     contents: Annotated[list[Content], Field(min_length=1)]
-    system_instruction: Content | None = None
-    tools: list[Tool] | None = None
-    tool_config: ToolConfig | None = None
-    generation_config: GenerationConfig | None = None
+    system_instruction: NotRequired[Content | None]
+    tools: NotRequired[list[Tool] | None]
+    tool_config: NotRequired[ToolConfig | None]
+    generation_config: NotRequired[GenerationConfig | None]
+
+
+GENERATE_CONTENT_REQUEST: TypeAdapter[GenerateContentRequest] = TypeAdapter(GenerateContentRequest)
 
 
 # ---- OpenAPI subset -> JSON Schema ------------------------------------------------------------------

@@ -7,12 +7,14 @@ dialects need (tool arguments text <-> JSON object, data URLs).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from polar.gateway.errors import GatewayError
+from polar.gateway.signatures import ReasoningCodec
 
 # A tool call whose arguments are not a JSON object cannot be an Anthropic `input` or a Gemini `args` (both
 # must be objects). We never invent arguments: the raw text travels under this one key, the harness's own
@@ -20,14 +22,7 @@ from polar.gateway.errors import GatewayError
 # the call back in its history the raw text is restored exactly.
 RAW_ARGUMENTS_KEY = "_polar_raw_arguments"
 
-M = TypeVar("M", bound=BaseModel)
-
-
-class WireModel(BaseModel):
-    """Base of every request-side wire model: unknown fields are tolerated and dropped, nothing is copied
-    more than validation needs."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True, revalidate_instances="never")
+T = TypeVar("T")
 
 
 def validation_error(exc: ValidationError, body: Any) -> GatewayError:
@@ -82,12 +77,12 @@ def field_path(body: Any, loc: tuple[int | str, ...]) -> str:
     return "".join(out)
 
 
-def parse_model(model: type[M], body: Any) -> M:
-    """Validate `body` against `model`, raising the dialect-neutral 400 on failure."""
+def validate(schema: TypeAdapter[T], body: Any) -> T:
+    """Validate `body` against a wire schema (unknown keys are dropped), raising the 400 on failure."""
     if not isinstance(body, dict):
         raise GatewayError("invalid_request", "the request body must be a JSON object")
     try:
-        return model.model_validate(body)
+        return schema.validate_python(body)
     except ValidationError as exc:
         raise validation_error(exc, body) from None
 
@@ -124,3 +119,32 @@ def tool_arguments(value: dict[str, Any]) -> str:
 def data_url(mime_type: str, data: str) -> str:
     """An OpenAI `image_url` data URL; the base64 payload is passed through untouched."""
     return f"data:{mime_type};base64,{data}"
+
+
+class SignatureCache:
+    """Remembers what signatures decode to (their reasoning, or None for a foreign one).
+
+    Harnesses send the whole history back on every call, so each signature is verified again and again
+    (HMAC + zlib, about 5 us each; a long Claude Code session carries hundreds). Entries are keyed by the
+    codec object too, so a token is only ever trusted under the key that verified it. Oldest entries go
+    first once `size` is reached.
+    """
+
+    def __init__(self, decode: Callable[[ReasoningCodec, str], str | None], size: int = 4096) -> None:
+        self._decode = decode
+        self._size = size
+        self._entries: dict[tuple[ReasoningCodec, str], str | None] = {}
+
+    def __call__(self, codec: ReasoningCodec, token: str | None) -> str | None:
+        if not token:
+            return None
+        key = (codec, token)
+        try:
+            return self._entries[key]
+        except KeyError:
+            pass
+        text = self._decode(codec, token)
+        if len(self._entries) >= self._size:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = text
+        return text
