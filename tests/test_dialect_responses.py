@@ -13,6 +13,8 @@ import httpx
 import openai
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -748,3 +750,60 @@ def test_stream_error_code_for_upstream_failures() -> None:
     # OpenAI answers overload with a null code; response.failed needs one, and Codex retries server_error.
     assert events[0]["error"]["code"] is None
     assert events[1]["response"]["error"] == {"code": "server_error", "message": "paused for a weight update"}
+
+
+# ---------------------------------------------------------------------------------------------- fuzzing
+
+# Integers stay in the range orjson (the gateway's JSON decoder) can produce.
+JSON_LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+)
+JSON = st.recursive(
+    JSON_LEAF,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+def mutate(node: Any, data: st.DataObject, depth: int = 0) -> Any:
+    """Replace, delete or recurse into one randomly chosen place of a JSON value."""
+    if isinstance(node, dict) and node and depth < 6:
+        key = data.draw(st.sampled_from(sorted(node)))
+        action = data.draw(st.sampled_from(["replace", "delete", "recurse", "recurse"]))
+        out = dict(node)
+        if action == "delete":
+            del out[key]
+        elif action == "replace":
+            out[key] = data.draw(JSON)
+        else:
+            out[key] = mutate(node[key], data, depth + 1)
+        return out
+    if isinstance(node, list) and node and depth < 6:
+        i = data.draw(st.integers(0, len(node) - 1))
+        out_list = list(node)
+        out_list[i] = mutate(node[i], data, depth + 1) if data.draw(st.booleans()) else data.draw(JSON)
+        return out_list
+    return data.draw(JSON)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_any_mutation_is_parsed_or_refused_by_field(data: st.DataObject) -> None:
+    body = mutate(codex_body(history_items()), data)
+    try:
+        req = RESP.parse(body, CODEC)
+    except GatewayError as err:
+        assert err.kind == "invalid_request"
+        status, envelope = RESP.error(err)
+        assert status == 400 and envelope["error"]["message"]
+        orjson.dumps(envelope)
+        if err.param is not None:
+            assert err.param in err.message
+        return
+    # Whatever parses can be answered, in both forms.
+    orjson.dumps(RESP.render(req, TOOL_COMPLETION, CODEC))
+    assert b"".join(RESP.stream(req, TOOL_COMPLETION, CODEC))

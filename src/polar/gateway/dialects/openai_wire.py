@@ -80,10 +80,15 @@ def validation_error(exc: ValidationError, body: Any) -> GatewayError:
         if not isinstance(value, dict):
             return invalid(f"Invalid type for '{path}': expected an object, got {_json_type(value)}.", path)
         where = f"{path}.{disc}" if path else disc
-        if kind == "union_tag_not_found" or disc not in value:
+        if disc not in value:
             return invalid(f"Missing required parameter: '{where}'.", where)
+        if not isinstance(value[disc], str):
+            return invalid(
+                f"Invalid type for '{where}': expected a string, but got {_json_type(value[disc])} instead.",
+                where,
+            )
         return invalid(
-            f"Unsupported value for '{where}': {ctx.get('tag')!r} is not supported here "
+            f"Unsupported value for '{where}': {value[disc]!r} is not supported here "
             f"(supported: {ctx.get('expected_tags')}).",
             where,
         )
