@@ -131,15 +131,17 @@ def test_build_body_per_kind() -> None:
 
 
 def test_make_backend_kinds_and_urls() -> None:
-    assert isinstance(make_backend("vllm", "http://h:1/v1/"), VLLMBackend)
-    assert make_backend("vllm", "http://h:1/v1/").http.base_url == "http://h:1"  # type: ignore[attr-defined]
-    assert make_backend("sglang", "http://h:1").http.base_url == "http://h:1"  # type: ignore[attr-defined]
+    def base(kind: str, url: str) -> str:
+        backend = make_backend(kind, url)
+        assert isinstance(backend, OpenAIBackend)
+        return backend.http.base_url
+
+    assert isinstance(make_backend("vllm", "http://h:1"), VLLMBackend)
     assert isinstance(make_backend("sglang", "http://h:1"), SGLangBackend)
-    oa = make_backend("openai", "http://h:1")
-    assert isinstance(oa, OpenAIBackend) and oa.http.base_url == "http://h:1/v1"  # type: ignore[attr-defined]
-    assert (
-        make_backend("openai", "https://api.x/v1beta/openai").http.base_url == "https://api.x/v1beta/openai"
-    )  # type: ignore[attr-defined]
+    assert base("vllm", "http://h:1/v1/") == "http://h:1"  # /tokenize lives at the root
+    assert base("sglang", "http://h:1") == "http://h:1"
+    assert base("openai", "http://h:1") == "http://h:1/v1"
+    assert base("openai", "https://api.x/v1beta/openai") == "https://api.x/v1beta/openai"
     with pytest.raises(ValueError, match="unknown backend kind 'tgi'"):
         make_backend("tgi", "http://h")
 
