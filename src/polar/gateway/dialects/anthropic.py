@@ -1,4 +1,4 @@
-"""Anthropic Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), as Claude Code speaks it.
+r"""Anthropic Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), as Claude Code speaks it.
 
 Conversion choices the chat template forces on us (each is deterministic, so the same history always
 yields the same upstream prompt):
@@ -13,6 +13,10 @@ yields the same upstream prompt):
   (exact, even when the harness edited the visible text), else the block's text. Several thinking blocks
   in one turn are joined with "\n\n"; a `redacted_thinking` block counts only if its data is ours.
 - Assistant `tool_use` becomes `tool_calls` with compact JSON arguments.
+
+Answers: a tool call whose arguments are not a JSON object is rendered with `input` =
+{"_polar_raw_arguments": <the model's text>} (see `wire.RAW_ARGUMENTS_KEY`): nothing is invented, Claude
+Code's schema check rejects the call so the policy sees its mistake, and the raw text comes back exactly.
 """
 
 from __future__ import annotations
@@ -156,6 +160,8 @@ class AnthropicDialect:
             "model": req.model,
             "content": content,
             "stop_reason": _stop_reason(comp),
+            # The backend does not report which of `stop_sequences` matched, so "stop_sequence" is never
+            # claimed: a stop there reads as end_turn.
             "stop_sequence": None,
             "usage": {
                 "input_tokens": comp.prompt_tokens,

@@ -1,4 +1,4 @@
-"""Gemini request bodies to Chat messages.
+r"""Gemini request bodies to Chat messages.
 
 Conversion choices (deterministic, so the same history always yields the same upstream prompt):
 - `systemInstruction` text parts are joined with "\n" into one system message.
