@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
+from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from polar.engine import Engine, EngineConfig, create_engine_app
 from tests.fakes.server import ServerThread, serve
@@ -62,3 +65,59 @@ def reference_logprobs(
             x[drop] = float("-inf")
         out.append(float(torch.log_softmax(x, -1)[tok]))
     return out
+
+
+class ScriptedLM(torch.nn.Module):
+    """A stand-in network that greedily "generates" a fixed token script, so tests can make the real engine
+    emit exact tool calls and thoughts. Position p + 1 - `start` of the script is predicted at position p;
+    past the script it predicts `eos`. It fills the cache like a one-layer model so batching code runs."""
+
+    def __init__(self, vocab_size: int, eos: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.eos = eos
+        self.script: list[int] = []
+        self.start = 0
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache: Any = None,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+        logits_to_keep: int = 0,
+    ) -> Any:
+        bsz, length = input_ids.shape
+        if position_ids is None:
+            position_ids = torch.arange(length).unsqueeze(0).expand(bsz, length)
+        if cache is not None:
+            kv = torch.zeros(bsz, 1, length, 1)
+            cache.update(kv, kv.clone(), 0)
+        last = position_ids[:, -1].tolist()
+        logits = torch.zeros(bsz, 1, self.vocab_size)
+        for row, pos in enumerate(last):
+            i = pos + 1 - self.start
+            target = self.script[i] if 0 <= i < len(self.script) else self.eos
+            logits[row, 0, target] = 50.0
+        return SimpleNamespace(logits=logits)
+
+
+def scripted_engine(**config: object) -> tuple[Engine, ScriptedLM]:
+    from polar.engine.loader import LoadedModel
+    from polar.engine.tiny import qwen_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+    model = ScriptedLM(len(tok), tok.convert_tokens_to_ids("<|im_end|>"))
+    loaded = LoadedModel(
+        model=model,
+        tokenizer=tok,
+        name="scripted",
+        source="tests",
+        max_model_len=TEST_CONTEXT,
+        eos_token_ids=frozenset({model.eos}),
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+    return Engine(loaded, EngineConfig(**config)).start(), model  # type: ignore[arg-type]

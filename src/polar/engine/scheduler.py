@@ -293,16 +293,20 @@ class Scheduler:
             p = s.params
             s.output_ids.append(tok)
             s.next_token = tok
-            s.detok.add(tok)
             finish: str | None = None
             stop_reason: int | str | None = None
-            if s.detok.stop_hit is not None:
-                finish, stop_reason = "stop", s.detok.stop_hit
-            elif tok in p.stop_token_ids:
+            # A stop token is sampled (its id and logprob are reported) but, as in vLLM, not part of the text.
+            if tok in p.stop_token_ids:
                 finish, stop_reason = "stop", tok
             elif tok in eos and not p.ignore_eos:
                 finish = "stop"
-            elif len(s.output_ids) >= p.max_tokens or len(s.prompt_ids) + len(s.output_ids) >= limit:
+            else:
+                s.detok.add(tok)
+            if finish is None and s.detok.stop_hit is not None:
+                finish, stop_reason = "stop", s.detok.stop_hit
+            elif finish is None and (
+                len(s.output_ids) >= p.max_tokens or len(s.prompt_ids) + len(s.output_ids) >= limit
+            ):
                 finish = "length"
             if finish is not None:
                 s.done = True
