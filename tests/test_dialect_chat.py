@@ -178,6 +178,7 @@ def test_parse_normalizes_roles_reasoning_and_limits() -> None:
         ],
         "max_tokens": 64,
         "stop": ["a", "b"],
+        "tools": [{"type": "function", "function": {"name": "f", "strict": True}, "cache_control": {}}],
         "tool_choice": {"type": "function", "function": {"name": "f"}},
         "reasoning_effort": "minimal",
     }
@@ -198,6 +199,7 @@ def test_parse_normalizes_roles_reasoning_and_limits() -> None:
     # `minimal` is kept out: vLLM's Chat schema refuses efforts other than low/medium/high.
     assert req.params == {"max_tokens": 64, "stop": ["a", "b"]}
     assert req.tool_choice == {"type": "function", "function": {"name": "f"}}
+    assert req.tools == [{"type": "function", "function": {"name": "f"}}]
     assert req.stream is False
     assert req.render == {"model": "m", "include_usage": False}
 
@@ -222,6 +224,17 @@ def test_parse_leaves_the_body_untouched() -> None:
             "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
         },
     ]
+
+
+def test_tool_choice_without_tools_is_dropped() -> None:
+    """vLLM refuses a `tool_choice` sent without `tools`; `auto`/`none` then mean nothing."""
+    for choice in ("auto", "none", None):
+        req = CHAT.parse(qwen_code_body(tools=None, tool_choice=choice), CODEC)
+        assert req.tools is None and req.tool_choice is None
+    req = CHAT.parse(
+        qwen_code_body(tool_choice={"type": "function", "function": {"name": "run_shell_command"}}), CODEC
+    )
+    assert req.tool_choice == {"type": "function", "function": {"name": "run_shell_command"}}
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
@@ -315,6 +328,12 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
     ),
     ("unknown tool_choice", qwen_code_body(tool_choice="sometimes"), "tool_choice"),
     ("legacy functions", qwen_code_body(functions=[{"name": "f"}]), "functions"),
+    ("required tool_choice without tools", qwen_code_body(tools=None, tool_choice="required"), "tool_choice"),
+    (
+        "tool_choice names an unknown tool",
+        qwen_code_body(tool_choice={"type": "function", "function": {"name": "nope"}}),
+        "tool_choice.function.name",
+    ),
 ]
 
 

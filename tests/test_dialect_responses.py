@@ -349,6 +349,12 @@ def test_string_input_instructions_and_sampling() -> None:
     assert req.render["metadata"] == {"k": "v"}
 
 
+def test_only_hosted_tools_leave_no_tools_and_no_tool_choice() -> None:
+    req = RESP.parse({"model": "m", "input": "x", "tools": [WEB_SEARCH], "tool_choice": "auto"}, CODEC)
+    assert req.tools is None and req.tool_choice is None
+    assert req.render["dropped_tools"] == ["web_search"]
+
+
 def test_content_parts_and_images() -> None:
     items = [
         {
@@ -453,6 +459,11 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
         "tool_choice names an unknown tool",
         {"model": "m", "input": "x", "tool_choice": {"type": "function", "name": "nope"}},
         "tool_choice.name",
+    ),
+    (
+        "required tool_choice with only hosted tools",
+        {"model": "m", "input": "x", "tools": [WEB_SEARCH], "tool_choice": "required"},
+        "tool_choice",
     ),
     ("stream as a string is not coerced", {"model": "m", "input": "x", "stream": "true"}, "stream"),
     ("include not a list", {"model": "m", "input": "x", "include": "reasoning.encrypted_content"}, "include"),

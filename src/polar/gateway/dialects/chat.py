@@ -14,7 +14,14 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import chat_schema as s
-from polar.gateway.dialects.openai_wire import error_object, split_text, unix_now, upstream_effort, validate
+from polar.gateway.dialects.openai_wire import (
+    error_object,
+    settle_tool_choice,
+    split_text,
+    unix_now,
+    upstream_effort,
+    validate,
+)
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
 
@@ -72,7 +79,7 @@ class ChatDialect:
             model=req["model"],
             messages=messages,
             tools=tools,
-            tool_choice=req.get("tool_choice"),
+            tool_choice=_tool_choice(req.get("tool_choice"), tools),
             params=params,
             stream=bool(req.get("stream")),
             render={"model": req["model"], "include_usage": bool(stream_options.get("include_usage"))},
@@ -222,6 +229,17 @@ def _message(m: Any) -> dict[str, Any]:
         else:
             m.pop("tool_calls", None)
     return m
+
+
+def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
+    if isinstance(choice, dict) and tools:
+        name = choice["function"]["name"]
+        if all(t["function"]["name"] != name for t in tools):
+            raise invalid(
+                f"Invalid value for 'tool_choice.function.name': {name!r} is not one of the request's tools.",
+                "tool_choice.function.name",
+            )
+    return settle_tool_choice(choice, bool(tools))
 
 
 def _tool(t: Any) -> dict[str, Any]:

@@ -171,6 +171,20 @@ def error_object(err: GatewayError, message: str | None = None, param: str | Non
     }
 
 
+def settle_tool_choice(choice: Any, has_tools: bool) -> Any:
+    """The tool choice to forward. vLLM refuses any `tool_choice` sent without `tools` ("When using
+    `tool_choice`, `tools` must be set"), which happens when a harness sends `auto` with no tools or when
+    every tool was a hosted one we dropped; `auto`/`none` then mean nothing and are dropped, while a choice
+    that forces a call cannot be honoured and is refused."""
+    if has_tools:
+        return choice
+    if choice is None or choice in ("auto", "none"):
+        return None
+    raise invalid(
+        "'tool_choice' requires a tool call, but the request has no tools the model can call.", "tool_choice"
+    )
+
+
 # vLLM's Chat schema takes `reasoning_effort` only as low/medium/high and rejects anything else with a 400;
 # harnesses also send `minimal`, `none` or `xhigh`. Those stay in the echo but are not forwarded.
 _UPSTREAM_EFFORTS = frozenset({"low", "medium", "high"})

@@ -12,7 +12,7 @@ from typing import Any
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import responses_schema as s
-from polar.gateway.dialects.openai_wire import error_object, upstream_effort, validate
+from polar.gateway.dialects.openai_wire import error_object, settle_tool_choice, upstream_effort, validate
 from polar.gateway.dialects.responses_input import convert_history, convert_tool_choice, convert_tools
 from polar.gateway.dialects.responses_render import render_response
 from polar.gateway.dialects.responses_stream import ResponsesEventWriter, synthesize
@@ -39,7 +39,9 @@ class ResponsesDialect:
         _refuse_server_state(req)
 
         tools, custom, dropped, function_names = convert_tools(req.get("tools"))
-        tool_choice = convert_tool_choice(req.get("tool_choice"), custom | function_names)
+        tool_choice = settle_tool_choice(
+            convert_tool_choice(req.get("tool_choice"), custom | function_names), bool(tools)
+        )
 
         messages: list[dict[str, Any]] = []
         instructions = req.get("instructions")
