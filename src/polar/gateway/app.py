@@ -1,0 +1,276 @@
+"""The gateway's ASGI application: dialect routes, model probes, health and the control plane.
+
+`create_app(config)` is the one entry point (used by `polar gateway`, tests and other parts of polar). All
+state lives on `app.state` and is created in the lifespan, inside the serving event loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from polar.gateway import control
+from polar.gateway.backends import make_backend
+from polar.gateway.backends.base import Backend
+from polar.gateway.config import GatewayConfig
+from polar.gateway.dialects.anthropic import AnthropicDialect
+from polar.gateway.dialects.base import Dialect
+from polar.gateway.dialects.chat import ChatDialect
+from polar.gateway.dialects.gemini import GeminiDialect
+from polar.gateway.dialects.responses import ResponsesDialect
+from polar.gateway.errors import GatewayError
+from polar.gateway.proxy import Proxy, error_response, read_json
+from polar.gateway.sessions import SessionRegistry
+from polar.gateway.signatures import ReasoningCodec
+from polar.store.sqlite import SQLiteStore
+from polar.store.writer import AsyncWriter
+
+log = logging.getLogger("polar.gateway")
+
+CHAT, RESPONSES, ANTHROPIC, GEMINI = ChatDialect(), ResponsesDialect(), AnthropicDialect(), GeminiDialect()
+
+
+def _proxy(request: Request) -> Proxy:
+    proxy: Proxy = request.app.state.proxy
+    return proxy
+
+
+def dialect_for(request: Request) -> Dialect:
+    """Which dialect's error shape fits a request we cannot route: path first, then headers."""
+    path = request.url.path
+    if path.startswith("/v1beta") or ":generateContent" in path or "x-goog-api-key" in request.headers:
+        return GEMINI
+    if path.startswith("/v1/messages") or "anthropic-version" in request.headers:
+        return ANTHROPIC
+    if path.startswith("/v1/responses"):
+        return RESPONSES
+    return CHAT
+
+
+# -- generation routes ------------------------------------------------------------------------------------
+async def chat_completions(request: Request) -> Response:
+    return await _proxy(request).call(CHAT, request)
+
+
+async def responses(request: Request) -> Response:
+    return await _proxy(request).call(RESPONSES, request)
+
+
+async def messages(request: Request) -> Response:
+    return await _proxy(request).call(ANTHROPIC, request)
+
+
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's token counter, answered by the policy's own tokenizer (Claude Code calls it)."""
+    proxy = _proxy(request)
+    try:
+        proxy.authenticate(request)
+        body = await read_json(request, proxy.max_body_bytes)
+        req = ANTHROPIC.parse_count_tokens(body, proxy.codec)
+        n = await proxy.backend.count_tokens(req, proxy.served_model)
+    except GatewayError as err:
+        return error_response(ANTHROPIC, err)
+    return Response(orjson.dumps(ANTHROPIC.render_count_tokens(n)), media_type="application/json")
+
+
+async def gemini(request: Request) -> Response:
+    """`/v1beta/models/{model}:{method}`: generateContent, streamGenerateContent, countTokens."""
+    rest: str = request.path_params["rest"]
+    model, sep, method = rest.rpartition(":")
+    if not sep:
+        if request.method == "GET":
+            return await gemini_model(request)
+        return error_response(GEMINI, GatewayError("not_found", f"no route POST {request.url.path}"))
+    proxy = _proxy(request)
+    if method == "generateContent":
+        return await proxy.call(GEMINI, request, path_model=model, path_stream=False)
+    if method == "streamGenerateContent":
+        fmt = "sse" if request.query_params.get("alt") == "sse" else "json-array"
+        return await proxy.call(GEMINI, request, path_model=model, path_stream=True, stream_format=fmt)
+    if method == "countTokens":
+        try:
+            proxy.authenticate(request)
+            body = await read_json(request, proxy.max_body_bytes)
+            # countTokens takes either a bare `contents` list or a whole `generateContentRequest`.
+            if isinstance(body, dict) and isinstance(body.get("generateContentRequest"), dict):
+                body = body["generateContentRequest"]
+            req = GEMINI.parse(body, proxy.codec, path_model=model, path_stream=False)
+            n = await proxy.backend.count_tokens(req, proxy.served_model)
+        except GatewayError as err:
+            return error_response(GEMINI, err)
+        return Response(orjson.dumps({"totalTokens": n}), media_type="application/json")
+    unknown = GatewayError(
+        "not_found",
+        f"unknown method {method!r}; supported: generateContent, streamGenerateContent, countTokens",
+    )
+    return error_response(GEMINI, unknown)
+
+
+# -- model probes -----------------------------------------------------------------------------------------
+def _model_entry(name: str, created: int) -> dict[str, Any]:
+    # One object that both the OpenAI (id/object/owned_by) and Anthropic (type/display_name/created_at)
+    # SDKs accept: each ignores the other's fields.
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "polar",
+        "type": "model",
+        "display_name": name,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+    }
+
+
+async def list_models(request: Request) -> Response:
+    name = _proxy(request).served_model
+    entry = _model_entry(name, request.app.state.started)
+    body = {"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name}
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def get_model(request: Request) -> Response:
+    return Response(
+        orjson.dumps(_model_entry(request.path_params["model"], request.app.state.started)),
+        media_type="application/json",
+    )
+
+
+def _gemini_model(name: str) -> dict[str, Any]:
+    return {
+        "name": f"models/{name}",
+        "baseModelId": name,
+        "version": "polar",
+        "displayName": name,
+        "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
+    }
+
+
+async def gemini_models(request: Request) -> Response:
+    body = {"models": [_gemini_model(_proxy(request).served_model)]}
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def gemini_model(request: Request) -> Response:
+    name = request.path_params["rest"].removeprefix("models/")
+    return Response(orjson.dumps(_gemini_model(name)), media_type="application/json")
+
+
+async def root(request: Request) -> Response:
+    # Claude Code sends `HEAD /` before its first call to check the base URL answers.
+    return (
+        Response(b"", status_code=200)
+        if request.method == "HEAD"
+        else Response(
+            orjson.dumps({"service": "polar-gateway", "model": _proxy(request).served_model}),
+            media_type="application/json",
+        )
+    )
+
+
+async def health(request: Request) -> Response:
+    proxy = _proxy(request)
+    body = {
+        "status": "ok",
+        "model": proxy.served_model,
+        "backend": {"kind": proxy.backend.kind, "url": proxy.backend.url},
+        "paused": proxy.gate.paused,
+        "in_flight": proxy.gate.in_flight,
+    }
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+# -- errors -----------------------------------------------------------------------------------------------
+async def not_found(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 404)
+    if status == 405:
+        err = GatewayError(
+            "invalid_request", f"method {request.method} is not allowed on {request.url.path}", status=405
+        )
+    else:
+        err = GatewayError("not_found", f"no route {request.method} {request.url.path}")
+    return error_response(dialect_for(request), err)
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    err = GatewayError("upstream_error", "internal gateway error; the call was not completed", status=500)
+    return error_response(dialect_for(request), err)
+
+
+# -- assembly ---------------------------------------------------------------------------------------------
+def _reasoning_key(config: GatewayConfig, store: SQLiteStore) -> bytes:
+    """Signatures must outlive a gateway restart (a harness resends history), so the key lives in the store."""
+    if config.reasoning_key is not None:
+        return config.reasoning_key
+    key = store.meta("reasoning_key")
+    if key is None:
+        key = secrets.token_bytes(32)
+        store.set_meta("reasoning_key", key)
+    return key
+
+
+async def _first_model(backend: Backend) -> str:
+    """The model the backend serves, for gateways started without `--model`."""
+    try:
+        models = await backend.list_models()
+    except GatewayError as err:
+        raise RuntimeError(f"could not list the backend's models ({err.message}); pass --model") from None
+    if not models:
+        raise RuntimeError(f"the backend at {backend.url} lists no model; pass --model")
+    return models[0]
+
+
+def create_app(config: GatewayConfig) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        writer = AsyncWriter(config.store_path, config.durability)
+        reader = SQLiteStore(config.store_path, config.durability)
+        backend = make_backend(config.backend_kind, config.backend_url, config.backend)
+        await backend.start()
+        served = config.served_model or await _first_model(backend)
+        app.state.config = config
+        app.state.started = int(time.time())
+        app.state.proxy = Proxy(
+            backend=backend,
+            served_model=served,
+            sessions=SessionRegistry(writer, reader),
+            writer=writer,
+            codec=ReasoningCodec(_reasoning_key(config, reader)),
+            max_body_bytes=config.max_body_bytes,
+        )
+        log.info("gateway serving %s from %s backend at %s", served, backend.kind, backend.url)
+        try:
+            yield
+        finally:
+            await backend.aclose()
+            writer.close()
+            reader.close()
+
+    routes = [
+        Route("/", root, methods=["GET", "HEAD"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/v1beta/models", gemini_models, methods=["GET"]),
+        Route("/v1beta/models/{rest:path}", gemini, methods=["GET", "POST"]),
+        *control.routes,
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
+    )

@@ -1,0 +1,179 @@
+"""The control plane: sessions, their records and trajectories, and the weight-sync gate.
+
+Harnesses never see these routes; rollout services, trainers and scripts do. When the gateway has a control
+token, every route here needs `Authorization: Bearer <token>` (a harness's session key cannot open them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from polar.gateway.errors import GatewayError
+from polar.gateway.proxy import Proxy, read_json
+from polar.store.sqlite import SQLiteStore
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str, type_: str = "invalid_request_error") -> Response:
+    return _json({"error": {"message": message, "type": type_}}, status)
+
+
+def _authorized(request: Request) -> bool:
+    token: str | None = request.app.state.config.control_token
+    if token is None:
+        return True
+    auth = request.headers.get("authorization", "")
+    scheme, _, given = auth.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def _proxy(request: Request) -> Proxy:
+    proxy: Proxy = request.app.state.proxy
+    return proxy
+
+
+async def _read_store(request: Request, fn: Any) -> Any:
+    """Run a read on a fresh connection in a worker thread: reads never block the event loop or writer."""
+    path = request.app.state.config.store_path
+
+    def work() -> Any:
+        with SQLiteStore(path) as store:
+            return fn(store)
+
+    return await asyncio.to_thread(work)
+
+
+def guarded(handler: Any) -> Any:
+    async def wrapper(request: Request) -> Response:
+        if not _authorized(request):
+            return _error(403, "the control plane needs the gateway's control token", "permission_error")
+        return await handler(request)
+
+    return wrapper
+
+
+@guarded
+async def create_session(request: Request) -> Response:
+    metadata: dict[str, Any] = {}
+    if request.headers.get("content-length") not in (None, "0"):
+        try:
+            body = await read_json(request, 1 << 20)
+        except GatewayError as err:
+            return _error(err.status, err.message)
+        if not isinstance(body, dict):
+            return _error(400, 'body must be a JSON object, e.g. {"task_id": "t1"}')
+        metadata = body.get("metadata", {})
+        if not isinstance(metadata, dict):
+            return _error(400, "metadata must be a JSON object")
+        metadata = {**{k: v for k, v in body.items() if k not in ("metadata", "session_id")}, **metadata}
+        requested = body.get("session_id")
+        if requested is not None and (not isinstance(requested, str) or not 8 <= len(requested) <= 128):
+            return _error(400, "session_id must be a string of 8 to 128 characters")
+    else:
+        requested = None
+    try:
+        state = await _proxy(request).sessions.create(metadata, requested)
+    except KeyError:
+        return _error(409, f"session {requested} already exists; session ids are single-use")
+    return _json({"session_id": state.session_id, "created_at": state.created_at, "metadata": metadata}, 201)
+
+
+@guarded
+async def get_session(request: Request) -> Response:
+    sid = request.path_params["session_id"]
+    state = _proxy(request).sessions.get(sid)
+    if state is None:
+        return _error(404, f"no session {sid}", "not_found_error")
+    return _json(
+        {
+            "session_id": sid,
+            "status": "closed" if state.closed else "open",
+            "created_at": state.created_at,
+            "metadata": state.metadata,
+            "completions": state.counts["completions"],
+            "failures": state.counts["failures"],
+            "calls": state.next_seq,
+        }
+    )
+
+
+@guarded
+async def list_completions(request: Request) -> Response:
+    sid = request.path_params["session_id"]
+    if _proxy(request).sessions.get(sid) is None:
+        return _error(404, f"no session {sid}", "not_found_error")
+    records = await _read_store(request, lambda s: s.completions(sid))
+    return _json({"session_id": sid, "completions": [r.to_json() for r in records]})
+
+
+@guarded
+async def list_failures(request: Request) -> Response:
+    sid = request.path_params["session_id"]
+    if _proxy(request).sessions.get(sid) is None:
+        return _error(404, f"no session {sid}", "not_found_error")
+    records = await _read_store(request, lambda s: s.failures(sid))
+    return _json({"session_id": sid, "failures": [r.to_json() for r in records]})
+
+
+@guarded
+async def get_trajectory(request: Request) -> Response:
+    from polar.trajectory import build, builders
+
+    sid = request.path_params["session_id"]
+    if _proxy(request).sessions.get(sid) is None:
+        return _error(404, f"no session {sid}", "not_found_error")
+    strategy = request.query_params.get("strategy", "prefix_merging")
+    if strategy not in builders():  # import paths are not taken from the network
+        return _error(400, f"unknown strategy {strategy!r}; choose one of {', '.join(builders())}")
+    records = await _read_store(request, lambda s: s.completions(sid))
+    trajectory = await asyncio.to_thread(build, records, strategy=strategy)
+    return Response(trajectory.model_dump_json(), media_type="application/json")
+
+
+@guarded
+async def delete_session(request: Request) -> Response:
+    sid = request.path_params["session_id"]
+    if not await _proxy(request).sessions.close(sid):
+        return _error(404, f"no session {sid}", "not_found_error")
+    return _json({"session_id": sid, "status": "closed"})
+
+
+@guarded
+async def pause(request: Request) -> Response:
+    """Stop admitting generations and wait for those in flight (weight sync). `?timeout=` seconds."""
+    raw = request.query_params.get("timeout")
+    try:
+        timeout = float(raw) if raw is not None else None
+    except ValueError:
+        return _error(400, "timeout must be a number of seconds")
+    gate = _proxy(request).gate
+    drained = await gate.pause(timeout)
+    return _json({"paused": True, "drained": drained, "in_flight": gate.in_flight})
+
+
+@guarded
+async def resume(request: Request) -> Response:
+    _proxy(request).gate.resume()
+    return _json({"paused": False})
+
+
+routes = [
+    Route("/sessions", create_session, methods=["POST"]),
+    Route("/sessions/{session_id}", get_session, methods=["GET"]),
+    Route("/sessions/{session_id}", delete_session, methods=["DELETE"]),
+    Route("/sessions/{session_id}/completions", list_completions, methods=["GET"]),
+    Route("/sessions/{session_id}/failures", list_failures, methods=["GET"]),
+    Route("/sessions/{session_id}/trajectory", get_trajectory, methods=["GET"]),
+    Route("/admin/pause", pause, methods=["POST"]),
+    Route("/admin/resume", resume, methods=["POST"]),
+]

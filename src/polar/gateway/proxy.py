@@ -1,0 +1,249 @@
+"""One model call, end to end: key → parse → normalize → upstream → record → answer in the caller's dialect.
+
+This is the hot path. Its only network wait is the upstream call; the record is committed (group commit,
+see `polar.store.writer`) before the harness receives its answer, so a response the harness saw always has
+its record. A failure after the key was accepted is recorded as a failure, never as a completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from polar.gateway.backends.base import Backend
+from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.gateway.dialects.base import Dialect
+from polar.gateway.errors import GatewayError, invalid
+from polar.gateway.keys import session_key
+from polar.gateway.quirks import apply_quirks
+from polar.gateway.sessions import SessionRegistry, SessionState
+from polar.gateway.signatures import ReasoningCodec
+from polar.store.records import CompletionRecord, FailureRecord
+from polar.store.writer import AsyncWriter
+
+log = logging.getLogger("polar.gateway")
+
+JSON = "application/json"
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def error_response(dialect: Dialect, err: GatewayError) -> Response:
+    status, body = dialect.error(err)
+    return Response(orjson.dumps(body), status_code=status, media_type=JSON)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request body as JSON, refusing bodies over `limit` bytes before reading them whole."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(
+            "request_too_large", f"request body of {declared} bytes exceeds the limit of {limit}"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise GatewayError("request_too_large", f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw:
+        raise invalid("request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"request body is not valid JSON: {exc}") from None
+
+
+class Gate:
+    """Pauses new generations and drains in-flight ones while a trainer swaps the policy's weights."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._open.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def enter(self) -> None:
+        await self._open.wait()
+        self._in_flight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    async def pause(self, drain_timeout_s: float | None = None) -> bool:
+        """Stop admitting calls; True once every call in flight has finished (False on timeout)."""
+        self._open.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def resume(self) -> None:
+        self._open.set()
+
+
+class Proxy:
+    def __init__(
+        self,
+        backend: Backend,
+        served_model: str,
+        sessions: SessionRegistry,
+        writer: AsyncWriter,
+        codec: ReasoningCodec,
+        max_body_bytes: int,
+    ) -> None:
+        self.backend = backend
+        self.served_model = served_model
+        self.sessions = sessions
+        self.writer = writer
+        self.codec = codec
+        self.max_body_bytes = max_body_bytes
+        self.gate = Gate()
+
+    def authenticate(self, request: Request) -> SessionState:
+        key = session_key(request)
+        if key is None:
+            raise GatewayError(
+                "authentication",
+                "no API key: pass the session id as Bearer token, x-api-key, x-goog-api-key or ?key=",
+            )
+        state = self.sessions.get(key)
+        if state is None:
+            raise GatewayError("authentication", "unknown API key: it is not a session of this gateway")
+        if state.closed:
+            raise GatewayError("authentication", f"session {key} is closed")
+        return state
+
+    async def call(
+        self,
+        dialect: Dialect,
+        request: Request,
+        *,
+        path_model: str | None = None,
+        path_stream: bool | None = None,
+        stream_format: str = "sse",
+    ) -> Response:
+        """Serve one generation call. `stream_format` is "sse" or, for Gemini's stream route without
+        `alt=sse`, "json-array"."""
+        t_start = time.perf_counter()
+        created = time.time()
+        try:
+            state = self.authenticate(request)
+        except GatewayError as err:
+            return error_response(dialect, err)
+        seq = state.take_seq()
+        body: Any = None
+        req: CanonicalRequest | None = None
+        try:
+            body = await read_json(request, self.max_body_bytes)
+            req = dialect.parse(body, self.codec, path_model=path_model, path_stream=path_stream)
+            req, quirks = apply_quirks(req)
+            upstream = self.backend.build_body(req, self.served_model)
+            await self.gate.enter()
+            try:
+                t_up = time.perf_counter()
+                comp = await self.backend.complete(upstream)
+                upstream_ms = (time.perf_counter() - t_up) * 1000.0
+            finally:
+                self.gate.leave()
+            overhead_ms = (time.perf_counter() - t_start) * 1000.0 - upstream_ms
+            record = self._record(state, seq, dialect, created, body, upstream, req, comp, quirks)
+            record = replace(
+                record, upstream_latency_ms=round(upstream_ms, 3), gateway_overhead_ms=round(overhead_ms, 3)
+            )
+            try:
+                await self.writer.write(lambda w: w.add_completion(record))
+            except Exception:
+                # Never hand out a response whose record did not land: the harness retries instead.
+                log.exception("could not record session %s call %d", state.session_id, seq)
+                raise GatewayError("overloaded", "the gateway could not record this call; retry") from None
+            state.counts["completions"] += 1
+        except GatewayError as err:
+            await self._record_failure(state, seq, dialect, created, body, err)
+            if req is not None and req.stream:
+                # The harness asked for a stream: answer in its grammar, with the dialect's error event.
+                return Response(
+                    dialect.stream_error(err), media_type="text/event-stream", headers=SSE_HEADERS
+                )
+            return error_response(dialect, err)
+        if not req.stream:
+            return Response(orjson.dumps(dialect.render(req, comp, self.codec)), media_type=JSON)
+        if stream_format == "json-array":
+            chunks = dialect.stream_json(req, comp, self.codec)  # type: ignore[attr-defined]
+            return Response(orjson.dumps(chunks), media_type=JSON)
+        # A stream synthesized from one upstream call: every frame is known, so send them in one write.
+        frames = b"".join(dialect.stream(req, comp, self.codec))
+        return Response(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    def _record(
+        self,
+        state: SessionState,
+        seq: int,
+        dialect: Dialect,
+        created: float,
+        body: Any,
+        upstream: dict[str, Any],
+        req: CanonicalRequest,
+        comp: Completion,
+        quirks: tuple[str, ...],
+    ) -> CompletionRecord:
+        return CompletionRecord(
+            session_id=state.session_id,
+            seq=seq,
+            completion_id=comp.id,
+            dialect=dialect.name,
+            created_at=created,
+            request=body,
+            upstream_request=upstream,
+            prompt_ids=comp.prompt_ids,
+            response_ids=comp.response_ids,
+            response_logprobs=comp.response_logprobs,
+            finish_reason=comp.finish_reason,
+            response_message=comp.message(),
+            tools=req.tools,
+            usage={"prompt_tokens": comp.prompt_tokens, "completion_tokens": comp.completion_tokens},
+            model_requested=req.model,
+            model_served=comp.model,
+            policy_version=comp.policy_version,
+            flags=comp.flags + tuple(f"quirk:{q}" for q in quirks),
+        )
+
+    async def _record_failure(
+        self, state: SessionState, seq: int, dialect: Dialect, created: float, body: Any, err: GatewayError
+    ) -> None:
+        failure = FailureRecord(
+            session_id=state.session_id,
+            seq=seq,
+            dialect=dialect.name,
+            created_at=created,
+            status=err.status,
+            kind=err.kind,
+            message=err.message,
+            request=body if isinstance(body, dict) else None,
+        )
+        state.counts["failures"] += 1
+        try:
+            await self.writer.write(lambda w: w.add_failure(failure))
+        except Exception:  # the store itself failed: the caller still gets its error, and we say why
+            log.exception("could not record failure of session %s call %d", state.session_id, seq)
