@@ -50,7 +50,7 @@ class Chain:
     sibling_of: int | None = None  # chain holding the earlier call with the same prompt
     retry_of: str | None = None  # that call's completion id
     split_from: str | None = None  # completion id of the turn before a drift split
-    diverged_from: int | None = None  # chain whose history a compaction / rewrite left
+    diverged_from: int | None = None  # chain this one breaks away from (drift split, compaction, rewrite)
 
 
 @dataclass(frozen=True, slots=True)
