@@ -63,7 +63,18 @@ def process_logits(
     top_p: torch.Tensor,
     min_p: torch.Tensor,
 ) -> torch.Tensor:
-    """Return log-probabilities [B, V] of the processed distribution (masked tokens are -inf).
+    """Log-probabilities [B, V] of the processed distribution (masked tokens are -inf)."""
+    return torch.log_softmax(processed_scores(logits, temperature, top_k, top_p, min_p), dim=1)
+
+
+def processed_scores(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """Temperature-scaled logits with the tokens top-k/top-p/min-p exclude set to -inf (unnormalized).
 
     `temperature`, `top_p`, `min_p` are float [B]; `top_k` is long [B] with 0 meaning off. Rows with
     temperature ~0 get the plain log-softmax (see module doc).
@@ -92,7 +103,7 @@ def process_logits(
             thr = torch.stack([_nucleus_threshold(probs[r], float(p[r])) for r in rows])
             sub = x[rows]
             x[rows] = torch.where(probs[rows] < thr.unsqueeze(1), float("-inf"), sub)
-    return torch.log_softmax(x, dim=1)
+    return x
 
 
 def _nucleus_threshold(probs: torch.Tensor, p: float) -> torch.Tensor:
@@ -105,19 +116,6 @@ def _nucleus_threshold(probs: torch.Tensor, p: float) -> torch.Tensor:
         cums = torch.cumsum(vals, dim=0)
     idx = int(torch.searchsorted(cums, torch.tensor([p], dtype=cums.dtype)).clamp(max=vals.numel() - 1))
     return vals[idx]
-
-
-def draw(logprobs: torch.Tensor, uniforms: torch.Tensor, greedy: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF draw per row from `exp(logprobs)` with one uniform per row; argmax for greedy rows."""
-    probs = torch.exp(logprobs)
-    cdf = torch.cumsum(probs, dim=1)
-    target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
-    ids = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=logprobs.shape[1] - 1)
-    # Float edge: a target on the last plateau can land on a masked token; fall back to the mode.
-    picked = logprobs.gather(1, ids.unsqueeze(1)).squeeze(1)
-    argmax = torch.argmax(logprobs, dim=1)
-    ids = torch.where(torch.isfinite(picked), ids, argmax)
-    return torch.where(greedy, argmax, ids)
 
 
 def sample(
@@ -140,15 +138,26 @@ def sample(
     top_p = torch.tensor([sp.top_p for sp in params], dtype=torch.float32, device=cpu)
     min_p = torch.tensor([sp.min_p for sp in params], dtype=torch.float32, device=cpu)
     dev = logits.device
-    lp = process_logits(logits, temperature.to(dev), top_k.to(dev), top_p.to(dev), min_p.to(dev))
+    x = processed_scores(logits, temperature.to(dev), top_k.to(dev), top_p.to(dev), min_p.to(dev))
+    # One pass each for max, exp, cumsum and sum instead of a full log-softmax: the vocabulary is most of
+    # the work of a small model's step. logprob(t) = x_t - max - log(sum exp(x - max)).
+    peak, argmax = torch.max(x, dim=1, keepdim=True)
+    weights = torch.exp(x - peak)
+    cdf = torch.cumsum(weights, dim=1)
+    log_total = torch.log(weights.sum(dim=1, keepdim=True))
     uniforms = torch.cat([torch.rand(1, generator=g) for g in generators]).to(dev)
-    greedy = (temperature < _GREEDY_EPS).to(dev)
-    ids = draw(lp, uniforms, greedy)
-    chosen = lp.gather(1, ids.unsqueeze(1)).squeeze(1)
+    target = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    ids = torch.searchsorted(cdf, target, right=True).clamp(max=x.shape[1] - 1)
+    # Float edge: a target on the last plateau can land on a masked token; fall back to the mode.
+    ids = torch.where(torch.isfinite(x.gather(1, ids)), ids, argmax)
+    greedy = (temperature < _GREEDY_EPS).to(dev).unsqueeze(1)
+    ids = torch.where(greedy, argmax, ids)
+    chosen = (x.gather(1, ids) - peak - log_total).squeeze(1)
+    ids = ids.squeeze(1)
     top: list[list[tuple[int, float]]] | None = None
     n_top = max((sp.top_logprobs for sp in params), default=0)
     if n_top > 0:
-        vals, idx = torch.topk(lp, min(n_top, lp.shape[1]), dim=1)
+        vals, idx = torch.topk(x - peak - log_total, min(n_top, x.shape[1]), dim=1)
         vals_l, idx_l = vals.cpu().tolist(), idx.cpu().tolist()
         top = [
             list(zip(idx_l[r][: params[r].top_logprobs], vals_l[r][: params[r].top_logprobs], strict=True))
