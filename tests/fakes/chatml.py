@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 BYTE_OFFSET = 1000
+CHUNK_BASE = 200_000  # ids of multi-byte tokens (bytes_per_token > 1), above Qwen3's vocabulary
 SPECIAL_TOKENS: dict[str, int] = {
     "<|endoftext|>": 151643,
     "<|im_start|>": 151644,
@@ -88,11 +89,17 @@ class FakeTokenizer:
     im_end = IM_END
     _CACHE_LIMIT = 65536
 
-    def __init__(self) -> None:
+    def __init__(self, bytes_per_token: int = 1) -> None:
         # Text between special tokens is mostly one message's text, re-sent on every turn of a session: a
         # cache keeps the fake's per-call cost flat as histories grow (benchmarks need it fast).
         self._pieces: dict[str, list[int]] = {}
         self._tokens: dict[int, tuple[str, list[int]]] = {}
+        # bytes_per_token > 1 groups each piece's bytes into tokens of that many bytes (ids from CHUNK_BASE,
+        # assigned on first sight), so benchmarks see BPE-like id counts; the prefix property still holds
+        # because chunking restarts at every special token.
+        self.bytes_per_token = bytes_per_token
+        self._chunk_ids: dict[bytes, int] = {}
+        self._chunks: list[bytes] = []
 
     def encode(self, text: str) -> list[int]:
         out: list[int] = []
@@ -105,9 +112,23 @@ class FakeTokenizer:
                 if ids is None:
                     if len(cache) >= self._CACHE_LIMIT:
                         cache.clear()
-                    ids = cache[piece] = [b + BYTE_OFFSET for b in piece.encode()]
+                    ids = cache[piece] = self._encode_piece(piece.encode())
                 out += ids
         return out
+
+    def _encode_piece(self, data: bytes) -> list[int]:
+        n = self.bytes_per_token
+        if n == 1:
+            return [b + BYTE_OFFSET for b in data]
+        ids = []
+        for k in range(0, len(data), n):
+            chunk = data[k : k + n]
+            i = self._chunk_ids.get(chunk)
+            if i is None:
+                i = self._chunk_ids[chunk] = CHUNK_BASE + len(self._chunks)
+                self._chunks.append(chunk)
+            ids.append(i)
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         out: list[str] = []
@@ -115,6 +136,9 @@ class FakeTokenizer:
         for i in ids:
             if BYTE_OFFSET <= i < BYTE_OFFSET + 256:
                 buf.append(i - BYTE_OFFSET)
+                continue
+            if i >= CHUNK_BASE:
+                buf += self._chunks[i - CHUNK_BASE]
                 continue
             special = _SPECIAL_BY_ID.get(i)
             if special is None:
@@ -128,6 +152,8 @@ class FakeTokenizer:
     def token_bytes(self, i: int) -> bytes:
         if BYTE_OFFSET <= i < BYTE_OFFSET + 256:
             return bytes((i - BYTE_OFFSET,))
+        if i >= CHUNK_BASE:
+            return self._chunks[i - CHUNK_BASE]
         return _SPECIAL_BY_ID[i].encode()
 
     def token_info(self, i: int) -> tuple[str, list[int]]:

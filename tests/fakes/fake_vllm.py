@@ -73,6 +73,7 @@ class FakeInferenceServer:
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
         policy_version: int | None = None,
         record: bool = True,
+        bytes_per_token: int = 1,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
@@ -90,7 +91,7 @@ class FakeInferenceServer:
         self.transform = transform
         self.policy_version = policy_version
         self.record = record
-        self.tokenizer = FakeTokenizer()
+        self.tokenizer = FakeTokenizer(bytes_per_token)
         self.requests: list[dict[str, Any]] = []
         self.tokenize_requests: list[dict[str, Any]] = []
         self.calls = 0  # POSTs received, faulted ones included
@@ -304,3 +305,17 @@ def _default_message(status: int, model: str | None) -> str:
 def make_fake_backend(kind: str = "vllm", script: Script = None, **faults: Any) -> FakeInferenceServer:
     """The fake inference server of `kind`; serve it with tests.fakes.server.serve(app)."""
     return FakeInferenceServer(kind, script, **faults)
+
+
+if __name__ == "__main__":  # `python -m tests.fakes.fake_vllm --port 8000`: the benchmarks' backend
+    import argparse
+
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Deterministic fake inference server (a test double).")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--kind", choices=["vllm", "sglang", "openai"], default="vllm")
+    parser.add_argument("--bytes-per-token", type=int, default=4, help="about 4 for BPE-like id counts")
+    cli = parser.parse_args()
+    app = make_fake_backend(cli.kind, record=False, bytes_per_token=cli.bytes_per_token)
+    uvicorn.run(app, host="127.0.0.1", port=cli.port, log_level="warning", access_log=False)

@@ -230,7 +230,37 @@ async def _first_model(backend: Backend) -> str:
     return models[0]
 
 
-def create_app(config: GatewayConfig) -> Starlette:
+class HotPath:
+    """Serves the generation routes straight from ASGI, in front of Starlette's router and middleware.
+
+    Those layers cost tens of microseconds per call, a large share of the gateway's budget at 1,000 calls/s
+    on two cores; every other route still goes through Starlette.
+    """
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+        self.state = app.state
+        self.routes = {
+            "/v1/chat/completions": chat_completions,
+            "/v1/responses": responses,
+            "/v1/messages": messages,
+        }
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if handler is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        scope["app"] = self.app
+        request = Request(scope, receive)
+        try:
+            response = await handler(request)
+        except Exception as exc:
+            response = await internal_error(request, exc)
+        await response(scope, receive, send)
+
+
+def create_app(config: GatewayConfig) -> HotPath:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         writer = AsyncWriter(config.store_path, config.durability)
@@ -269,8 +299,9 @@ def create_app(config: GatewayConfig) -> Starlette:
         Route("/v1beta/models/{rest:path}", gemini, methods=["GET", "POST"]),
         *control.routes,
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
     )
+    return HotPath(app)

@@ -42,10 +42,24 @@ def error_response(dialect: Dialect, err: GatewayError) -> Response:
 async def read_json(request: Request, limit: int) -> Any:
     """The request body as JSON, refusing bodies over `limit` bytes before reading them whole."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(
-            "request_too_large", f"request body of {declared} bytes exceeds the limit of {limit}"
-        )
+    if declared is not None and declared.isdigit():
+        if int(declared) > limit:
+            raise GatewayError(
+                "request_too_large", f"request body of {declared} bytes exceeds the limit of {limit}"
+            )
+        raw = await request.body()  # the server stops at the declared length
+    else:
+        raw = await _read_capped(request, limit)
+    if not raw:
+        raise invalid("request body is empty; expected a JSON object")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"request body is not valid JSON: {exc}") from None
+
+
+async def _read_capped(request: Request, limit: int) -> bytes:
+    """A body without Content-Length (chunked): read it, refusing to hold more than `limit` bytes."""
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -53,13 +67,7 @@ async def read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise GatewayError("request_too_large", f"request body exceeds the limit of {limit} bytes")
         chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw:
-        raise invalid("request body is empty; expected a JSON object")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise invalid(f"request body is not valid JSON: {exc}") from None
+    return b"".join(chunks)
 
 
 class Gate:
