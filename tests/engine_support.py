@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -19,7 +20,9 @@ TEST_CONTEXT = 2048
 
 def load_tiny(**config: object) -> Engine:
     cfg = EngineConfig(**{"max_num_seqs": 16, "prefill_chunk": 256, **config})  # type: ignore[arg-type]
-    return Engine.load(None, max_model_len=TEST_CONTEXT, config=cfg)
+    # float32 everywhere: the tests compare logprobs exactly; POLAR_TEST_DEVICE=cuda runs them on a GPU.
+    device = os.environ.get("POLAR_TEST_DEVICE", "auto")
+    return Engine.load(None, device=device, dtype="float32", max_model_len=TEST_CONTEXT, config=cfg)
 
 
 @contextmanager
@@ -45,9 +48,10 @@ def reference_logprobs(
 
     Written independently of the engine's sampler (sort-based masks) so the test can catch its mistakes.
     """
-    ids = torch.tensor([prompt_ids + output_ids])
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids + output_ids], device=device)
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float()
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].float().cpu()
     out = []
     for row, tok in zip(logits, output_ids, strict=True):
         if temperature == 0:

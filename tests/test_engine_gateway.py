@@ -109,7 +109,9 @@ def test_policy_version_follows_weight_updates(tiny: tuple[Engine, str], gw: Gat
     state = {k: v.clone() for k, v in engine.model.state_dict().items()}
     try:
         g = torch.Generator().manual_seed(9)
-        engine.update_weights({k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in state.items()}, 41)
+        engine.update_weights(
+            {k: v + 0.02 * torch.randn(v.shape, generator=g).to(v.device) for k, v in state.items()}, 41
+        )
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=4)
         (rec,) = gw.completions(sid)
         assert rec.policy_version == 41

@@ -20,7 +20,7 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 def _perturbed(engine: Engine, scale: float, seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {
-        k: v + scale * torch.randn(v.shape, generator=g) if v.is_floating_point() else v.clone()
+        k: v + scale * torch.randn(v.shape, generator=g).to(v.device) if v.is_floating_point() else v.clone()
         for k, v in engine.model.state_dict().items()
     }
 

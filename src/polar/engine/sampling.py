@@ -114,7 +114,11 @@ def _nucleus_threshold(probs: torch.Tensor, p: float) -> torch.Tensor:
     if float(cums[-1]) < p and k < probs.numel():
         vals = torch.sort(probs, descending=True).values
         cums = torch.cumsum(vals, dim=0)
-    idx = int(torch.searchsorted(cums, torch.tensor([p], dtype=cums.dtype)).clamp(max=vals.numel() - 1))
+    idx = int(
+        torch.searchsorted(cums, torch.tensor([p], dtype=cums.dtype, device=cums.device)).clamp(
+            max=vals.numel() - 1
+        )
+    )
     return vals[idx]
 
 
