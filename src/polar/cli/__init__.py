@@ -10,7 +10,11 @@ import click
 # name -> (module, attribute, one-line help). Keep alphabetical.
 _COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": ("polar.cli.demo", "demo", "Run the quickstart: gateway + policy, driven by real SDK clients."),
-    "gateway": ("polar.cli.gateway", "gateway", "Serve the capturing gateway in front of an inference server."),
+    "gateway": (
+        "polar.cli.gateway",
+        "gateway",
+        "Serve the capturing gateway in front of an inference server.",
+    ),
     "serve-model": ("polar.cli.serve_model", "serve_model", "Serve a policy with the embedded engine."),
     "traces": ("polar.cli.traces", "traces", "Build, audit and export trajectories from a store."),
 }
