@@ -15,7 +15,11 @@ from tests.conftest import Gateway, start_gateway
 from tests.fakes.server import serve
 
 json_leaf = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**63), 2**63), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20)
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**63),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=20),
 )
 json_value = st.recursive(
     json_leaf,
