@@ -32,7 +32,7 @@ from polar.engine.protocol import (
     TokenizeRequest,
     UpdateWeightsRequest,
 )
-from polar.engine.serving_common import TokenText, check_model, parse_body
+from polar.engine.serving_common import check_model, parse_body, token_text
 from polar.engine.weights import WeightsError
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def create_engine_app(engine: Engine, *, manage_engine: bool = False) -> Starlet
             text = req.prompt or ""
             special = True if req.add_special_tokens is None else req.add_special_tokens
         ids = list(engine.tokenizer.encode(text, add_special_tokens=special))
-        names = TokenText(engine.tokenizer)
+        names = token_text(engine)
         return _json(
             {
                 "count": len(ids),

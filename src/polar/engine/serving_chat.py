@@ -21,13 +21,13 @@ from polar.engine.reasoning import ReasoningStream, prompt_opens_thought, split_
 from polar.engine.scheduler import SeqUpdate
 from polar.engine.serving_common import (
     SSE_DONE,
-    TokenText,
     chat_logprob_entries,
     check_model,
     check_supported,
     resolve_max_tokens,
     sampling_params,
     sse,
+    token_text,
 )
 from polar.engine.tool_parsers import ToolParse, ToolParser
 
@@ -145,7 +145,7 @@ def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
 async def complete(engine: Engine, job: ChatJob) -> dict[str, Any]:
     req = job.req
     results = await asyncio.gather(*(_collect(engine, job, i) for i in range(req.n)))
-    names = TokenText(engine.tokenizer)
+    names = token_text(engine)
     choices, flags = [], []
     version = engine.policy_version
     for i, res in enumerate(results):
@@ -249,7 +249,7 @@ class _ChoiceStream:
 
 async def stream(engine: Engine, job: ChatJob) -> AsyncIterator[bytes]:
     req = job.req
-    names = TokenText(engine.tokenizer)
+    names = token_text(engine)
     as_ids = bool(req.return_tokens_as_token_ids)
     queue: asyncio.Queue[tuple[int, SeqUpdate | BaseException]] = asyncio.Queue()
 

@@ -98,7 +98,7 @@ def sampling_params(
 
 
 class TokenText:
-    """Token ids to the strings logprob entries carry (vLLM decodes each id alone)."""
+    """Token ids to the strings logprob entries carry (vLLM decodes each id alone); one per engine."""
 
     def __init__(self, tokenizer: Any) -> None:
         @lru_cache(maxsize=65536)
@@ -109,6 +109,16 @@ class TokenText:
 
     def __call__(self, token_id: int, as_id: bool = False) -> str:
         return f"token_id:{token_id}" if as_id else self._one(token_id)
+
+
+_NAMES: dict[int, TokenText] = {}
+
+
+def token_text(engine: Engine) -> TokenText:
+    names = _NAMES.get(id(engine.tokenizer))
+    if names is None:
+        names = _NAMES[id(engine.tokenizer)] = TokenText(engine.tokenizer)
+    return names
 
 
 def finite(lp: float) -> float:

@@ -24,6 +24,7 @@ from polar.engine.serving_common import (
     resolve_max_tokens,
     sampling_params,
     sse,
+    token_text,
 )
 
 
@@ -122,7 +123,7 @@ async def complete(engine: Engine, job: CompletionJob) -> dict[str, Any]:
     n = req.n
     pairs = [(p, i) for p in range(len(job.prompts)) for i in range(n)]
     results = await asyncio.gather(*(_collect(engine, job, p, i) for p, i in pairs))
-    names = TokenText(engine.tokenizer)
+    names = token_text(engine)
     as_ids = bool(req.return_tokens_as_token_ids)
     choices = []
     version = engine.policy_version
@@ -170,7 +171,7 @@ async def complete(engine: Engine, job: CompletionJob) -> dict[str, Any]:
 
 async def stream(engine: Engine, job: CompletionJob) -> AsyncIterator[bytes]:
     req = job.req
-    names = TokenText(engine.tokenizer)
+    names = token_text(engine)
     as_ids = bool(req.return_tokens_as_token_ids)
     pairs = [(p, i) for p in range(len(job.prompts)) for i in range(req.n)]
     queue: asyncio.Queue[tuple[int, SeqUpdate | BaseException]] = asyncio.Queue()
