@@ -30,13 +30,14 @@ from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import anthropic_schema as s
 from polar.gateway.dialects.anthropic_stream import MessageStream
 from polar.gateway.dialects.base import sse
+from polar.gateway.dialects.validation import validate
 from polar.gateway.dialects.wire import (
+    PLAIN_STYLE,
     SignatureCache,
     data_url,
     tool_arguments,
     tool_input,
     tool_input_json,
-    validate,
 )
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
@@ -81,7 +82,7 @@ class AnthropicDialect:
         path_model: str | None = None,
         path_stream: bool | None = None,
     ) -> CanonicalRequest:
-        req = validate(s.MESSAGES_REQUEST, body)
+        req = validate(s.MESSAGES_REQUEST, body, PLAIN_STYLE)
         params: dict[str, Any] = {"max_tokens": req["max_tokens"]}
         for key in ("temperature", "top_p", "top_k"):
             value = req.get(key)
@@ -93,7 +94,7 @@ class AnthropicDialect:
 
     def parse_count_tokens(self, body: Any, codec: ReasoningCodec) -> CanonicalRequest:
         """`/v1/messages/count_tokens`: the same conversion, without generation settings."""
-        return self._canonical(validate(s.COUNT_TOKENS_REQUEST, body), codec, {}, stream=False)
+        return self._canonical(validate(s.COUNT_TOKENS_REQUEST, body, PLAIN_STYLE), codec, {}, stream=False)
 
     def render_count_tokens(self, n: int) -> dict[str, Any]:
         return {"input_tokens": n}

@@ -15,13 +15,14 @@ import orjson
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import chat_schema as s
 from polar.gateway.dialects.openai_wire import (
+    OPENAI_STYLE,
     error_object,
     settle_tool_choice,
     split_text,
     unix_now,
     upstream_effort,
-    validate,
 )
+from polar.gateway.dialects.validation import validate
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
 
@@ -41,7 +42,7 @@ class ChatDialect:
         path_model: str | None = None,
         path_stream: bool | None = None,
     ) -> CanonicalRequest:
-        req = validate(s.REQUEST, body)
+        req = validate(s.REQUEST, body, OPENAI_STYLE)
         n = req.get("n")
         if n is not None and n != 1:
             # Capture records one sampled sequence per call; n > 1 would need n records per call.

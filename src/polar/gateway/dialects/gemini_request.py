@@ -25,7 +25,8 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest
 from polar.gateway.dialects import gemini_schema as g
-from polar.gateway.dialects.wire import SignatureCache, data_url, tool_arguments, validate
+from polar.gateway.dialects.validation import validate
+from polar.gateway.dialects.wire import PLAIN_STYLE, SignatureCache, data_url, tool_arguments
 from polar.gateway.errors import invalid
 from polar.gateway.signatures import ReasoningCodec
 
@@ -42,7 +43,7 @@ def parse_request(
     """Validate a `generateContent` body and normalize it; the model and streaming come from the path."""
     if not path_model:
         raise invalid("the model must be given in the path: /v1beta/models/{model}:generateContent", "model")
-    req = validate(g.GENERATE_CONTENT_REQUEST, body)
+    req = validate(g.GENERATE_CONTENT_REQUEST, body, PLAIN_STYLE)
     render: dict[str, Any] = {}
     messages: list[dict[str, Any]] = []
     if (instruction := req.get("system_instruction")) is not None:

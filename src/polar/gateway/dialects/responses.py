@@ -12,10 +12,11 @@ from typing import Any
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import responses_schema as s
-from polar.gateway.dialects.openai_wire import error_object, settle_tool_choice, upstream_effort, validate
+from polar.gateway.dialects.openai_wire import OPENAI_STYLE, error_object, settle_tool_choice, upstream_effort
 from polar.gateway.dialects.responses_input import convert_history, convert_tool_choice, convert_tools
 from polar.gateway.dialects.responses_render import render_response
 from polar.gateway.dialects.responses_stream import ResponsesEventWriter, synthesize
+from polar.gateway.dialects.validation import validate
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
 
@@ -35,7 +36,7 @@ class ResponsesDialect:
         path_model: str | None = None,
         path_stream: bool | None = None,
     ) -> CanonicalRequest:
-        req = validate(s.REQUEST, body)
+        req = validate(s.REQUEST, body, OPENAI_STYLE)
         _refuse_server_state(req)
 
         tools, custom, dropped, function_names = convert_tools(req.get("tools"))

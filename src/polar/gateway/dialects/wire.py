@@ -1,19 +1,17 @@
 """Helpers the Anthropic and Gemini dialects share at the wire edge.
 
-Pydantic does the validation; this module turns its errors into one 400 that names the offending field the
-way the caller wrote it (`messages[2].content[0].source.type`), and holds the small conversions both
+How both word a validation error (`PLAIN_STYLE`, for `validation.validate`), and the small conversions both
 dialects need (tool arguments text <-> JSON object, data URLs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-from pydantic import TypeAdapter, ValidationError
 
-from polar.gateway.errors import GatewayError
+from polar.gateway.dialects.validation import Style
 from polar.gateway.signatures import ReasoningCodec
 
 # A tool call whose arguments are not a JSON object cannot be an Anthropic `input` or a Gemini `args` (both
@@ -22,69 +20,30 @@ from polar.gateway.signatures import ReasoningCodec
 # the call back in its history the raw text is restored exactly.
 RAW_ARGUMENTS_KEY = "_polar_raw_arguments"
 
-T = TypeVar("T")
-
-
-def validation_error(exc: ValidationError, body: Any) -> GatewayError:
-    """The one `invalid_request` error for a failed validation, naming the deepest offending field."""
-    errors = exc.errors(include_url=False, include_input=False)
-    # Unions report one error per branch; the deepest location is the branch the caller meant.
-    err = max(errors, key=lambda e: len(e["loc"]))
-    path = field_path(body, err["loc"])
-    kind = err["type"]
-    if kind == "missing":
-        message = f"missing required field {path}"
-    elif kind == "union_tag_invalid":
-        ctx = err.get("ctx") or {}
-        path = f"{path}.type" if path else "type"
-        message = f"unsupported {path} {ctx.get('tag')!r}; supported: {ctx.get('expected_tags')}"
-    elif kind == "union_tag_not_found":
-        path = f"{path}.type" if path else "type"
-        message = f"missing required field {path}"
-    else:
-        message = f"invalid {path or 'body'}: {err['msg']}"
-    return GatewayError("invalid_request", message, param=path or None)
-
-
-def field_path(body: Any, loc: tuple[int | str, ...]) -> str:
-    """Render a pydantic location as a path into the caller's JSON.
-
-    Pydantic locations also hold union branch labels (`str`, `list[...]`) and discriminator tags (`text`
-    right after a list index); we walk the input alongside and keep only the steps that exist in it, plus a
-    final missing key.
-    """
-    out: list[str] = []
-    node = body
-    after_index = False
-    last = len(loc) - 1
-    for i, step in enumerate(loc):
-        if isinstance(step, int):
-            if isinstance(node, list) and 0 <= step < len(node):
-                out.append(f"[{step}]")
-                node = node[step]
-                after_index = True
-            continue
-        if isinstance(node, dict):
-            if after_index and node.get("type") == step and i != last:
-                after_index = False  # discriminator tag of the item we just entered
-                continue
-            if step in node:
-                out.append(f".{step}" if out else step)
-                node = node[step]
-            elif i == last:
-                out.append(f".{step}" if out else step)
-        after_index = False
-    return "".join(out)
-
-
-def validate(schema: TypeAdapter[T], body: Any) -> T:
-    """Validate `body` against a wire schema (unknown keys are dropped), raising the 400 on failure."""
-    if not isinstance(body, dict):
-        raise GatewayError("invalid_request", "the request body must be a JSON object")
-    try:
-        return schema.validate_python(body)
-    except ValidationError as exc:
-        raise validation_error(exc, body) from None
+# Pydantic's own phrasing ("Input should be a valid dictionary"). Lax: a number written as a string is
+# taken, as protobuf's JSON mapping (which Gemini's API follows) accepts either form for numeric fields.
+PLAIN_STYLE = Style(
+    strict=False,
+    types={
+        "string_type": "a valid string",
+        "list_type": "a valid list",
+        "dict_type": "a valid dictionary",
+        "model_type": "a valid dictionary",
+        "model_attributes_type": "a valid dictionary",
+        "int_type": "a valid integer",
+        "int_parsing": "a valid integer",
+        "float_type": "a valid number",
+        "float_parsing": "a valid number",
+        "bool_type": "a valid boolean",
+        "bool_parsing": "a valid boolean",
+        "none_required": "None",
+    },
+    not_object="the request body must be a JSON object, got {got}",
+    missing="missing required field {path}",
+    wrong_type="invalid {path}: Input should be {expected}, got {got}",
+    unsupported="unsupported {path} {tag!r}; supported: {supported}",
+    invalid="invalid {path}: {detail}",
+)
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
