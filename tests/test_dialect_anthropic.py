@@ -745,3 +745,19 @@ def test_signature_cache_is_bounded_and_keyed_by_codec() -> None:
     cache(CODEC, "foreign-1")
     cache(CODEC, good)  # evicted by now: verified again
     assert calls == [good, good, "foreign-1", good]
+
+
+def test_signature_cache_keeps_what_the_history_keeps_resending() -> None:
+    calls: list[str] = []
+
+    def decode(codec: ReasoningCodec, token: str) -> str | None:
+        calls.append(token)
+        return None
+
+    cache = SignatureCache(decode, size=2)
+    cache(CODEC, "old")
+    cache(CODEC, "newer")
+    cache(CODEC, "old")  # resent: now the most recently used
+    cache(CODEC, "newest")  # evicts `newer`, not `old`
+    cache(CODEC, "old")
+    assert calls == ["old", "newer", "newest"]

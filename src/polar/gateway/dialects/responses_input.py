@@ -8,9 +8,9 @@ actually sampled. Reasoning is restored verbatim from the `encrypted_content` we
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from typing import Any
 
+from polar.gateway.dialects.wire import SignatureCache
 from polar.gateway.errors import invalid
 from polar.gateway.signatures import ReasoningCodec
 
@@ -134,20 +134,15 @@ def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-@lru_cache(maxsize=2048)
-def _decode(codec: ReasoningCodec, token: str) -> str | None:
-    """Codex resends every earlier reasoning item on every turn; without a cache a session's decoding work
-    (HMAC + zlib, ~5 us a token) grows with the square of its length."""
-    return codec.decode(token)
+# Codex resends every earlier reasoning item on every turn.
+_decode = SignatureCache(ReasoningCodec.decode, size=2048)
 
 
 def _reasoning_text(item: Any, codec: ReasoningCodec) -> str | None:
     """Our own `encrypted_content` restores the exact reasoning; otherwise take what the client kept."""
-    token = item.get("encrypted_content")
-    if token:
-        text = _decode(codec, token)
-        if text is not None:
-            return text
+    text = _decode(codec, item.get("encrypted_content"))
+    if text is not None:
+        return text
     content = item.get("content")
     if content:
         return "".join(c["text"] for c in content)

@@ -1,12 +1,14 @@
 """Helpers the Anthropic and Gemini dialects share at the wire edge.
 
-How both word a validation error (`PLAIN_STYLE`, for `validation.validate`), and the small conversions both
-dialects need (tool arguments text <-> JSON object, data URLs).
+How both word a validation error (`PLAIN_STYLE`, for `validation.validate`), the small conversions both
+dialects need (tool arguments text <-> JSON object, data URLs), and the reasoning-token cache that the
+Responses dialect uses too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -81,29 +83,17 @@ def data_url(mime_type: str, data: str) -> str:
 
 
 class SignatureCache:
-    """Remembers what signatures decode to (their reasoning, or None for a foreign one).
+    """Remembers what reasoning tokens decode to (their reasoning, or None for a foreign one).
 
-    Harnesses send the whole history back on every call, so each signature is verified again and again
-    (HMAC + zlib, about 5 us each; a long Claude Code session carries hundreds). Entries are keyed by the
-    codec object too, so a token is only ever trusted under the key that verified it. Oldest entries go
-    first once `size` is reached.
+    Harnesses send the whole history back on every call, so each token is verified again and again (HMAC +
+    zlib, about 5 us each; a long Claude Code session carries hundreds, a Codex history re-sends every
+    reasoning item): without a cache a session's decoding work grows with the square of its length.
+    Entries are keyed by the codec object too, so a token is only ever trusted under the key that verified
+    it. The least recently used entry goes once `size` is reached.
     """
 
     def __init__(self, decode: Callable[[ReasoningCodec, str], str | None], size: int = 4096) -> None:
-        self._decode = decode
-        self._size = size
-        self._entries: dict[tuple[ReasoningCodec, str], str | None] = {}
+        self._lookup = lru_cache(maxsize=size)(decode)
 
     def __call__(self, codec: ReasoningCodec, token: str | None) -> str | None:
-        if not token:
-            return None
-        key = (codec, token)
-        try:
-            return self._entries[key]
-        except KeyError:
-            pass
-        text = self._decode(codec, token)
-        if len(self._entries) >= self._size:
-            del self._entries[next(iter(self._entries))]
-        self._entries[key] = text
-        return text
+        return self._lookup(codec, token) if token else None
