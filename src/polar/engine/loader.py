@@ -76,6 +76,7 @@ def load_model(
     dt = resolve_dtype(dtype, dev)
     is_tiny = spec is None
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    model_kwargs: dict[str, Any] = {}
     if spec is None:
         path = str(default_model_dir())
         name = served_name or TINY_MODEL_NAME
@@ -85,11 +86,12 @@ def load_model(
         path = str(gguf.parent)
         kwargs["gguf_file"] = gguf.name
         name = served_name or gguf.stem
+        model_kwargs.update(_gguf_overrides(gguf))
     else:
         path = spec
         name = served_name or spec
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, **kwargs, **model_kwargs)
     model.to(dev)  # type: ignore[arg-type]
     model.eval()
     model.requires_grad_(False)
@@ -113,6 +115,23 @@ def load_model(
         dtype=dt,
         is_default_tiny=is_tiny,
     )
+
+
+def _gguf_overrides(path: Path) -> dict[str, Any]:
+    """Config values transformers' GGUF reader drops.
+
+    transformers 5.x maps no `attention.key_length` for `qwen3`, so the head size falls back to Qwen3Config's
+    128 and any other size fails to load with shape mismatches; read it from the file's metadata.
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    arch_field = reader.fields.get("general.architecture")
+    if arch_field is None:
+        return {}
+    arch = str(arch_field.contents())
+    field = reader.fields.get(f"{arch}.attention.key_length")
+    return {"head_dim": int(field.contents())} if field is not None else {}
 
 
 def _vocab_major_lm_head(model: Any) -> None:
