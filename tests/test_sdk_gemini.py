@@ -1,0 +1,232 @@
+"""The official `google-genai` SDK against a running gateway in front of the fake vLLM, as Gemini CLI uses it.
+
+Every call is checked on what the SDK parsed and on the committed record (exact prompt ids of the body the
+server received, exact sampled ids and logprobs). The function-calling loop resends the model's content as
+received, so each prompt extends the previous prompt plus the sampled ids, token for token; reasoning comes
+back exactly through our `thoughtSignature` even when the thought parts are dropped from history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from google import genai
+from google.genai import types
+
+from tests.conftest import FakeBackend, Gateway
+from tests.fakes.fake_vllm import Reply
+from tests.sdk_support import (
+    Sampler,
+    assistant_messages,
+    check_prefix_chain,
+    check_records,
+    prompt_ids,
+    serve_stack,
+    tool_messages,
+)
+
+MODEL = "gemini-2.5-pro"
+SHELL = types.FunctionDeclaration(
+    name="run_shell_command",
+    description="Run a shell command.",
+    parameters_json_schema={
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+)
+# Compact JSON, as the gateway writes a functionCall's `args` back into history: the prefix stays exact.
+LS = '{"command":"ls"}'
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeBackend, Gateway]]:
+    yield from serve_stack(tmp_path_factory.mktemp("sdk"))
+
+
+@pytest.fixture
+def fake_backend(stack: tuple[FakeBackend, Gateway]) -> FakeBackend:
+    return stack[0]
+
+
+@pytest.fixture
+def gateway(stack: tuple[FakeBackend, Gateway]) -> Gateway:
+    return stack[1]
+
+
+def client(gw: Gateway, sid: str) -> genai.Client:
+    # v1beta is what Gemini CLI calls (the SDK's default is v1).
+    return genai.Client(api_key=sid, http_options=types.HttpOptions(base_url=gw.url, api_version="v1beta"))
+
+
+def test_generate_content(gateway: Gateway, fake_backend: FakeBackend) -> None:
+    reply = Reply(content="Hello from the policy.")
+    sampler = Sampler(fake_backend, reply)
+    sid = gateway.new_session()
+    c = client(gateway, sid)  # keep it: a collected genai.Client closes its HTTP client
+    r = c.models.generate_content(
+        model=MODEL,
+        contents="hi",
+        config=types.GenerateContentConfig(
+            system_instruction="You are Gemini CLI.", temperature=0.3, max_output_tokens=300
+        ),
+    )
+    assert r.text == reply.content and r.model_version == MODEL
+    assert r.candidates is not None and r.candidates[0].finish_reason == types.FinishReason.STOP
+
+    (rec,) = check_records(gateway, sid, sampler, dialect="gemini", model=MODEL)
+    upstream = sampler.requests[0]
+    assert upstream["messages"] == [
+        {"role": "system", "content": "You are Gemini CLI."},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
+    assert upstream["temperature"] == 0.3 and upstream["max_tokens"] == 300
+    u = r.usage_metadata
+    assert u is not None and u.prompt_token_count == len(rec.prompt_ids or []) > 0
+    assert u.candidates_token_count == len(rec.response_ids or []) > 0
+    assert r.response_id == rec.completion_id
+
+
+def test_generate_content_stream_with_thoughts(gateway: Gateway, fake_backend: FakeBackend) -> None:
+    reply = Reply(content="The streamed answer.", reasoning="Let me think before streaming.")
+    sampler = Sampler(fake_backend, reply)
+    sid = gateway.new_session()
+    config = types.GenerateContentConfig(
+        thinking_config=types.ThinkingConfig(include_thoughts=True, thinking_budget=-1)
+    )
+    c = client(gateway, sid)
+    chunks = list(c.models.generate_content_stream(model=MODEL, contents="stream it", config=config))
+    parts = [p for c in chunks for p in (c.candidates or [])[0].content.parts or []]  # type: ignore[union-attr]
+    thoughts = [p.text for p in parts if p.thought]
+    answer = "".join(p.text or "" for p in parts if not p.thought)
+    assert thoughts == [reply.reasoning] and answer == reply.content
+    assert sum(1 for p in parts if p.thought_signature) == 1
+    assert len(chunks) == 2 and chunks[-1].candidates[0].finish_reason == types.FinishReason.STOP  # type: ignore[index]
+
+    (rec,) = check_records(gateway, sid, sampler, dialect="gemini", model=MODEL)
+    assert chunks[-1].usage_metadata is not None
+    assert chunks[-1].usage_metadata.prompt_token_count == len(rec.prompt_ids or [])
+    assert sampler.requests[0]["chat_template_kwargs"] == {"enable_thinking": True}
+    assert sampler.requests[0]["stream"] is False
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_function_calling_round_trip(gateway: Gateway, fake_backend: FakeBackend, stream: bool) -> None:
+    replies = [
+        Reply(content="I'll list the files.", tool_calls=[("run_shell_command", LS)]),
+        Reply(content="There is one file, a.txt."),
+    ]
+    sampler = Sampler(fake_backend, *replies)
+    sid = gateway.new_session()
+    c = client(gateway, sid)
+    config = types.GenerateContentConfig(
+        tools=[types.Tool(function_declarations=[SHELL])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+    )
+    contents: list[Any] = [types.Content(role="user", parts=[types.Part(text="what is here?")])]
+
+    def turn() -> types.Content:
+        if not stream:
+            got = c.models.generate_content(model=MODEL, contents=contents, config=config)
+            assert got.candidates and got.candidates[0].content
+            return got.candidates[0].content
+        chunks = list(c.models.generate_content_stream(model=MODEL, contents=contents, config=config))
+        parts = [p for ch in chunks for p in ch.candidates[0].content.parts]  # type: ignore[index,union-attr]
+        return types.Content(role="model", parts=parts)
+
+    first = turn()
+    (call,) = [p.function_call for p in first.parts or [] if p.function_call]
+    assert call.name == "run_shell_command" and call.args == {"command": "ls"} and call.id
+    contents.append(first)
+    contents.append(
+        types.Content(
+            role="user",
+            parts=[
+                types.Part(
+                    function_response=types.FunctionResponse(
+                        id=call.id, name=call.name, response={"output": "a.txt"}
+                    )
+                )
+            ],
+        )
+    )
+
+    second = turn()
+    assert "".join(p.text or "" for p in second.parts or []) == "There is one file, a.txt."
+
+    recs = check_records(gateway, sid, sampler, dialect="gemini", model=MODEL)
+    assert [r.finish_reason for r in recs] == ["tool_calls", "stop"]
+    assert tool_messages(sampler.requests[1]) == [
+        {"role": "tool", "tool_call_id": call.id, "content": "a.txt"}
+    ]
+    assert assistant_messages(sampler.requests[1]) == [
+        {
+            "role": "assistant",
+            "content": "I'll list the files.",
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": "run_shell_command", "arguments": LS},
+                }
+            ],
+        }
+    ]
+    check_prefix_chain(recs)
+
+
+def test_thought_signature_restores_reasoning_exactly(gateway: Gateway, fake_backend: FakeBackend) -> None:
+    reasoning = "First list the files.\nThen answer — «exactly» this text must come back."
+    replies = [
+        Reply(reasoning=reasoning, tool_calls=[("run_shell_command", LS)]),
+        Reply(content="Done.", reasoning="Short."),
+    ]
+    sampler = Sampler(fake_backend, *replies)
+    sid = gateway.new_session()
+    c = client(gateway, sid)
+    config = types.GenerateContentConfig(
+        tools=[types.Tool(function_declarations=[SHELL])],
+        automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
+        thinking_config=types.ThinkingConfig(include_thoughts=True, thinking_budget=8192),
+    )
+    contents: list[Any] = [types.Content(role="user", parts=[types.Part(text="list")])]
+
+    first = c.models.generate_content(model=MODEL, contents=contents, config=config)
+    assert first.candidates and first.candidates[0].content and first.candidates[0].content.parts
+    thought, call_part = first.candidates[0].content.parts
+    assert thought.thought and thought.text == reasoning
+    assert call_part.function_call is not None and call_part.thought_signature
+    # Gemini CLI keeps the signed part but drops thought parts from the history it resends.
+    contents.append(types.Content(role="model", parts=[call_part]))
+    fc = call_part.function_call
+    contents.append(
+        types.Content(
+            role="user",
+            parts=[types.Part.from_function_response(name=fc.name or "", response={"output": "a.txt"})],
+        )
+    )
+    second = c.models.generate_content(model=MODEL, contents=contents, config=config)
+    assert second.text == "Done."
+
+    recs = check_records(gateway, sid, sampler, dialect="gemini", model=MODEL)
+    (assistant,) = assistant_messages(sampler.requests[1])
+    assert assistant["reasoning_content"] == reasoning
+    # A functionResponse without an id is matched to the oldest unanswered call of that name.
+    assert tool_messages(sampler.requests[1]) == [{"role": "tool", "tool_call_id": fc.id, "content": "a.txt"}]
+    check_prefix_chain(recs)
+
+
+def test_count_tokens_matches_the_prompt_of_the_call(gateway: Gateway, fake_backend: FakeBackend) -> None:
+    sampler = Sampler(fake_backend, Reply(content="ok"))
+    sid = gateway.new_session()
+    c = client(gateway, sid)
+    contents = [types.Content(role="user", parts=[types.Part(text="How many tokens is this?")])]
+    counted = c.models.count_tokens(model=MODEL, contents=contents)
+    assert gateway.completions(sid) == []  # counting is not a generation
+    r = c.models.generate_content(model=MODEL, contents=contents)
+    (rec,) = check_records(gateway, sid, sampler, dialect="gemini", model=MODEL)
+    assert counted.total_tokens == len(rec.prompt_ids or []) == r.usage_metadata.prompt_token_count  # type: ignore[union-attr]
+    (tokenized,) = fake_backend.app.tokenize_requests
+    assert counted.total_tokens == len(prompt_ids(tokenized))
