@@ -18,6 +18,8 @@ from polar.store.sqlite import SQLiteStore
 from tests.fakes.server import ServerThread, serve
 
 SERVED_MODEL = "fake-policy"
+# One client for the fixtures' control-plane calls: a new httpx.Client costs ~20 ms (certificate loading).
+_HTTP = httpx.Client(timeout=60)
 
 
 @dataclass
@@ -37,12 +39,12 @@ class Gateway:
         return {"authorization": f"Bearer {self.control_token}"} if self.control_token else {}
 
     def new_session(self, **metadata: Any) -> str:
-        r = httpx.post(f"{self.url}/sessions", json=metadata, headers=self._headers())
+        r = _HTTP.post(f"{self.url}/sessions", json=metadata, headers=self._headers())
         assert r.status_code == 201, r.text
         return str(r.json()["session_id"])
 
     def completions(self, session_id: str) -> list[CompletionRecord]:
-        r = httpx.get(f"{self.url}/sessions/{session_id}/completions", headers=self._headers())
+        r = _HTTP.get(f"{self.url}/sessions/{session_id}/completions", headers=self._headers())
         assert r.status_code == 200, r.text
         return [CompletionRecord.from_json(d) for d in r.json()["completions"]]
 

@@ -463,10 +463,6 @@ def test_backend_without_token_ids_answers_but_is_not_trainable(
         assert rec.usage["prompt_tokens"] > 0  # usage still comes from the server's own count
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proxy answers a failed json-array Gemini stream with SSE frames a JSON-array client cannot parse",
-)
 def test_gemini_json_array_stream_failure_is_json(gw: Gateway, backend: FakeInferenceServer) -> None:
     """`:streamGenerateContent` without `alt=sse` answers one JSON array; its failure must be JSON too."""
     backend.set(status=503)

@@ -189,8 +189,9 @@ class Proxy:
             state.counts["completions"] += 1
         except GatewayError as err:
             await self._record_failure(state, seq, dialect, created, body, err)
-            if req is not None and req.stream:
-                # The harness asked for a stream: answer in its grammar, with the dialect's error event.
+            if req is not None and req.stream and stream_format == "sse":
+                # The harness asked for an SSE stream: answer in its grammar, with the dialect's error event.
+                # (Gemini's JSON-array stream is one JSON document, so its errors stay plain JSON.)
                 return Response(
                     dialect.stream_error(err), media_type="text/event-stream", headers=SSE_HEADERS
                 )
