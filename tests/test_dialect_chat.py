@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import orjson
 import pytest
@@ -20,6 +19,13 @@ from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
 from polar.gateway.dialects.chat import ChatDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
+from tests.dialect_support import (
+    assert_parsed_or_refused,
+    mutate,
+    openai_client,
+    openai_refusal,
+    sse_response,
+)
 
 CODEC = ReasoningCodec(b"test-key")
 CHAT = ChatDialect()
@@ -36,19 +42,6 @@ EXEC_TOOL = {
         },
     },
 }
-
-
-def client(handler: Callable[[httpx.Request], httpx.Response]) -> openai.OpenAI:
-    transport = httpx.MockTransport(handler)
-    return openai.OpenAI(
-        api_key="session-key",
-        base_url="http://gateway.test/v1",
-        http_client=httpx.Client(transport=transport),
-    )
-
-
-def sse_response(frames: list[bytes]) -> httpx.Response:
-    return httpx.Response(200, content=b"".join(frames), headers={"content-type": "text/event-stream"})
 
 
 def completion(**kw: Any) -> Completion:
@@ -339,17 +332,7 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
 
 @pytest.mark.parametrize(("case", "body", "param"), BAD_BODIES, ids=[c[0] for c in BAD_BODIES])
 def test_bad_body_is_a_400_naming_the_field(case: str, body: Any, param: str | None) -> None:
-    with pytest.raises(GatewayError) as info:
-        CHAT.parse(body, CODEC)
-    err = info.value
-    assert err.kind == "invalid_request"
-    assert err.param == param
-    status, envelope = CHAT.error(err)
-    assert status == 400
-    assert envelope["error"]["type"] == "invalid_request_error"
-    assert envelope["error"]["param"] == param
-    if param is not None:
-        assert param in envelope["error"]["message"]
+    openai_refusal(CHAT, body, CODEC, param)
 
 
 def test_type_errors_name_every_accepted_type() -> None:
@@ -401,10 +384,10 @@ def test_render_is_a_chat_completion_the_sdk_parses() -> None:
     body = CHAT.render(req, TOOL_COMPLETION, CODEC)
     ChatCompletion.model_validate(body)  # strict shape check, independent of the SDK's lenient parsing
 
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=orjson.dumps(body), headers={"content-type": "application/json"})
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=orjson.dumps(body), headers={"content-type": "application/json"})
 
-    out = client(handler).chat.completions.create(
+    out = openai_client(handler).chat.completions.create(
         model="asked-model", messages=[{"role": "user", "content": "hi"}]
     )
     assert out.model == "asked-model"
@@ -435,7 +418,7 @@ def stream_with_sdk(req: CanonicalRequest, comp: Completion) -> list[ChatComplet
     assert frames[-1] == b"data: [DONE]\n\n"
     for f in frames[:-1]:  # every chunk is a valid ChatCompletionChunk, strictly validated
         ChatCompletionChunk.model_validate(orjson.loads(f.removeprefix(b"data: ")))
-    c = client(lambda _: sse_response(frames))
+    c = openai_client(lambda _: sse_response(frames))
     return list(
         c.chat.completions.create(
             model="asked-model", messages=[{"role": "user", "content": "x"}], stream=True
@@ -486,7 +469,7 @@ def test_stream_without_include_usage_has_no_usage_chunk() -> None:
 
 def test_sdk_stream_helper_builds_the_final_completion() -> None:
     frames = list(CHAT.stream(canonical(include_usage=True), TOOL_COMPLETION, CODEC))
-    c = client(lambda _: sse_response(frames))
+    c = openai_client(lambda _: sse_response(frames))
     with c.chat.completions.stream(model="asked-model", messages=[{"role": "user", "content": "x"}]) as s:
         final = s.get_final_completion()
     msg = final.choices[0].message
@@ -499,15 +482,15 @@ def test_sdk_stream_helper_builds_the_final_completion() -> None:
 
 def test_tool_call_round_trip_through_the_sdk() -> None:
     """What the SDK parsed from our answer, sent back as history, parses to the same call and reasoning."""
-    first = client(lambda _: sse_response(list(CHAT.stream(canonical(), TOOL_COMPLETION, CODEC))))
+    first = openai_client(lambda _: sse_response(list(CHAT.stream(canonical(), TOOL_COMPLETION, CODEC))))
     with first.chat.completions.stream(model="asked-model", messages=[{"role": "user", "content": "x"}]) as s:
         message = s.get_final_completion().choices[0].message
 
     captured: list[Any] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         captured.append(json.loads(request.content))
-        return httpx.Response(200, content=orjson.dumps(CHAT.render(canonical(), completion(), CODEC)))
+        return httpx2.Response(200, content=orjson.dumps(CHAT.render(canonical(), completion(), CODEC)))
 
     history: list[Any] = [
         {"role": "user", "content": "run echo hi-from-tool"},
@@ -515,7 +498,7 @@ def test_tool_call_round_trip_through_the_sdk() -> None:
         {"role": "tool", "tool_call_id": "call_a1", "content": "hi-from-tool\n"},
         {"role": "tool", "tool_call_id": "call_a2", "content": "total 0\n"},
     ]
-    client(handler).chat.completions.create(model="asked-model", messages=history, tools=[EXEC_TOOL])  # type: ignore[list-item]
+    openai_client(handler).chat.completions.create(model="asked-model", messages=history, tools=[EXEC_TOOL])  # type: ignore[list-item]
     req = CHAT.parse(captured[0], CODEC)
     assistant = req.messages[1]
     assert assistant["role"] == "assistant"
@@ -543,7 +526,7 @@ def test_context_length_error_uses_openai_wording() -> None:
             "code": "context_length_exceeded",
         }
     }
-    c = client(lambda _: httpx.Response(status, content=orjson.dumps(envelope)))
+    c = openai_client(lambda _: httpx2.Response(status, content=orjson.dumps(envelope)))
     with pytest.raises(openai.BadRequestError) as info:
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     assert info.value.code == "context_length_exceeded"
@@ -575,7 +558,7 @@ def test_error_kinds_map_to_openai_envelopes(
         "param": None,
         "code": code,
     }
-    c = client(lambda _: httpx.Response(got_status, content=orjson.dumps(envelope)))
+    c = openai_client(lambda _: httpx2.Response(got_status, content=orjson.dumps(envelope)))
     with pytest.raises(exc) as info:
         c.with_options(max_retries=0).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "x"}]
@@ -593,7 +576,7 @@ def test_stream_error_raises_in_the_sdk() -> None:
     err = GatewayError("upstream_error", "upstream inference server went away")
     frames = [*ok, CHAT.stream_error(err)]
     assert frames[-1].endswith(b"data: [DONE]\n\n")
-    c = client(lambda _: sse_response(frames))
+    c = openai_client(lambda _: sse_response(frames))
     got: list[ChatCompletionChunk] = []
     with pytest.raises(openai.APIError) as info:
         for chunk in c.chat.completions.create(
@@ -607,56 +590,8 @@ def test_stream_error_raises_in_the_sdk() -> None:
 
 # ---------------------------------------------------------------------------------------------- fuzzing
 
-# Integers stay in the range orjson (the gateway's JSON decoder) can produce.
-JSON_LEAF = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**63), 2**64 - 1),
-    st.floats(allow_nan=False),
-    st.text(max_size=8),
-)
-JSON = st.recursive(
-    JSON_LEAF,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=10,
-)
-
-
-def mutate(node: Any, data: st.DataObject, depth: int = 0) -> Any:
-    """Replace, delete or recurse into one randomly chosen place of a JSON value."""
-    if isinstance(node, dict) and node and depth < 6:
-        key = data.draw(st.sampled_from(sorted(node)))
-        action = data.draw(st.sampled_from(["replace", "delete", "recurse", "recurse"]))
-        out = dict(node)
-        if action == "delete":
-            del out[key]
-        elif action == "replace":
-            out[key] = data.draw(JSON)
-        else:
-            out[key] = mutate(node[key], data, depth + 1)
-        return out
-    if isinstance(node, list) and node and depth < 6:
-        i = data.draw(st.integers(0, len(node) - 1))
-        out_list = list(node)
-        out_list[i] = mutate(node[i], data, depth + 1) if data.draw(st.booleans()) else data.draw(JSON)
-        return out_list
-    return data.draw(JSON)
-
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_any_mutation_is_parsed_or_refused_by_field(data: st.DataObject) -> None:
-    body = mutate(qwen_code_body(), data)
-    try:
-        req = CHAT.parse(body, CODEC)
-    except GatewayError as err:
-        assert err.kind == "invalid_request"
-        status, envelope = CHAT.error(err)
-        assert status == 400 and envelope["error"]["message"]
-        orjson.dumps(envelope)
-        if err.param is not None:
-            assert err.param in err.message
-        return
-    # Whatever parses can be answered, in both forms.
-    orjson.dumps(CHAT.render(req, TOOL_COMPLETION, CODEC))
-    assert b"".join(CHAT.stream(req, TOOL_COMPLETION, CODEC))
+    assert_parsed_or_refused(CHAT, mutate(qwen_code_body(), data), CODEC, TOOL_COMPLETION)

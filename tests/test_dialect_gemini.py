@@ -16,6 +16,8 @@ import pytest
 from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
 from polar.gateway.dialects.gemini import GeminiDialect
@@ -24,6 +26,7 @@ from polar.gateway.dialects.gemini_schema import to_json_schema
 from polar.gateway.dialects.wire import RAW_ARGUMENTS_KEY
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
+from tests.dialect_support import assert_parsed_or_refused, mutate, refusal
 
 DATA = Path(__file__).parent / "data"
 CODEC = ReasoningCodec(b"test-key")
@@ -85,10 +88,7 @@ def sdk_client(comp: Completion, seen: list[CanonicalRequest] | None = None) -> 
 
 
 def parse_error(body: Any, model: str | None = "m") -> GatewayError:
-    with pytest.raises(GatewayError) as info:
-        parse(body, model)
-    assert info.value.kind == "invalid_request" and info.value.status == 400
-    return info.value
+    return refusal(lambda b: parse(b, model), body)
 
 
 TOOLS = types.Tool(
@@ -675,3 +675,10 @@ def test_parse_does_not_mutate_the_body() -> None:
     before = copy.deepcopy(body)
     parse(body)
     assert body == before
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_any_mutation_is_parsed_or_refused_by_field(data: st.DataObject) -> None:
+    body = mutate(gemini_cli_body(), data)
+    assert_parsed_or_refused(D, body, CODEC, completion(), path_model="gemini-2.5-pro", path_stream=False)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
 from typing import Any
 
-import httpx
+import httpx2
 import openai
 import orjson
 import pytest
@@ -22,6 +21,13 @@ from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
 from polar.gateway.dialects.responses import ResponsesDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
+from tests.dialect_support import (
+    assert_parsed_or_refused,
+    mutate,
+    openai_client,
+    openai_refusal,
+    sse_response,
+)
 
 CODEC = ReasoningCodec(b"test-key")
 RESP = ResponsesDialect()
@@ -58,19 +64,6 @@ WEB_SEARCH = {"type": "web_search", "external_web_access": False}
 PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** End Patch\n"
 REASONING_1 = "The user wants hi printed. I will run echo through exec_command first."
 REASONING_2 = "It worked. Now create the file with apply_patch."
-
-
-def client(handler: Callable[[httpx.Request], httpx.Response]) -> openai.OpenAI:
-    transport = httpx.MockTransport(handler)
-    return openai.OpenAI(
-        api_key="session-key",
-        base_url="http://gateway.test/v1",
-        http_client=httpx.Client(transport=transport),
-    )
-
-
-def sse_response(frames: list[bytes]) -> httpx.Response:
-    return httpx.Response(200, content=b"".join(frames), headers={"content-type": "text/event-stream"})
 
 
 def completion(**kw: Any) -> Completion:
@@ -472,17 +465,7 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
 
 @pytest.mark.parametrize(("case", "body", "param"), BAD_BODIES, ids=[c[0] for c in BAD_BODIES])
 def test_bad_body_is_a_400_naming_the_field(case: str, body: Any, param: str | None) -> None:
-    with pytest.raises(GatewayError) as info:
-        RESP.parse(body, CODEC)
-    err = info.value
-    assert err.kind == "invalid_request"
-    assert err.param == param
-    status, envelope = RESP.error(err)
-    assert status == 400
-    assert envelope["error"]["type"] == "invalid_request_error"
-    assert envelope["error"]["param"] == param
-    if param is not None:
-        assert param in envelope["error"]["message"]
+    openai_refusal(RESP, body, CODEC, param)
 
 
 def test_unsupported_item_message_names_the_type() -> None:
@@ -515,7 +498,7 @@ def test_render_is_a_response_the_sdk_parses() -> None:
     body = RESP.render(req, TOOL_COMPLETION, CODEC)
     Response.model_validate(body)  # strict shape check, independent of the SDK's lenient parsing
 
-    c = client(lambda _: httpx.Response(200, content=orjson.dumps(body)))
+    c = openai_client(lambda _: httpx2.Response(200, content=orjson.dumps(body)))
     out = c.responses.create(model="qwen3-policy", input="x")
     assert out.id == "resp_xyz789"
     assert out.model == "qwen3-policy"
@@ -622,7 +605,7 @@ def test_stream_grammar() -> None:
 def test_stream_through_the_sdk_matches_render() -> None:
     req = parsed_request()
     frames = list(RESP.stream(req, TOOL_COMPLETION, CODEC))
-    c = client(lambda _: sse_response(frames))
+    c = openai_client(lambda _: sse_response(frames))
     events = list(c.responses.create(model="qwen3-policy", input="x", stream=True))
     types = [e.type for e in events]
     assert "response.function_call_arguments.delta" in types
@@ -648,7 +631,7 @@ def test_stream_of_a_truncated_answer_ends_incomplete() -> None:
     events = raw_events(frames)
     assert events[-1]["type"] == "response.incomplete"
     assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
-    c = client(lambda _: sse_response(frames))
+    c = openai_client(lambda _: sse_response(frames))
     last = list(c.responses.create(model="m", input="x", stream=True))[-1]
     assert last.type == "response.incomplete"
 
@@ -656,15 +639,15 @@ def test_stream_of_a_truncated_answer_ends_incomplete() -> None:
 def test_round_trip_through_the_sdk_restores_calls_and_reasoning() -> None:
     """Stream an answer, let the SDK build the final response, send its output back as Codex does (plus the
     tool outputs), and parse: the same calls, the reasoning verbatim from encrypted_content."""
-    first = client(lambda _: sse_response(list(RESP.stream(parsed_request(), TOOL_COMPLETION, CODEC))))
+    first = openai_client(lambda _: sse_response(list(RESP.stream(parsed_request(), TOOL_COMPLETION, CODEC))))
     with first.responses.stream(model="qwen3-policy", input=CONTEXT) as s:  # type: ignore[arg-type]
         output = s.get_final_response().output
 
     captured: list[Any] = []
 
-    def handler(request: httpx.Request) -> httpx.Response:
+    def handler(request: httpx2.Request) -> httpx2.Response:
         captured.append(json.loads(request.content))
-        return httpx.Response(200, content=orjson.dumps(RESP.render(parsed_request(), completion(), CODEC)))
+        return httpx2.Response(200, content=orjson.dumps(RESP.render(parsed_request(), completion(), CODEC)))
 
     resent: list[Any] = [
         *CONTEXT,
@@ -678,7 +661,7 @@ def test_round_trip_through_the_sdk_restores_calls_and_reasoning() -> None:
         {"type": "function_call_output", "call_id": "call_x1", "output": "hello.txt\n"},
         {"type": "custom_tool_call_output", "call_id": "call_x2", "output": "Success."},
     ]
-    client(handler).responses.create(
+    openai_client(handler).responses.create(
         model="qwen3-policy",
         input=resent,
         tools=[EXEC_COMMAND, APPLY_PATCH],  # type: ignore[list-item]
@@ -721,7 +704,7 @@ def test_context_length_error() -> None:
     assert (e["type"], e["code"], e["param"]) == ("invalid_request_error", "context_length_exceeded", "input")
     assert e["message"].startswith("Your input exceeds the context window of this model")
     assert "140000" in e["message"] and "131072" in e["message"]
-    c = client(lambda _: httpx.Response(status, content=orjson.dumps(envelope)))
+    c = openai_client(lambda _: httpx2.Response(status, content=orjson.dumps(envelope)))
     with pytest.raises(openai.BadRequestError) as info:
         c.responses.create(model="m", input="x")
     assert info.value.code == "context_length_exceeded"
@@ -744,7 +727,7 @@ def test_stream_error_for_codex_and_the_sdk() -> None:
     assert events[1]["response"]["status"] == "failed"
     assert events[1]["response"]["error"]["code"] == "context_length_exceeded"
     # The nested error object makes the SDK raise, for raw streams and for the stream helper.
-    c = client(lambda _: sse_response([frames]))
+    c = openai_client(lambda _: sse_response([frames]))
     with pytest.raises(openai.APIError) as info:
         list(c.responses.create(model="m", input="x", stream=True))
     assert "context window" in info.value.message
@@ -765,56 +748,8 @@ def test_stream_error_code_for_upstream_failures() -> None:
 
 # ---------------------------------------------------------------------------------------------- fuzzing
 
-# Integers stay in the range orjson (the gateway's JSON decoder) can produce.
-JSON_LEAF = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**63), 2**64 - 1),
-    st.floats(allow_nan=False),
-    st.text(max_size=8),
-)
-JSON = st.recursive(
-    JSON_LEAF,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=10,
-)
-
-
-def mutate(node: Any, data: st.DataObject, depth: int = 0) -> Any:
-    """Replace, delete or recurse into one randomly chosen place of a JSON value."""
-    if isinstance(node, dict) and node and depth < 6:
-        key = data.draw(st.sampled_from(sorted(node)))
-        action = data.draw(st.sampled_from(["replace", "delete", "recurse", "recurse"]))
-        out = dict(node)
-        if action == "delete":
-            del out[key]
-        elif action == "replace":
-            out[key] = data.draw(JSON)
-        else:
-            out[key] = mutate(node[key], data, depth + 1)
-        return out
-    if isinstance(node, list) and node and depth < 6:
-        i = data.draw(st.integers(0, len(node) - 1))
-        out_list = list(node)
-        out_list[i] = mutate(node[i], data, depth + 1) if data.draw(st.booleans()) else data.draw(JSON)
-        return out_list
-    return data.draw(JSON)
-
 
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_any_mutation_is_parsed_or_refused_by_field(data: st.DataObject) -> None:
-    body = mutate(codex_body(history_items()), data)
-    try:
-        req = RESP.parse(body, CODEC)
-    except GatewayError as err:
-        assert err.kind == "invalid_request"
-        status, envelope = RESP.error(err)
-        assert status == 400 and envelope["error"]["message"]
-        orjson.dumps(envelope)
-        if err.param is not None:
-            assert err.param in err.message
-        return
-    # Whatever parses can be answered, in both forms.
-    orjson.dumps(RESP.render(req, TOOL_COMPLETION, CODEC))
-    assert b"".join(RESP.stream(req, TOOL_COMPLETION, CODEC))
+    assert_parsed_or_refused(RESP, mutate(codex_body(history_items()), data), CODEC, TOOL_COMPLETION)

@@ -13,17 +13,10 @@ from polar.gateway.dialects.gemini import GeminiDialect
 from polar.gateway.dialects.openai_wire import OPENAI_STYLE
 from polar.gateway.dialects.validation import Style, field_path
 from polar.gateway.dialects.wire import PLAIN_STYLE
-from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
+from tests.dialect_support import refusal
 
 CODEC = ReasoningCodec(b"test-key")
-
-
-def refusal(parse: Any, body: Any) -> GatewayError:
-    with pytest.raises(GatewayError) as info:
-        parse(body)
-    assert info.value.kind == "invalid_request" and info.value.status == 400
-    return info.value
 
 
 def anthropic(body: Any) -> Any:
