@@ -29,7 +29,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fakes.server import free_port  # noqa: E402
+from polar.serving import free_port  # noqa: E402
 
 SYSTEM = "You are a coding agent. " + "Follow the repository conventions and explain nothing. " * 30
 TOOLS = [
