@@ -24,7 +24,6 @@ class SessionState:
     metadata: dict[str, Any]
     next_seq: int = 0
     closed: bool = False
-    in_flight: int = 0
     counts: dict[str, int] = field(default_factory=lambda: {"completions": 0, "failures": 0})
 
     def take_seq(self) -> int:
@@ -74,4 +73,6 @@ class SessionRegistry:
             return False
         state.closed = True
         await self._writer.write(lambda w: w.close_session(session_id))
+        # A closed session is read back from the store if asked for again; memory holds live ones only.
+        self._live.pop(session_id, None)
         return True
