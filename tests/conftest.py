@@ -66,17 +66,41 @@ def start_gateway(backend_url: str, tmp_path: Path, **overrides: Any) -> Gateway
     return Gateway(server.url, config.store_path, server, config.control_token)
 
 
+@pytest.fixture(scope="module")
+def module_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeBackend, Gateway]]:
+    """One fake backend and gateway shared by a module marked `shared_stack` (starting and stopping a pair
+    for every test costs ~0.35 s; modules whose tests use fresh sessions can share one)."""
+    from tests.sdk_support import serve_stack
+
+    yield from serve_stack(tmp_path_factory.mktemp("stack"))
+
+
+def _shared(request: pytest.FixtureRequest) -> tuple[FakeBackend, Gateway] | None:
+    if request.node.get_closest_marker("shared_stack") is None:
+        return None
+    stack: tuple[FakeBackend, Gateway] = request.getfixturevalue("module_stack")
+    return stack
+
+
 @pytest.fixture
-def fake_backend() -> Iterator[FakeBackend]:
+def fake_backend(request: pytest.FixtureRequest) -> Iterator[FakeBackend]:
     from tests.fakes.fake_vllm import make_fake_backend
 
+    shared = _shared(request)
+    if shared is not None:
+        yield shared[0]
+        return
     app = make_fake_backend("vllm")
     with serve(app) as srv:
         yield FakeBackend(srv.url, app)
 
 
 @pytest.fixture
-def gateway(fake_backend: FakeBackend, tmp_path: Path) -> Iterator[Gateway]:
+def gateway(request: pytest.FixtureRequest, fake_backend: FakeBackend, tmp_path: Path) -> Iterator[Gateway]:
+    shared = _shared(request)
+    if shared is not None:
+        yield shared[1]
+        return
     gw = start_gateway(fake_backend.url, tmp_path)
     try:
         yield gw

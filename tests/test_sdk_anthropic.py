@@ -8,7 +8,6 @@ comes back through our signature exactly even when the visible text was dropped.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -23,9 +22,11 @@ from tests.sdk_support import (
     check_prefix_chain,
     check_records,
     prompt_ids,
-    serve_stack,
     tool_messages,
 )
+
+# One fake backend and gateway for the whole module (see conftest.module_stack).
+pytestmark = pytest.mark.shared_stack
 
 MODEL = "claude-sonnet-4-6"
 BASH_TOOL: dict[str, Any] = {
@@ -40,21 +41,6 @@ BASH_TOOL: dict[str, Any] = {
 # Compact JSON, as the gateway writes a tool_use `input` back into history: the prefix stays exact.
 LS = '{"command":"ls"}'
 CAT = '{"command":"cat a.txt"}'
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeBackend, Gateway]]:
-    yield from serve_stack(tmp_path_factory.mktemp("sdk"))
-
-
-@pytest.fixture
-def fake_backend(stack: tuple[FakeBackend, Gateway]) -> FakeBackend:
-    return stack[0]
-
-
-@pytest.fixture
-def gateway(stack: tuple[FakeBackend, Gateway]) -> Gateway:
-    return stack[1]
 
 
 def client(gw: Gateway, sid: str) -> anthropic.Anthropic:

@@ -8,7 +8,6 @@ back exactly through our `thoughtSignature` even when the thought parts are drop
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,9 +22,11 @@ from tests.sdk_support import (
     check_prefix_chain,
     check_records,
     prompt_ids,
-    serve_stack,
     tool_messages,
 )
+
+# One fake backend and gateway for the whole module (see conftest.module_stack).
+pytestmark = pytest.mark.shared_stack
 
 MODEL = "gemini-2.5-pro"
 SHELL = types.FunctionDeclaration(
@@ -39,21 +40,6 @@ SHELL = types.FunctionDeclaration(
 )
 # Compact JSON, as the gateway writes a functionCall's `args` back into history: the prefix stays exact.
 LS = '{"command":"ls"}'
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeBackend, Gateway]]:
-    yield from serve_stack(tmp_path_factory.mktemp("sdk"))
-
-
-@pytest.fixture
-def fake_backend(stack: tuple[FakeBackend, Gateway]) -> FakeBackend:
-    return stack[0]
-
-
-@pytest.fixture
-def gateway(stack: tuple[FakeBackend, Gateway]) -> Gateway:
-    return stack[1]
 
 
 def client(gw: Gateway, sid: str) -> genai.Client:

@@ -9,7 +9,6 @@ each prompt must extend the previous prompt plus the sampled ids, token for toke
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -22,9 +21,11 @@ from tests.sdk_support import (
     assistant_messages,
     check_prefix_chain,
     check_records,
-    serve_stack,
     tool_messages,
 )
+
+# One fake backend and gateway for the whole module (see conftest.module_stack).
+pytestmark = pytest.mark.shared_stack
 
 SHELL_TOOL: dict[str, Any] = {
     "type": "function",
@@ -40,21 +41,6 @@ SHELL_TOOL: dict[str, Any] = {
 }
 RESPONSES_SHELL: dict[str, Any] = {"type": "function", **SHELL_TOOL["function"], "strict": False}
 LS = '{"command":"ls -a"}'
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeBackend, Gateway]]:
-    yield from serve_stack(tmp_path_factory.mktemp("sdk"))
-
-
-@pytest.fixture
-def fake_backend(stack: tuple[FakeBackend, Gateway]) -> FakeBackend:
-    return stack[0]
-
-
-@pytest.fixture
-def gateway(stack: tuple[FakeBackend, Gateway]) -> Gateway:
-    return stack[1]
 
 
 def client(gw: Gateway, sid: str) -> openai.OpenAI:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -31,26 +31,19 @@ from polar.trajectory import Trajectory, audit, build
 from tests.conftest import FakeBackend, Gateway
 from tests.fakes.chatml import IM_END
 from tests.fakes.fake_vllm import Reply
-from tests.sdk_support import TOKENIZER, Sampler, prompt_ids, sampled_ids, serve_stack
+from tests.sdk_support import (
+    TOKENIZER,
+    Sampler,
+    prompt_ids,
+    sampled_ids,
+)
 from tests.test_trajectory_invariants import check_session
+
+# One fake backend and gateway for the whole module (see conftest.module_stack).
+pytestmark = pytest.mark.shared_stack
 
 DATA = Path(__file__).parent / "data"
 QUIRK = "quirk:claude_code_billing_header"
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeBackend, Gateway]]:
-    yield from serve_stack(tmp_path_factory.mktemp("traffic"))
-
-
-@pytest.fixture
-def fake_backend(stack: tuple[FakeBackend, Gateway]) -> FakeBackend:
-    return stack[0]
-
-
-@pytest.fixture
-def gateway(stack: tuple[FakeBackend, Gateway]) -> Gateway:
-    return stack[1]
 
 
 def recorded(gw: Gateway, sid: str, sampler: Sampler) -> list[CompletionRecord]:

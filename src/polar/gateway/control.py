@@ -107,22 +107,22 @@ async def get_session(request: Request) -> Response:
     )
 
 
-@guarded
-async def list_completions(request: Request) -> Response:
-    sid = request.path_params["session_id"]
-    if _proxy(request).sessions.get(sid) is None:
-        return _error(404, f"no session {sid}", "not_found_error")
-    records = await _read_store(request, lambda s: s.completions(sid))
-    return _json({"session_id": sid, "completions": [r.to_json() for r in records]})
+def _records_of(kind: str) -> Any:
+    """`GET /sessions/{id}/completions` and `/failures`: the session's records of that kind, in call order."""
+
+    @guarded
+    async def handler(request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        if _proxy(request).sessions.get(sid) is None:
+            return _error(404, f"no session {sid}", "not_found_error")
+        records = await _read_store(request, lambda s: getattr(s, kind)(sid))
+        return _json({"session_id": sid, kind: [r.to_json() for r in records]})
+
+    return handler
 
 
-@guarded
-async def list_failures(request: Request) -> Response:
-    sid = request.path_params["session_id"]
-    if _proxy(request).sessions.get(sid) is None:
-        return _error(404, f"no session {sid}", "not_found_error")
-    records = await _read_store(request, lambda s: s.failures(sid))
-    return _json({"session_id": sid, "failures": [r.to_json() for r in records]})
+list_completions = _records_of("completions")
+list_failures = _records_of("failures")
 
 
 @guarded
