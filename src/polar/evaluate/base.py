@@ -1,0 +1,44 @@
+"""The evaluator contract.
+
+An evaluator sees the finished session (its runtime, still alive; the harness's result; the trajectory) and,
+when it asks for one, a *fresh* runtime prepared from the task while the agent ran, where it can apply the
+agent's diff and run tests without anything the agent left behind. It returns one outcome reward (broadcast
+to every trace) or one reward per trace. Rewards are fail-closed: the node, not the evaluator, masks errors
+and zeroes non-completed sessions (see `polar.rollout.rewards`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from polar.runtime.base import ExecResult, Runtime
+from polar.trajectory.models import Trajectory
+
+
+@dataclass(frozen=True)
+class EvalContext:
+    task: Any  # polar.rollout.task.Task
+    session_id: str
+    runtime: Runtime  # the agent's runtime, after the agent finished
+    fresh: Runtime | None  # a clean runtime prepared from the task (when the evaluator asked for one)
+    agent: ExecResult | None  # the harness process's result (None if it never ran)
+    trajectory: Trajectory
+    config: dict[str, Any] = field(default_factory=dict)  # the task's evaluator.config
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    reward: float | None  # outcome reward, broadcast to every trace; None: see trace_rewards
+    trace_rewards: list[float] | None = None  # one per trace, when the evaluator scores them apart
+    passed: bool | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Evaluator(Protocol):
+    name: str
+    needs_fresh_runtime: bool
+
+    async def evaluate(self, ctx: EvalContext) -> EvalResult:
+        """Raise on an evaluator failure (it becomes an ERROR session, fully masked), never guess."""
+        ...

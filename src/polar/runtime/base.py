@@ -1,0 +1,72 @@
+"""The one interface every runtime offers.
+
+A runtime is created per session (or per evaluation) from a `RuntimeSpec`, started once, used through
+`exec`/`upload`/`download`, and stopped. `cancel` kills everything it started (the whole process tree) and
+must be safe to call at any time, from any task, even while an `exec` is running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+RuntimeBackend = Literal["local", "bwrap", "docker", "apptainer"]
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    backend: RuntimeBackend = "local"
+    image: str | None = None  # docker/apptainer image; unused by local and bwrap
+    workdir: str = "workspace"  # relative to the session directory (local/bwrap) or absolute in a container
+    env: dict[str, str] = field(default_factory=dict)
+    network: Literal["gateway", "host", "none"] = "gateway"  # gateway: loopback only (bwrap/containers)
+    root: Path | None = None  # where session directories are made (default: a temp dir)
+    read_only_paths: tuple[
+        str, ...
+    ] = ()  # extra host paths made visible read-only (bwrap), e.g. a CLI prefix
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int  # -signal when killed; 124 on timeout (like coreutils timeout)
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+class RuntimeFailure(Exception):
+    """A runtime could not start, or an operation on it failed for a reason other than the command."""
+
+
+class Runtime(Protocol):
+    spec: RuntimeSpec
+    session_dir: Path  # host path of the session's private directory (home, workspace, artifacts)
+    workdir: Path  # host path of the working directory the harness sees as its cwd
+
+    async def start(self) -> None: ...
+
+    async def exec(
+        self,
+        argv: list[str] | str,  # a str runs through `bash -lc`
+        *,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,  # relative to workdir
+        stdin: bytes | None = None,
+    ) -> ExecResult: ...
+
+    async def upload(self, src: Path, dst: str) -> None:
+        """Copy a host file or directory into the runtime (dst relative to workdir, or absolute inside)."""
+        ...
+
+    async def download(self, src: str, dst: Path) -> None: ...
+
+    async def stop(self) -> None:
+        """Tear down and free everything (idempotent)."""
+        ...
+
+    async def cancel(self) -> None:
+        """Kill every process the runtime started, now (idempotent); `stop` still frees the rest."""
+        ...
