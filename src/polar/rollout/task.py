@@ -64,7 +64,7 @@ class Task(_Model):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     builder: str = "prefix_merging"
     builder_options: dict[str, Any] = Field(default_factory=dict)
-    evaluator: EvaluatorConfig = Field(default_factory=lambda: EvaluatorConfig())
+    evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig)
     callback_url: str | None = None
     priority: int = 0
     early_stop_min_usable: int | None = Field(None, ge=1)
