@@ -1,0 +1,52 @@
+"""Build the runtime a `RuntimeSpec` names, refusing early (at submit or node start) when the backend
+cannot run on this machine."""
+
+from __future__ import annotations
+
+import shutil
+
+from polar.runtime.base import Runtime, RuntimeFailure, RuntimeSpec
+from polar.runtime.local import Keep, LocalRuntime
+
+BACKENDS = ("local", "bwrap", "docker", "apptainer")
+
+
+def _apptainer_binary() -> str | None:
+    # SingularityCE still ships as `singularity` and takes the same instance/exec command lines
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def check_runtime(spec: RuntimeSpec) -> None:
+    """Raise `RuntimeFailure` saying what is missing when `spec` cannot run here; None when it can."""
+    backend = spec.backend
+    if backend not in BACKENDS:
+        raise RuntimeFailure(f"unknown runtime backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend == "bwrap" and shutil.which("bwrap") is None:
+        raise RuntimeFailure(
+            "runtime 'bwrap' needs bubblewrap, but no `bwrap` is on PATH "
+            "(Debian/Ubuntu: apt-get install bubblewrap)"
+        )
+    if backend in ("docker", "apptainer") and not spec.image:
+        raise RuntimeFailure(f"runtime {backend!r} needs runtime.image")
+    if backend == "docker" and shutil.which("docker") is None:
+        raise RuntimeFailure("runtime 'docker' needs the docker CLI, but no `docker` is on PATH")
+    if backend == "apptainer" and _apptainer_binary() is None:
+        raise RuntimeFailure("runtime 'apptainer' needs apptainer (or singularity), but neither is on PATH")
+
+
+def make_runtime(
+    spec: RuntimeSpec,
+    session_id: str,
+    *,
+    gateway_url: str | None = None,
+    keep: Keep = "nothing",
+) -> Runtime:
+    """A new, not yet started runtime for one session (or one evaluation).
+
+    `gateway_url` is the gateway as the host reaches it; sandboxes that isolate the network make it
+    reachable inside and publish the URL to hand the harness as `runtime.gateway_url`.
+    """
+    check_runtime(spec)
+    if spec.backend != "local":  # bwrap/docker/apptainer land in the next commits
+        raise RuntimeFailure(f"runtime {spec.backend!r} is not implemented yet")
+    return LocalRuntime(spec, session_id, gateway_url=gateway_url, keep=keep)

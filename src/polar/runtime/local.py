@@ -1,0 +1,206 @@
+"""The default runtime: a private session directory on the host and one process group per command.
+
+No isolation beyond that: the harness sees the host file system and network (`spec.network` is not
+enforced; use `bwrap` for that). What it does guarantee is cleanup: every command runs in a new session,
+the runtime remembers every process group it started, and `cancel`/`stop`/a timeout kill whole trees.
+A process that deliberately leaves its group (`setsid`, a daemonizing server) escapes that; bwrap's PID
+namespace does not let it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from polar.runtime.base import ExecResult, RuntimeFailure, RuntimeSpec
+from polar.runtime.procs import OUTPUT_CAP, TERM_GRACE_S, GroupTracker, run_process
+
+Keep = Literal["nothing", "artifacts", "all"]
+
+# Variables inherited from the node's environment; everything else comes from the spec and the call, so
+# a harness never sees the node's credentials by accident.
+_INHERITED = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TERM")
+
+
+def _safe_name(session_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", session_id)[:64] or "session"
+
+
+def _relative(path: str, what: str) -> Path:
+    """`path` made relative (a leading / is dropped) and refused if it climbs out with `..`."""
+    rel = Path(path.lstrip("/"))
+    if ".." in rel.parts:
+        raise RuntimeFailure(f"{what} {path!r} must not contain '..'")
+    return rel
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """Copy a file or a tree; a tree is merged into an existing directory, a file into a directory
+    goes inside it (as `cp` does)."""
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    elif src.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    else:
+        raise RuntimeFailure(f"cannot copy {src}: no such file or directory")
+
+
+class LocalRuntime:
+    """A session directory (`home/`, the workdir, `artifacts/`) and the processes started in it."""
+
+    backend = "local"
+
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        session_id: str,
+        *,
+        gateway_url: str | None = None,
+        keep: Keep = "nothing",
+        term_grace_s: float = TERM_GRACE_S,
+        output_cap: int = OUTPUT_CAP,
+    ) -> None:
+        self.spec = spec
+        self.session_id = session_id
+        root = Path(spec.root) if spec.root is not None else Path(tempfile.gettempdir())
+        # A random suffix: the evaluator's fresh runtime shares the session id with the agent's
+        self.session_dir = root.absolute() / f"polar-{_safe_name(session_id)}-{secrets.token_hex(4)}"
+        self.home = self.session_dir / "home"
+        self.artifacts = self.session_dir / "artifacts"
+        self.workdir = self.session_dir / _relative(spec.workdir, "workdir")
+        # The URL the harness should use for the gateway: the same one on the host
+        self.gateway_url = gateway_url
+        self.keep: Keep = keep
+        self.term_grace_s = term_grace_s
+        self.output_cap = output_cap
+        self._tracker = GroupTracker()
+        self._state: Literal["new", "started", "stopped"] = "new"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._state != "new":
+            return
+        try:
+            self.session_dir.mkdir(parents=True, exist_ok=False)
+            for path in (self.home, self.artifacts, self.workdir):
+                path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot create session directory {self.session_dir}: {exc}") from exc
+        self._state = "started"
+
+    async def cancel(self) -> None:
+        self._tracker.cancelled = True
+        await self._tracker.kill_all(self.term_grace_s)
+
+    async def stop(self, *, keep: Keep | None = None) -> None:
+        """Cancel, then remove the session directory except what `keep` (default: the constructor's)
+        asks to keep."""
+        if self._state == "stopped":
+            return
+        await self.cancel()
+        self._state = "stopped"
+        await asyncio.to_thread(self._remove, keep or self.keep)
+
+    def _remove(self, keep: Keep) -> None:
+        if keep == "all" or not self.session_dir.exists():
+            return
+        if keep == "nothing":
+            shutil.rmtree(self.session_dir, ignore_errors=True)
+            return
+        for entry in self.session_dir.iterdir():
+            if entry == self.artifacts:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def _check_running(self) -> None:
+        if self._state == "new":
+            raise RuntimeFailure(f"runtime for session {self.session_id} is not started")
+        if self._state == "stopped":
+            raise RuntimeFailure(f"runtime for session {self.session_id} is stopped")
+        if self._tracker.cancelled:
+            raise RuntimeFailure(f"runtime for session {self.session_id} was cancelled")
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def _env(self, env: dict[str, str] | None) -> dict[str, str]:
+        base = {k: os.environ[k] for k in _INHERITED if k in os.environ}
+        base["HOME"] = str(self.home)
+        return base | self.spec.env | (env or {})
+
+    def _cwd(self, cwd: str | None) -> Path:
+        path = self.workdir if cwd is None else self.workdir / cwd  # an absolute cwd replaces workdir
+        if not path.is_dir():
+            raise RuntimeFailure(f"working directory {path} does not exist")
+        return path
+
+    def _command(self, argv: list[str] | str) -> list[str]:
+        # Not `bash -l`: Debian's /etc/profile resets PATH, which would hide the PATH the spec and
+        # the harness set (a venv, an npm prefix)
+        return ["bash", "-c", argv] if isinstance(argv, str) else list(argv)
+
+    def _wrap(self, argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[list[str], str | None]:
+        """The host command line and host cwd that run `argv`; sandboxes override this."""
+        return argv, str(cwd)
+
+    async def exec(
+        self,
+        argv: list[str] | str,
+        *,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        self._check_running()
+        command = self._command(argv)
+        if not command:
+            raise RuntimeFailure("empty command")
+        full_env = self._env(env)
+        host_argv, host_cwd = self._wrap(command, self._cwd(cwd), full_env)
+        return await run_process(
+            host_argv,
+            env=full_env,
+            cwd=host_cwd,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            tracker=self._tracker,
+            grace_s=self.term_grace_s,
+            output_cap=self.output_cap,
+        )
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def _inside(self, path: str) -> Path:
+        """A runtime path (relative to workdir, or absolute) as a host path inside the session dir."""
+        host = Path(os.path.normpath(self.workdir / path))
+        if not host.is_relative_to(self.session_dir):
+            raise RuntimeFailure(f"path {path!r} is outside the session directory {self.session_dir}")
+        return host
+
+    async def upload(self, src: Path, dst: str) -> None:
+        self._check_running()
+        target = self._inside(dst)
+        try:
+            await asyncio.to_thread(_copy, Path(src), target)
+        except OSError as exc:
+            raise RuntimeFailure(f"upload {src} -> {dst} failed: {exc}") from exc
+
+    async def download(self, src: str, dst: Path) -> None:
+        if self._state == "new":
+            raise RuntimeFailure(f"runtime for session {self.session_id} is not started")
+        source = Path(os.path.normpath(self.workdir / src))
+        try:
+            await asyncio.to_thread(_copy, source, Path(dst))
+        except OSError as exc:
+            raise RuntimeFailure(f"download {src} -> {dst} failed: {exc}") from exc

@@ -1,0 +1,194 @@
+"""Running one command as its own process group: capped capture, timeout, and killing the whole tree.
+
+Every runtime that spawns host processes (local, bwrap, the docker/apptainer clients) goes through
+`run_process`, so timeouts and cancellation behave the same everywhere: the command gets a fresh session
+(`setsid`), hence a process group of its own that also holds the children it forks; killing the group
+takes the grandchildren with it, which killing only the direct child would not (an agent's `bash` tool
+commonly leaves `sleep`/servers behind).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from polar.runtime.base import ExecResult
+
+OUTPUT_CAP = 10 * 1024 * 1024  # per stream; an agent that cats a binary must not exhaust the node
+TERM_GRACE_S = 2.0  # SIGTERM first so tools can flush logs, then SIGKILL
+_PIPE_DRAIN_S = 2.0  # after a kill, how long to wait for pipes held by processes that escaped the group
+TIMEOUT_EXIT = 124  # like coreutils `timeout`
+
+
+def _group_members(pgid: int) -> bool | None:
+    """Whether a live (non-zombie) process is in the group; None when /proc cannot tell."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # comm may contain spaces and parentheses: fields start after the last ')'
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    members = _group_members(pgid)
+    return True if members is None else members
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def kill_group(pgid: int, grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM the group, give it `grace_s` to exit, then SIGKILL whatever is left."""
+    signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and group_alive(pgid):
+        await asyncio.sleep(0.05)
+    signal_group(pgid, signal.SIGKILL)
+
+
+class GroupTracker:
+    """The process groups one runtime started, so `cancel` can reach all of them, finished execs'
+    leftover background processes included."""
+
+    def __init__(self) -> None:
+        self._groups: set[int] = set()
+        self.cancelled = False
+
+    def add(self, pgid: int) -> None:
+        self._groups.add(pgid)
+
+    def forget_if_dead(self, pgid: int) -> None:
+        if not group_alive(pgid):
+            self._groups.discard(pgid)
+
+    async def kill_all(self, grace_s: float) -> None:
+        groups = list(self._groups)
+        await asyncio.gather(*(kill_group(g, grace_s) for g in groups))
+        self._groups.difference_update(groups)
+
+
+async def _drain(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, int]:
+    """Read to EOF keeping the first `cap` bytes; the rest is counted and dropped so the child never
+    blocks on a full pipe."""
+    if stream is None:
+        return b"", 0
+    buf = bytearray()
+    dropped = 0
+    while chunk := await stream.read(1 << 16):
+        room = cap - len(buf)
+        if room > 0:
+            buf += chunk[:room]
+        dropped += max(0, len(chunk) - max(room, 0))
+    return bytes(buf), dropped
+
+
+def _text(data: bytes, dropped: int, cap: int) -> str:
+    text = data.decode("utf-8", errors="replace")
+    if dropped:
+        text += f"\n[polar: output truncated at {cap} bytes, {dropped} more bytes dropped]\n"
+    return text
+
+
+async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        proc.stdin.close()
+
+
+KillFn = Callable[[int, float], Awaitable[None]]
+
+
+async def run_process(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: str | None,
+    stdin: bytes | None,
+    timeout_s: float | None,
+    tracker: GroupTracker,
+    grace_s: float = TERM_GRACE_S,
+    output_cap: int = OUTPUT_CAP,
+    kill: KillFn = kill_group,
+) -> ExecResult:
+    """Run `argv` in a new session; on timeout `kill(pgid, grace_s)` and report exit code 124.
+
+    `kill` lets container runtimes also stop what the client started inside the engine."""
+    started = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        return ExecResult(127, "", f"polar: command not found: {argv[0]}\n")
+    except PermissionError as exc:
+        return ExecResult(126, "", f"polar: cannot execute {argv[0]}: {exc}\n")
+    pgid = proc.pid  # start_new_session: the child is its session's and group's leader
+    tracker.add(pgid)
+    finished = False
+    try:
+        if tracker.cancelled:  # cancel() ran while we were spawning
+            await kill(pgid, 0.0)
+        waiter = asyncio.ensure_future(proc.wait())
+        out_task = asyncio.ensure_future(_drain(proc.stdout, output_cap))
+        err_task = asyncio.ensure_future(_drain(proc.stderr, output_cap))
+        tasks: list[asyncio.Future[Any]] = [waiter, out_task, err_task]
+        feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
+        # Waiting on the pipes too: a background child still holding stdout is part of the command
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        timed_out = bool(pending)
+        if timed_out:
+            await kill(pgid, grace_s)
+            _, pending = await asyncio.wait(tasks, timeout=_PIPE_DRAIN_S)
+            for task in pending:  # a process that left our group (setsid) still holds a pipe
+                task.cancel()
+            await proc.wait()
+        if feeder is not None:
+            feeder.cancel()
+        finished = True
+        out, out_dropped = out_task.result() if not out_task.cancelled() else (b"", 0)
+        err, err_dropped = err_task.result() if not err_task.cancelled() else (b"", 0)
+        code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
+        return ExecResult(
+            exit_code=TIMEOUT_EXIT if timed_out else code,
+            stdout=_text(out, out_dropped, output_cap),
+            stderr=_text(err, err_dropped, output_cap),
+            timed_out=timed_out,
+            duration_s=time.monotonic() - started,
+        )
+    finally:
+        if not finished:  # the caller's task was cancelled: nothing of this command may outlive it
+            signal_group(pgid, signal.SIGKILL)
+        tracker.forget_if_dead(pgid)
