@@ -63,9 +63,23 @@ def test_round_trip_is_exact(tmp_path: Path) -> None:
 
 def test_body_key_order_and_small_values_survive(tmp_path: Path) -> None:
     body = {"z": 1, "messages": [{"role": "user", "content": "y" * 500}], "a": "b" * 400, "n": None, "e": []}
-    skeleton, blobs = codec.split_json(body)
-    back = codec.join_json(skeleton, blobs)
-    assert back == body and list(back) == list(body)
+    skeleton, blobs, refs = codec.split_json(body)
+    back, back_refs = codec.join_json(skeleton, blobs)
+    assert back == body and list(back) == list(body) and back_refs == refs
+
+
+def test_lists_chain_to_the_previous_body() -> None:
+    """A resent history stores only its new messages; a rewritten one is stored whole."""
+    msgs = [{"role": "user", "content": f"message {i} " + "x" * 300} for i in range(6)]
+    _, blobs, refs1 = codec.split_json({"messages": msgs[:4]})
+    sk2, blobs2, refs2 = codec.split_json({"messages": msgs}, refs1, base=7)
+    assert codec.skeleton_refs(sk2) == [bytes.fromhex(h) for h in refs2["messages"][4:]]
+    blobs.update(blobs2)
+    assert codec.join_json(sk2, blobs, {7: refs1})[0] == {"messages": msgs}
+    with pytest.raises(ValueError, match="not read before"):
+        codec.join_json(sk2, blobs, {})
+    sk3, _, _ = codec.split_json({"messages": msgs[1:]}, refs2, base=8)  # history rewritten (compaction)
+    assert len(codec.skeleton_refs(sk3)) == 5
 
 
 def test_prompts_are_stored_as_deltas(tmp_path: Path) -> None:
@@ -86,6 +100,18 @@ def test_prompts_are_stored_as_deltas(tmp_path: Path) -> None:
         store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         size = store.size_bytes()
         records = store.completions("s1")
+        # Bodies too: a late call (history of ~180 messages) stores no more than an early one.
+        early, late = (
+            store.conn.execute(
+                "SELECT SUM(LENGTH(request) + LENGTH(upstream)) FROM completions WHERE seq BETWEEN ? AND ?",
+                span,
+            ).fetchone()[0]
+            for span in ((20, 39), (180, 199))
+        )
+        assert late < 1.2 * early, (early, late)
+        assert [r.request for r in records[-2:]] == [
+            {"messages": [{"content": "m" * 300, "i": i} for i in range(seq)]} for seq in (198, 199)
+        ]
     assert records[-1].prompt_ids == prompt and len(prompt) == 30_000
     assert full_bytes > 10 * 2**20
     assert size < 3 * 2**20, f"store is {size} bytes for {full_bytes} bytes of prompt ids"

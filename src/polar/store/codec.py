@@ -81,15 +81,23 @@ def blob_hash(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def split_json(obj: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
-    """Encode a JSON object as (skeleton bytes, {hash: element JSON}).
+Refs = dict[str, list[str]]  # top-level list key -> hex hashes of its elements, in order
+
+
+def split_json(
+    obj: dict[str, Any], previous: Refs | None = None, base: int | None = None
+) -> tuple[bytes, dict[bytes, bytes], Refs]:
+    """Encode a JSON object as (skeleton bytes, {hash: element JSON}, the lists' full refs).
 
     The skeleton is `{"order": [keys], "inline": {...}, "lists": {key: [hex, ...]}, "values": {key: hex}}`;
     keeping refs out of the user's own keys means no content can be mistaken for a reference, and `order`
-    restores the body's key order.
+    restores the body's key order. When `previous` (the lists of the record `base`) holds a prefix of a list,
+    that list is stored as `{"b": base, "n": shared, "t": [new hex, ...]}`: a harness resends its whole
+    history every call, so each call then stores only the messages that are new.
     """
     inline: dict[str, Any] = {}
-    lists: dict[str, list[str]] = {}
+    lists: dict[str, Any] = {}
+    full: Refs = {}
     values: dict[str, str] = {}
     blobs: dict[bytes, bytes] = {}
     for key, value in obj.items():
@@ -103,7 +111,12 @@ def split_json(obj: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
                 h = blob_hash(e)
                 blobs[h] = e
                 refs.append(h.hex())
-            lists[key] = refs
+            full[key] = refs
+            prev = None if previous is None else previous.get(key)
+            if base is not None and prev and len(prev) <= len(refs) and refs[: len(prev)] == prev:
+                lists[key] = {"b": base, "n": len(prev), "t": refs[len(prev) :]}
+            else:
+                lists[key] = refs
         elif isinstance(value, (dict, str)):
             e = orjson.dumps(value)
             if len(e) < INLINE_LIMIT:
@@ -115,22 +128,36 @@ def split_json(obj: dict[str, Any]) -> tuple[bytes, dict[bytes, bytes]]:
         else:
             inline[key] = value
     skeleton = orjson.dumps({"order": list(obj), "inline": inline, "lists": lists, "values": values})
-    return skeleton, blobs
+    return skeleton, blobs, full
 
 
-def join_json(skeleton: bytes, blob: dict[bytes, bytes] | Any) -> dict[str, Any]:
-    """Inverse of `split_json`; `blob` maps a 16-byte hash to the element's JSON bytes."""
+def join_json(
+    skeleton: bytes, blob: dict[bytes, bytes] | Any, resolved: dict[int, Refs] | None = None
+) -> tuple[dict[str, Any], Refs]:
+    """Inverse of `split_json`: the object and its lists' full refs. `blob` maps a 16-byte hash to the
+    element's JSON bytes; `resolved` holds the full refs of earlier records that chained lists point at."""
     sk = orjson.loads(skeleton)
     parts: dict[str, Any] = dict(sk["inline"])
-    for key, refs in sk["lists"].items():
+    full: Refs = {}
+    for key, entry in sk["lists"].items():
+        if isinstance(entry, dict):
+            if resolved is None or entry["b"] not in resolved:
+                raise ValueError(f"list {key!r} extends record {entry['b']}, which was not read before it")
+            refs = resolved[entry["b"]][key][: entry["n"]] + entry["t"]
+        else:
+            refs = entry
+        full[key] = refs
         parts[key] = [orjson.loads(blob[bytes.fromhex(h)]) for h in refs]
     for key, h in sk["values"].items():
         parts[key] = orjson.loads(blob[bytes.fromhex(h)])
-    return {key: parts[key] for key in sk["order"]}
+    return {key: parts[key] for key in sk["order"]}, full
 
 
 def skeleton_refs(skeleton: bytes) -> list[bytes]:
+    """The blob hashes a skeleton adds itself (a chained list's shared part is its base's)."""
     sk = orjson.loads(skeleton)
-    refs = [bytes.fromhex(h) for hs in sk["lists"].values() for h in hs]
+    refs: list[bytes] = []
+    for entry in sk["lists"].values():
+        refs.extend(bytes.fromhex(h) for h in (entry["t"] if isinstance(entry, dict) else entry))
     refs.extend(bytes.fromhex(h) for h in sk["values"].values())
     return refs

@@ -103,12 +103,16 @@ class RecordWriter:
         self._cache_limit = cache_bytes
         self._per_session = prompts_per_session
         self._known_blobs: set[bytes] = set()
+        # (session, column) -> (seq, full list refs) of the last body written: the next one's lists chain to it.
+        self._lists: OrderedDict[tuple[str, str], tuple[int, codec.Refs]] = OrderedDict()
+        self._lists_limit = 8192
 
     def reset(self) -> None:
         """Forget cached state after a rollback: cached prompts and blobs may name rows that never landed."""
         self._cache.clear()
         self._cache_bytes = 0
         self._known_blobs.clear()
+        self._lists.clear()
 
     # -- blobs ------------------------------------------------------------------------------------------
     def _put_blobs(self, blobs: dict[bytes, bytes]) -> None:
@@ -119,9 +123,17 @@ class RecordWriter:
                 self._known_blobs.clear()
             self._known_blobs.update(h for h, _ in new)
 
-    def _put_json(self, obj: dict[str, Any]) -> bytes:
-        skeleton, blobs = codec.split_json(obj)
+    def _put_json(self, obj: dict[str, Any], chain: tuple[str, str] | None = None, seq: int = 0) -> bytes:
+        """Store a body; with `chain` (session, column) its lists extend the previous record's of that chain."""
+        prev = self._lists.get(chain) if chain is not None else None
+        base, previous = prev if prev is not None else (None, None)
+        skeleton, blobs, full = codec.split_json(obj, previous, base)
         self._put_blobs(blobs)
+        if chain is not None:
+            self._lists[chain] = (seq, full)
+            self._lists.move_to_end(chain)
+            if len(self._lists) > self._lists_limit:
+                self._lists.popitem(last=False)
         return skeleton
 
     # -- prompts ----------------------------------------------------------------------------------------
@@ -181,8 +193,8 @@ class RecordWriter:
                 r.completion_id,
                 r.dialect,
                 r.created_at,
-                self._put_json(r.request),
-                self._put_json(r.upstream_request),
+                self._put_json(r.request, (r.session_id, "request"), r.seq),
+                self._put_json(r.upstream_request, (r.session_id, "upstream"), r.seq),
                 prompt_len,
                 base,
                 shared,
@@ -327,6 +339,8 @@ class SQLiteStore:
                 refs.append(row[15])
         blobs = self._blobs(refs)
         prompts: dict[int, bytes] = {}
+        requests: dict[int, codec.Refs] = {}
+        upstreams: dict[int, codec.Refs] = {}
         out = []
         for row in rows:
             seq, prompt_len, base, shared, tail = row[1], row[7], row[8], row[9], row[10]
@@ -335,6 +349,8 @@ class SQLiteStore:
                 full = (prompts[base][: shared * 4] if base is not None else b"") + (tail or b"")
                 prompts[seq] = full
                 prompt_ids = codec.bytes_to_ids(full)
+            request, requests[seq] = codec.join_json(row[5], blobs, requests)
+            upstream, upstreams[seq] = codec.join_json(row[6], blobs, upstreams)
             out.append(
                 CompletionRecord(
                     session_id=row[0],
@@ -342,8 +358,8 @@ class SQLiteStore:
                     completion_id=row[2],
                     dialect=row[3],
                     created_at=row[4],
-                    request=codec.join_json(row[5], blobs),
-                    upstream_request=codec.join_json(row[6], blobs),
+                    request=request,
+                    upstream_request=upstream,
                     prompt_ids=prompt_ids,
                     response_ids=None if row[11] is None else codec.bytes_to_ids(row[11]),
                     response_logprobs=None if row[12] is None else codec.bytes_to_floats(row[12]),
@@ -378,7 +394,7 @@ class SQLiteStore:
                 status=r[4],
                 kind=r[5],
                 message=r[6],
-                request=None if r[7] is None else codec.join_json(r[7], blobs),
+                request=None if r[7] is None else codec.join_json(r[7], blobs)[0],
             )
             for r in rows
         ]
