@@ -47,6 +47,10 @@ def make_runtime(
     reachable inside and publish the URL to hand the harness as `runtime.gateway_url`.
     """
     check_runtime(spec)
-    if spec.backend != "local":  # bwrap/docker/apptainer land in the next commits
+    if spec.backend == "bwrap":
+        from polar.runtime.bwrap import BwrapRuntime
+
+        return BwrapRuntime(spec, session_id, gateway_url=gateway_url, keep=keep)
+    if spec.backend in ("docker", "apptainer"):  # the container runtimes land in the next commit
         raise RuntimeFailure(f"runtime {spec.backend!r} is not implemented yet")
     return LocalRuntime(spec, session_id, gateway_url=gateway_url, keep=keep)

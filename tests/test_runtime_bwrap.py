@@ -1,0 +1,194 @@
+"""BwrapRuntime with the real bubblewrap: read-only host, writable session dir, whole-tree kills through
+the PID namespace, and a network where only the gateway answers (checked with the official openai SDK
+against a real gateway)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from polar.runtime import RuntimeFailure, RuntimeSpec, make_runtime
+from polar.runtime.bwrap import BwrapRuntime
+from tests.conftest import Gateway
+from tests.test_runtime_local import _wait_gone
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap not installed (scripts/test installs it)"
+)
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[BwrapRuntime]:
+    runtime = BwrapRuntime(RuntimeSpec(backend="bwrap", root=tmp_path), "b1", term_grace_s=0.3)
+    await runtime.start()
+    yield runtime
+    await runtime.stop()
+
+
+@pytest.fixture
+def other_server() -> Iterator[int]:
+    """A TCP server on the host's loopback that answers 'hello' (what the sandbox must not reach)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"hello")
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield port
+    listener.close()
+
+
+_CONNECT = (
+    "import socket,sys\n"
+    "try:\n"
+    "    print(socket.create_connection(('127.0.0.1', int(sys.argv[1])), timeout=3).recv(5).decode())\n"
+    "except OSError as e:\n"
+    "    print('refused', type(e).__name__)\n"
+)
+
+
+async def test_host_is_read_only_and_session_dir_writable(rt: BwrapRuntime, tmp_path: Path) -> None:
+    host_tmp = Path("/tmp") / f"polar-host-only-{rt.session_dir.name}"
+    host_tmp.write_text("x")
+    r = await rt.exec(f"echo ok > here && cat here && test ! -e {host_tmp}")
+    host_tmp.unlink()
+    assert (r.exit_code, r.stdout) == (0, "ok\n"), r.stderr
+    host_dir = Path(__file__).parent  # a writable host directory outside /tmp
+    escape = host_dir / f"polar-escape-{rt.session_dir.name}"
+    r = await rt.exec(f"echo x > {escape}")
+    assert r.exit_code != 0 and "Read-only file system" in r.stderr
+    assert not escape.exists()
+    r = await rt.exec(f"echo x > {tmp_path}/outside")  # lands in the sandbox's private /tmp
+    assert not (tmp_path / "outside").exists()
+    r = await rt.exec("touch /etc/polar-escape || mount -o remount,rw / ; touch /usr/polar-escape")
+    assert r.exit_code != 0 and not Path("/etc/polar-escape").exists()
+    assert not Path("/usr/polar-escape").exists()
+
+
+async def test_env_cwd_stdin_exit_codes(rt: BwrapRuntime) -> None:
+    (rt.workdir / "sub").mkdir()
+    r = await rt.exec(
+        ["sh", "-c", 'echo "$A $HOME $PWD"; cat; exit 5'], env={"A": "a"}, cwd="sub", stdin=b"in"
+    )
+    assert r.exit_code == 5
+    assert r.stdout == f"a {rt.home} {rt.workdir / 'sub'}\nin"
+
+
+async def test_timeout_kills_the_sandbox_including_setsid_daemons(rt: BwrapRuntime) -> None:
+    # setsid escapes a process group; it cannot escape the PID namespace
+    r = await rt.exec("setsid sleep 100 & sleep 100 & echo ready; wait", timeout_s=0.5)
+    assert r.timed_out and r.exit_code == 124 and r.stdout == "ready\n"
+    await asyncio.sleep(0.2)
+    assert await _wait_gone(_sleepers(rt)) == []
+
+
+def _sleepers(rt: BwrapRuntime) -> list[int]:
+    """Host pids of `sleep 100` processes whose cwd is inside this runtime's session dir."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            cwd = (proc / "cwd").resolve()
+        except OSError:
+            continue
+        if cmd == b"sleep\x00100\x00" and cwd.is_relative_to(rt.session_dir):
+            found.append(int(proc.name))
+    return found
+
+
+async def test_cancel_during_exec(rt: BwrapRuntime) -> None:
+    task = asyncio.create_task(rt.exec("setsid sleep 100 & sleep 100"))
+    for _ in range(100):
+        if len(_sleepers(rt)) == 2:
+            break
+        await asyncio.sleep(0.05)
+    pids = _sleepers(rt)
+    assert len(pids) == 2
+    await rt.cancel()
+    result = await asyncio.wait_for(task, 10)
+    assert result.exit_code != 0
+    assert await _wait_gone(pids) == []
+
+
+async def test_read_only_paths_and_missing_ones(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"  # under /tmp, which the sandbox otherwise replaces with a tmpfs
+    shared.mkdir()
+    (shared / "tool").write_text("T")
+    rt = BwrapRuntime(RuntimeSpec(backend="bwrap", root=tmp_path / "r", read_only_paths=(str(shared),)), "ro")
+    await rt.start()
+    r = await rt.exec(f"cat {shared}/tool; echo x > {shared}/new")
+    assert r.stdout == "T" and "Read-only" in r.stderr
+    await rt.stop()
+    bad = BwrapRuntime(RuntimeSpec(backend="bwrap", root=tmp_path, read_only_paths=("/no/such",)), "ro")
+    with pytest.raises(RuntimeFailure, match="read_only_paths"):
+        await bad.start()
+
+
+async def test_network_none_and_host(tmp_path: Path, other_server: int) -> None:
+    for network, expected in (("none", "refused"), ("host", "hello")):
+        rt = BwrapRuntime(RuntimeSpec(backend="bwrap", root=tmp_path, network=network), network)  # type: ignore[arg-type]
+        await rt.start()
+        r = await rt.exec([sys.executable, "-c", _CONNECT, str(other_server)])
+        assert r.stdout.startswith(expected), (network, r.stdout, r.stderr)
+        await rt.stop()
+
+
+async def test_only_the_gateway_is_reachable(tmp_path: Path, gateway: Gateway, other_server: int) -> None:
+    session = gateway.new_session()
+    rt = make_runtime(RuntimeSpec(backend="bwrap", root=tmp_path), session, gateway_url=gateway.url)
+    assert isinstance(rt, BwrapRuntime)
+    gw_port = int(gateway.url.rsplit(":", 1)[1])
+    assert rt.gateway_url == f"http://127.0.0.1:{gw_port}"
+    await rt.start()
+    client = (
+        "import os, openai\n"
+        "c = openai.OpenAI()\n"
+        "r = c.chat.completions.create(model='fake-policy', messages=[{'role': 'user', 'content': 'hi'}])\n"
+        "print('answered', r.choices[0].finish_reason)\n"
+    )
+    env = {"OPENAI_BASE_URL": f"{rt.gateway_url}/v1", "OPENAI_API_KEY": session}
+    r = await rt.exec([sys.executable, "-c", client], env=env, timeout_s=60)
+    assert r.exit_code == 0 and r.stdout.startswith("answered"), r.stderr
+    assert len(gateway.completions(session)) == 1
+    # the other host server on loopback, and the gateway's port anywhere but 127.0.0.1, do not answer
+    r = await rt.exec([sys.executable, "-c", _CONNECT, str(other_server)])
+    assert r.stdout.startswith("refused"), r.stdout
+    r = await rt.exec(["curl", "-s", "-m", "3", "http://example.com/"])
+    assert r.exit_code != 0
+    await rt.stop()
+    assert rt._bridge is None
+
+
+async def test_gateway_network_without_gateway_is_loopback_only(tmp_path: Path, other_server: int) -> None:
+    rt = BwrapRuntime(RuntimeSpec(backend="bwrap", root=tmp_path), "nogw")
+    await rt.start()
+    r = await rt.exec([sys.executable, "-c", _CONNECT, str(other_server)])
+    assert r.stdout.startswith("refused")
+    await rt.stop()
+
+
+def test_bad_gateway_url() -> None:
+    with pytest.raises(RuntimeFailure, match="not an http"):
+        BwrapRuntime(RuntimeSpec(backend="bwrap"), "x", gateway_url="unix:///sock")
+
+
+def test_factory_refuses_when_bwrap_is_missing(monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RuntimeFailure, match="apt-get install bubblewrap"):
+        make_runtime(RuntimeSpec(backend="bwrap"), "x")
