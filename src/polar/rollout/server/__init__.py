@@ -1,0 +1,6 @@
+"""The rollout server (`polar serve`): durable tasks and sessions, node scheduling, trainer callbacks."""
+
+from polar.rollout.server.app import create_app
+from polar.rollout.server.service import RolloutService, ServerConfig
+
+__all__ = ["RolloutService", "ServerConfig", "create_app"]

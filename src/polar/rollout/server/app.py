@@ -1,0 +1,350 @@
+"""The rollout server's HTTP routes (`polar serve`). Behaviour lives in `service`; here requests are read,
+validated and answered. Every error is JSON `{"error": {"message", "type", "param"}}` with a 4xx naming
+the field, never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from polar.rollout.protocol import NodeRegistration, NodeStatus, SessionResult
+from polar.rollout.server.events import sse_stream
+from polar.rollout.server.scheduler import is_healthy
+from polar.rollout.server.service import RolloutService, ServerConfig
+from polar.rollout.server.validate import SubmitError, check_task
+from polar.rollout.task import Task
+
+log = logging.getLogger("polar.server")
+M = TypeVar("M", bound=BaseModel)
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.type = type_ or ("not_found" if status == 404 else "invalid_request")
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _error(err: HTTPError) -> Response:
+    return _json({"error": {"message": err.message, "type": err.type, "param": err.param}}, err.status)
+
+
+def _svc(request: Request) -> RolloutService:
+    svc: RolloutService = request.app.state.service
+    return svc
+
+
+def _loc(loc: tuple[Any, ...], prefix: str = "") -> str:
+    out = prefix
+    for step in loc:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+    return out
+
+
+async def _body(request: Request) -> Any:
+    limit = _svc(request).config.max_body_bytes
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise HTTPError(413, f"body larger than {limit} bytes")
+    if not data:
+        raise HTTPError(400, "empty body; expected JSON")
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise HTTPError(400, f"body is not valid JSON: {exc}") from None
+
+
+def _model(cls: type[M], data: Any, prefix: str = "") -> M:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        param = _loc(tuple(err["loc"]), prefix) or None
+        raise HTTPError(400, f"{param or cls.__name__}: {err['msg']}", param) from None
+
+
+def route(handler: Any) -> Any:
+    async def wrapper(request: Request) -> Response:
+        try:
+            result: Response = await handler(request)
+            return result
+        except HTTPError as err:
+            return _error(err)
+
+    return wrapper
+
+
+# -- tasks ------------------------------------------------------------------------------------------------
+@route
+async def submit(request: Request) -> Response:
+    """A Task, a list of Tasks, or {"tasks": [...]}; all are validated before any is stored."""
+    body = await _body(request)
+    if isinstance(body, dict) and "tasks" in body:
+        items, prefix = body["tasks"], "tasks"
+    elif isinstance(body, list):
+        items, prefix = body, ""
+    else:
+        items, prefix = [body], None
+    if not isinstance(items, list) or not items:
+        raise HTTPError(400, "tasks must be a non-empty list", "tasks")
+    tasks: list[Task] = []
+    for i, item in enumerate(items):
+        where = "" if prefix is None else f"{prefix}[{i}]"
+        task = _model(Task, item, where)
+        try:
+            check_task(task, f"{where}." if where else "")
+        except SubmitError as err:
+            raise HTTPError(400, err.message, err.param) from None
+        tasks.append(task)
+    ids = [t.task_id for t in tasks]
+    dupes = sorted({t for t in ids if ids.count(t) > 1})
+    if dupes:
+        raise HTTPError(400, f"duplicate task_id in one submission: {', '.join(dupes)}", "task_id")
+    try:
+        created = _svc(request).submit(tasks)
+    except KeyError as exc:
+        raise HTTPError(
+            409, f"task {exc.args[0]} was already submitted; task ids are unique", "task_id"
+        ) from None
+    return _json({"tasks": created}, 201)
+
+
+def _task_view(svc: RolloutService, task_id: str, with_results: bool) -> dict[str, Any]:
+    row = svc.store.task(task_id)
+    if row is None:
+        raise HTTPError(404, f"no task {task_id}", "task_id")
+    sessions = svc.store.sessions_of(task_id)
+    view: dict[str, Any] = {
+        "task_id": task_id,
+        "state": row.state,
+        "reason": row.reason,
+        "submitted_at": row.submitted_at,
+        "finished_at": row.finished_at,
+        "num_samples": row.task.num_samples,
+        "counts": svc.store.counts(task_id),
+        "sessions": [
+            {
+                "session_id": s.session_id,
+                "sample_index": s.sample_index,
+                "status": s.status.value,
+                "node_id": s.node_id,
+                "reason": s.reason,
+            }
+            for s in sessions
+        ],
+        "callbacks": [
+            {"session_id": c.session_id, "state": c.state, "attempts": c.attempts, "last_error": c.last_error}
+            for c in svc.store.callbacks(task_id)
+        ],
+    }
+    if with_results:
+        view["results"] = [orjson.Fragment(blob) for _, blob in svc.store.results([task_id], 0, 1 << 30)]
+    return view
+
+
+@route
+async def get_task(request: Request) -> Response:
+    with_results = request.query_params.get("results", "true").lower() not in ("0", "false", "no")
+    return _json(_task_view(_svc(request), request.path_params["task_id"], with_results))
+
+
+@route
+async def cancel_task(request: Request) -> Response:
+    task_id = request.path_params["task_id"]
+    svc = _svc(request)
+    try:
+        cancelled = svc.cancel(task_id)
+    except KeyError:
+        raise HTTPError(404, f"no task {task_id}", "task_id") from None
+    row = svc.store.task(task_id)
+    assert row is not None
+    return _json({"task_id": task_id, "cancelled": cancelled, "state": row.state})
+
+
+def _float_param(request: Request, name: str, default: float, lo: float, hi: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise HTTPError(400, f"{name} must be a number, not {raw!r}", name) from None
+    if not lo <= value <= hi:
+        raise HTTPError(400, f"{name} must be between {lo:g} and {hi:g}", name)
+    return value
+
+
+@route
+async def results(request: Request) -> Response:
+    """Long poll: `?task=A&task=B&after=N&wait=S` answers finished sessions past sequence N as soon as
+    there are any (or after S seconds with none). `next` is the cursor for the following call."""
+    svc = _svc(request)
+    task_ids = request.query_params.getlist("task")
+    if not task_ids:
+        raise HTTPError(400, "name at least one task: ?task=ID", "task")
+    unknown = [t for t in task_ids if svc.store.task(t) is None]
+    if unknown:
+        raise HTTPError(404, f"no task {', '.join(unknown)}", "task")
+    after = int(_float_param(request, "after", 0, 0, 1e18))
+    wait = _float_param(request, "wait", 0, 0, 300)
+    rows = await svc.wait_results(task_ids, after, wait)
+    states = {t: (r.state if (r := svc.store.task(t)) else "UNKNOWN") for t in task_ids}
+    return _json(
+        {
+            "results": [orjson.Fragment(blob) for _, blob in rows],
+            "next": rows[-1][0] if rows else after,
+            "tasks": states,
+        }
+    )
+
+
+@route
+async def rollout_status(request: Request) -> Response:
+    svc = _svc(request)
+    views = svc.node_views()
+    return _json(
+        {
+            "tasks": svc.store.task_states(),
+            "sessions": svc.store.counts(),
+            "nodes": {
+                "total": len(views),
+                "healthy": sum(v.healthy and not v.lost for v in views),
+                "capacity": sum(v.capacity for v in views if v.healthy and not v.lost),
+                "load": sum(v.load for v in views),
+            },
+        }
+    )
+
+
+# -- nodes ------------------------------------------------------------------------------------------------
+@route
+async def session_result(request: Request) -> Response:
+    result = _model(SessionResult, await _body(request))
+    outcome = _svc(request).record(result)
+    if outcome == "unknown":
+        raise HTTPError(404, f"no session {result.session_id}", "session_id")
+    if outcome == "mismatch":
+        raise HTTPError(
+            409, f"session {result.session_id} does not belong to task {result.task_id}", "task_id"
+        )
+    return _json({"ack": True, "outcome": outcome})
+
+
+@route
+async def register_node(request: Request) -> Response:
+    reg = _model(NodeRegistration, await _body(request))
+    if not reg.url.startswith(("http://", "https://")):
+        raise HTTPError(400, f"url must be an http(s) URL, not {reg.url!r}", "url")
+    server_url = str(request.base_url).rstrip("/")  # how this node reaches us
+    _svc(request).register_node(reg.node_id, reg.url, reg.capacity, server_url)
+    return _json({"node_id": reg.node_id})
+
+
+@route
+async def heartbeat(request: Request) -> Response:
+    node_id = request.path_params["node_id"]
+    status = _model(NodeStatus, await _body(request))
+    if status.node_id != node_id:
+        raise HTTPError(400, f"node_id {status.node_id!r} does not match the path ({node_id!r})", "node_id")
+    if status.capacity < 1:
+        raise HTTPError(400, "capacity must be at least 1", "capacity")
+    if not _svc(request).heartbeat(node_id, status):
+        raise HTTPError(404, f"no node {node_id}; register first (POST /nodes/register)", "node_id")
+    return _json({"ok": True})
+
+
+@route
+async def list_nodes(request: Request) -> Response:
+    svc = _svc(request)
+    now = time.time()
+    load = {v.node_id: v for v in svc.node_views(now)}
+    out = []
+    for n in svc.store.nodes():
+        out.append(
+            {
+                "node_id": n.node_id,
+                "url": n.url,
+                "capacity": n.capacity,
+                "load": load[n.node_id].load if n.node_id in load else 0,
+                "healthy": is_healthy(n.last_heartbeat, now, svc.config.heartbeat_timeout_s) and not n.lost,
+                "draining": n.draining,
+                "lost": n.lost,
+                "last_heartbeat_s_ago": round(now - n.last_heartbeat, 3),
+                "status": n.status,
+            }
+        )
+    return _json({"nodes": out})
+
+
+async def health(request: Request) -> Response:
+    return _json({"status": "ok", "service": "polar-rollout-server"})
+
+
+async def events(request: Request) -> Response:
+    bus = _svc(request).events
+    kinds_q = request.query_params.get("kinds")
+    kinds = frozenset(k for k in kinds_q.split(",") if k) if kinds_q else None
+    sub = bus.subscribe(kinds)
+    headers = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+    return StreamingResponse(sse_stream(bus, sub), media_type="text/event-stream", headers=headers)
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 404)
+    if status == 405:
+        return _error(HTTPError(405, f"method {request.method} is not allowed on {request.url.path}"))
+    return _error(HTTPError(404, f"no route {request.method} {request.url.path}"))
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _error(HTTPError(500, "internal server error", type_="server_error"))
+
+
+def create_app(config: ServerConfig) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        service = RolloutService(config)
+        app.state.service = service
+        service.start()
+        log.info("rollout server state in %s", config.db_path)
+        try:
+            yield
+        finally:
+            await service.aclose()
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/events", events, methods=["GET"]),
+        Route("/rollout/task/submit", submit, methods=["POST"]),
+        Route("/rollout/task/{task_id:path}", get_task, methods=["GET"]),
+        Route("/rollout/task/{task_id:path}", cancel_task, methods=["DELETE"]),
+        Route("/rollout/results", results, methods=["GET"]),
+        Route("/rollout/status", rollout_status, methods=["GET"]),
+        Route("/callbacks/session_result", session_result, methods=["POST"]),
+        Route("/nodes/register", register_node, methods=["POST"]),
+        Route("/nodes/{node_id}/heartbeat", heartbeat, methods=["POST"]),
+        Route("/nodes", list_nodes, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
+    )

@@ -1,0 +1,112 @@
+"""Trainer callbacks: each finished session's result, and a task-done event, POSTed to the task's
+`callback_url`, retried with exponential backoff.
+
+Callbacks are queued in the store in the same transaction as the result they carry, so a restart resumes
+delivery. Delivery runs in its own tasks: a callback URL that is down, slow or answers 500 costs its own
+retries and nothing else; when the attempts run out the callback is recorded as `failed` with the last
+error (visible in `GET /rollout/task/{id}`), and the result stays available by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from polar.rollout.server.events import EventBus
+from polar.rollout.server.store import CallbackRow, ServerStore
+
+log = logging.getLogger("polar.server.callbacks")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 8
+    backoff_s: float = 0.5  # delay before the 2nd attempt; doubles each time
+    backoff_max_s: float = 60.0
+    timeout_s: float = 10.0
+
+    def delay(self, attempts_made: int) -> float:
+        return float(min(self.backoff_max_s, self.backoff_s * 2 ** max(0, attempts_made - 1)))
+
+
+class CallbackDeliverer:
+    def __init__(
+        self, store: ServerStore, events: EventBus, policy: RetryPolicy, concurrency: int = 16
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.policy = policy
+        self._client = httpx.AsyncClient(timeout=policy.timeout_s)
+        self._sem = asyncio.Semaphore(concurrency)
+        self._busy: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._wake = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.create_task(self._run(), name="polar-callbacks")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def aclose(self) -> None:
+        for task in [self._loop, *self._tasks]:
+            if task is not None:
+                task.cancel()
+        for task in [self._loop, *self._tasks]:
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await self._client.aclose()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            for cb in self.store.due_callbacks(64):
+                if cb.id not in self._busy:
+                    self._busy.add(cb.id)
+                    task = asyncio.create_task(self._deliver(cb))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            nxt = self.store.next_callback_at()
+            wait = 1.0 if nxt is None else min(1.0, max(0.01, nxt - time.time()))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def _deliver(self, cb: CallbackRow) -> None:
+        try:
+            async with self._sem:
+                error = await self._post(cb)
+            attempts = cb.attempts + 1
+            if error is None:
+                self.store.callback_attempt(cb.id, "delivered", None, time.time())
+            elif attempts >= self.policy.attempts:
+                self.store.callback_attempt(cb.id, "failed", error, time.time())
+                log.warning("callback to %s gave up after %d attempts: %s", cb.url, attempts, error)
+                self.events.publish(
+                    "callback_failed", task_id=cb.task_id, session_id=cb.session_id, url=cb.url, error=error
+                )
+            else:
+                self.store.callback_attempt(
+                    cb.id, "pending", error, time.time() + self.policy.delay(attempts)
+                )
+        finally:
+            self._busy.discard(cb.id)
+            self._wake.set()
+
+    async def _post(self, cb: CallbackRow) -> str | None:
+        """One attempt; the error text, or None when the trainer acknowledged with a 2xx."""
+        try:
+            r = await self._client.post(
+                cb.url, content=cb.payload, headers={"content-type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if 200 <= r.status_code < 300:
+            return None
+        return f"HTTP {r.status_code}: {r.text[:200]}"

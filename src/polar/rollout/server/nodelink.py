@@ -1,0 +1,76 @@
+"""HTTP calls from the server to gateway nodes (routes in `polar.rollout.protocol`).
+
+Each call reports what the server may *conclude*, not just what happened: in particular a dispatch whose
+answer never arrived is UNKNOWN (the node may have accepted it), while one whose connection was refused
+is REFUSED (httpx raises ConnectError before a byte of the request is sent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from pydantic import ValidationError
+
+from polar.rollout.protocol import NodeSessionState, SessionSpec
+from polar.rollout.server.scheduler import DispatchOutcome, classify_dispatch
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    reachable: bool
+    state: NodeSessionState | None  # None with reachable=True: the node says it never saw the session
+    error: str | None = None
+
+
+def _error_text(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+        msg = body.get("error", {}).get("message") if isinstance(body, dict) else None
+    except ValueError:
+        msg = None
+    return f"HTTP {r.status_code}: {msg or r.text[:300]}"
+
+
+class NodeLink:
+    def __init__(self, timeout_s: float) -> None:
+        self._client = httpx.AsyncClient(timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def dispatch(self, node_url: str, spec: SessionSpec) -> tuple[DispatchOutcome, str | None]:
+        try:
+            r = await self._client.post(
+                f"{node_url}/node/sessions",
+                content=spec.model_dump_json(),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.ConnectError as exc:
+            return classify_dispatch(None, connect_failed=True), f"connect: {exc}"
+        except httpx.HTTPError as exc:
+            return classify_dispatch(None), f"{type(exc).__name__}: {exc}"
+        outcome = classify_dispatch(r.status_code)
+        return outcome, None if outcome is DispatchOutcome.ACCEPTED else _error_text(r)
+
+    async def probe(self, node_url: str, session_id: str) -> ProbeAnswer:
+        try:
+            r = await self._client.get(f"{node_url}/node/sessions/{session_id}")
+        except httpx.HTTPError as exc:
+            return ProbeAnswer(False, None, f"{type(exc).__name__}: {exc}")
+        if r.status_code == 404:
+            return ProbeAnswer(True, None)
+        if r.status_code != 200:
+            return ProbeAnswer(False, None, _error_text(r))
+        try:
+            return ProbeAnswer(True, NodeSessionState.model_validate_json(r.content))
+        except ValidationError as exc:
+            return ProbeAnswer(False, None, f"unreadable session state: {exc.errors()[0]['msg']}")
+
+    async def cancel(self, node_url: str, session_id: str) -> str | None:
+        """Ask the node to cancel; the error text, or None when it answered (404 included: nothing to do)."""
+        try:
+            r = await self._client.delete(f"{node_url}/node/sessions/{session_id}")
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None if r.status_code < 300 or r.status_code == 404 else _error_text(r)
