@@ -51,6 +51,14 @@ def make_runtime(
         from polar.runtime.bwrap import BwrapRuntime
 
         return BwrapRuntime(spec, session_id, gateway_url=gateway_url, keep=keep)
-    if spec.backend in ("docker", "apptainer"):  # the container runtimes land in the next commit
-        raise RuntimeFailure(f"runtime {spec.backend!r} is not implemented yet")
+    if spec.backend == "docker":
+        from polar.runtime.docker import DockerRuntime
+
+        return DockerRuntime(spec, session_id, gateway_url=gateway_url, keep=keep)
+    if spec.backend == "apptainer":
+        from polar.runtime.apptainer import ApptainerRuntime
+
+        binary = _apptainer_binary()
+        assert binary is not None  # check_runtime made sure
+        return ApptainerRuntime(spec, session_id, gateway_url=gateway_url, keep=keep, binary=binary)
     return LocalRuntime(spec, session_id, gateway_url=gateway_url, keep=keep)

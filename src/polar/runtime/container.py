@@ -1,0 +1,242 @@
+"""What docker and apptainer share: a long-lived container per runtime, commands run inside it by the
+engine's client, and the session directory bind-mounted at its host path.
+
+Killing the engine's client does not kill what it started inside the container, so every command is
+wrapped as `setsid -w sh -c 'echo $$ > PIDFILE; exec "$@"'`: it runs as the leader of its own process
+group, whose id lands in the (shared) session directory, and a timeout signals that group through the
+engine (`kill -TERM -- -PGID`, then `-KILL`). `cancel` kills the whole container at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import signal
+import time
+from abc import abstractmethod
+from pathlib import Path
+
+from polar.runtime.base import ExecResult, RuntimeFailure, RuntimeSpec
+from polar.runtime.local import Keep, LocalRuntime, _copy
+from polar.runtime.procs import (
+    OUTPUT_CAP,
+    TERM_GRACE_S,
+    GroupTracker,
+    group_alive,
+    run_process,
+    signal_group,
+)
+
+ENGINE_TIMEOUT_S = 600.0  # `docker run` may pull an image first
+
+
+class ContainerRuntime(LocalRuntime):
+    """Subclasses build the engine's command lines; this class runs them."""
+
+    default_binary = ""
+
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        session_id: str,
+        *,
+        gateway_url: str | None = None,
+        keep: Keep = "nothing",
+        term_grace_s: float = TERM_GRACE_S,
+        output_cap: int = OUTPUT_CAP,
+        binary: str | None = None,
+    ) -> None:
+        super().__init__(
+            spec,
+            session_id,
+            gateway_url=gateway_url,
+            keep=keep,
+            term_grace_s=term_grace_s,
+            output_cap=output_cap,
+        )
+        if not spec.image:
+            raise RuntimeFailure(f"runtime {spec.backend!r} needs runtime.image")
+        self.image = spec.image
+        self.binary = binary or self.default_binary
+        self.name = self.session_dir.name  # polar-<session>-<random>: unique per runtime
+        self.control = self.session_dir / ".polar"
+        if Path(spec.workdir).is_absolute():  # a path inside the image, e.g. /testbed
+            self.workdir = Path(spec.workdir)
+        if spec.network == "none":
+            self.gateway_url = None
+        self._counter = itertools.count()
+
+    # -- the engine's command lines (pure; tested without an engine) --------------------------------
+
+    @abstractmethod
+    def start_argv(self) -> list[str]: ...
+
+    @abstractmethod
+    def exec_argv(self, argv: list[str], cwd: Path, env: dict[str, str]) -> list[str]: ...
+
+    @abstractmethod
+    def client_env(self, env: dict[str, str]) -> dict[str, str]:
+        """Variables for the client process that carry `env` into the container (values never appear
+        on a command line, where `ps` would show the session key)."""
+
+    @abstractmethod
+    def kill_argv(self) -> list[str]: ...
+
+    @abstractmethod
+    def remove_argv(self) -> list[str]: ...
+
+    @abstractmethod
+    async def copy_in(self, src: Path, dst: Path) -> None: ...
+
+    @abstractmethod
+    async def copy_out(self, src: Path, dst: Path) -> None:
+        """Copy `src` inside the container to `dst` in the shared session directory (not existing)."""
+
+    def wrapped(self, argv: list[str], pidfile: Path) -> list[str]:
+        return ["setsid", "-w", "sh", "-c", 'echo $$ > "$0" && exec "$@"', str(pidfile), *argv]
+
+    # -- running the engine ------------------------------------------------------------------------
+
+    async def engine(self, argv: list[str], *, check: bool = True) -> ExecResult:
+        result = await run_process(
+            argv,
+            env=dict(os.environ),
+            cwd=None,
+            stdin=None,
+            timeout_s=ENGINE_TIMEOUT_S,
+            tracker=GroupTracker(),
+            grace_s=self.term_grace_s,
+        )
+        if check and result.exit_code != 0:
+            raise RuntimeFailure(
+                f"{' '.join(argv[:3])} failed (exit {result.exit_code}): {result.stderr.strip()[-2000:]}"
+            )
+        return result
+
+    async def start(self) -> None:
+        if self._state != "new":
+            return
+        try:
+            for path in (self.home, self.artifacts, self.control):
+                path.mkdir(parents=True, exist_ok=True)
+            if self.workdir.is_relative_to(self.session_dir):
+                self.workdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot create session directory {self.session_dir}: {exc}") from exc
+        try:
+            await self.engine(self.start_argv())
+        except RuntimeFailure:
+            self._remove("nothing")
+            raise
+        self._state = "started"
+
+    async def cancel(self) -> None:
+        self._tracker.cancelled = True
+        if self._state == "started":
+            await self.engine(self.kill_argv(), check=False)
+        await self._tracker.kill_all(0.0)
+
+    async def stop(self, *, keep: Keep | None = None) -> None:
+        if self._state == "stopped":
+            return
+        was_started = self._state == "started"
+        await self.cancel()
+        if was_started:
+            await self.engine(self.remove_argv(), check=False)
+        self._state = "stopped"
+        await asyncio.to_thread(self._remove, keep or self.keep)
+
+    # -- commands ----------------------------------------------------------------------------------
+
+    def _env(self, env: dict[str, str] | None) -> dict[str, str]:
+        # No host variables: the image's own PATH and locale apply
+        return {"HOME": str(self.home)} | self.spec.env | (env or {})
+
+    def _cwd(self, cwd: str | None) -> Path:
+        return self.workdir if cwd is None else self.workdir / cwd
+
+    def _command(self, argv: list[str] | str) -> list[str]:
+        # A login shell here: images set PATH and friends in their profile (conda, nvm)
+        return ["bash", "-lc", argv] if isinstance(argv, str) else list(argv)
+
+    async def _kill_inside(self, pidfile: Path, client_pgid: int, grace_s: float) -> None:
+        """SIGTERM the command's group inside the container, wait for the client to notice, SIGKILL."""
+        try:
+            pgid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            pgid = None  # not started yet inside: killing the client is all there is
+        if pgid is not None:
+            await self.engine(self.exec_argv(["kill", "-TERM", "--", f"-{pgid}"], Path("/"), {}), check=False)
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and group_alive(client_pgid):
+                await asyncio.sleep(0.05)
+            await self.engine(self.exec_argv(["kill", "-KILL", "--", f"-{pgid}"], Path("/"), {}), check=False)
+        signal_group(client_pgid, signal.SIGKILL)
+
+    async def exec(
+        self,
+        argv: list[str] | str,
+        *,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
+        self._check_running()
+        command = self._command(argv)
+        if not command:
+            raise RuntimeFailure("empty command")
+        full_env = self._env(env)
+        pidfile = self.control / f"exec-{next(self._counter)}.pid"
+
+        async def kill(pgid: int, grace_s: float) -> None:
+            await self._kill_inside(pidfile, pgid, grace_s)
+
+        try:
+            return await run_process(
+                self.exec_argv(self.wrapped(command, pidfile), self._cwd(cwd), full_env),
+                env=dict(os.environ) | self.client_env(full_env),
+                cwd=None,
+                stdin=stdin,
+                timeout_s=timeout_s,
+                tracker=self._tracker,
+                grace_s=self.term_grace_s,
+                output_cap=self.output_cap,
+                kill=kill,
+            )
+        finally:
+            pidfile.unlink(missing_ok=True)
+
+    # -- files -------------------------------------------------------------------------------------
+
+    def _target(self, path: str) -> Path:
+        return Path(os.path.normpath(self.workdir / path))
+
+    async def upload(self, src: Path, dst: str) -> None:
+        self._check_running()
+        target = self._target(dst)
+        if target.is_relative_to(self.session_dir):  # shared with the host: a plain copy
+            await super().upload(src, dst)
+        elif not Path(src).exists():
+            raise RuntimeFailure(f"cannot copy {src}: no such file or directory")
+        else:
+            await self.copy_in(Path(src), target)
+
+    async def download(self, src: str, dst: Path) -> None:
+        self._check_running()
+        source = self._target(src)
+        if source.is_relative_to(self.session_dir):
+            await super().download(src, dst)
+            return
+        # Through a staging place in the shared directory, so trees merge into `dst` as with local
+        staging = self.control / f"out-{next(self._counter)}"
+        staging.mkdir()
+        try:
+            await self.copy_out(source, staging / "x")
+            await asyncio.to_thread(_copy, staging / "x", Path(dst))
+        except OSError as exc:
+            raise RuntimeFailure(f"download {src} -> {dst} failed: {exc}") from exc
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)

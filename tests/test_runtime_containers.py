@@ -1,0 +1,139 @@
+"""Docker and apptainer: no engine runs on this machine, so these check the exact command lines, that
+values of variables never reach a command line, that the in-container wrapper really reports its process
+group, and that the factory refuses clearly when an engine or an image is missing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from polar.runtime import RuntimeFailure, RuntimeSpec, make_runtime
+from polar.runtime.apptainer import ApptainerRuntime
+from polar.runtime.docker import DockerRuntime
+
+
+def _spec(tmp_path: Path, backend: str, **kw: object) -> RuntimeSpec:
+    return RuntimeSpec(backend=backend, image="python:3.12-slim", root=tmp_path, **kw)  # type: ignore[arg-type]
+
+
+def test_docker_command_lines(tmp_path: Path) -> None:
+    rt = DockerRuntime(
+        _spec(tmp_path, "docker", read_only_paths=("/opt/cli",)), "s/1", gateway_url="http://127.0.0.1:9"
+    )
+    s = str(rt.session_dir)
+    assert rt.name == rt.session_dir.name and rt.name.startswith("polar-s_1-")
+    assert rt.start_argv() == [
+        "docker", "run", "-d", "--name", rt.name, "--network", "host",
+        "-v", f"{s}:{s}", "-v", "/opt/cli:/opt/cli:ro",
+        "-w", f"{s}/workspace", "python:3.12-slim", "sleep", "infinity",
+    ]  # fmt: skip
+    assert rt.gateway_url == "http://127.0.0.1:9"  # host network: the same URL answers
+    env = {"HOME": f"{s}/home", "OPENAI_API_KEY": "secret-session-key"}
+    argv = rt.exec_argv(["python", "-V"], Path("/w"), env)
+    assert argv == [
+        "docker",
+        "exec",
+        "-i",
+        "-w",
+        "/w",
+        "-e",
+        "HOME",
+        "-e",
+        "OPENAI_API_KEY",
+        rt.name,
+        "python",
+        "-V",
+    ]
+    assert "secret-session-key" not in " ".join(argv)
+    assert rt.client_env(env) == env
+    assert rt.kill_argv() == ["docker", "kill", rt.name]
+    assert rt.remove_argv() == ["docker", "rm", "-f", rt.name]
+    assert rt.copy_argv("/a/.", f"{rt.name}:/b") == ["docker", "cp", "/a/.", f"{rt.name}:/b"]
+
+
+def test_docker_network_none_and_absolute_workdir(tmp_path: Path) -> None:
+    rt = DockerRuntime(
+        _spec(tmp_path, "docker", network="none", workdir="/testbed"), "s", gateway_url="http://127.0.0.1:9"
+    )
+    argv = rt.start_argv()
+    assert argv[argv.index("--network") + 1] == "none"
+    assert argv[argv.index("-w") + 1] == "/testbed" and rt.workdir == Path("/testbed")
+    assert rt.gateway_url is None
+    # str commands run in a login shell inside images (their profile sets PATH)
+    assert rt._command("make test") == ["bash", "-lc", "make test"]
+    assert rt._env({"X": "1"}) == {"HOME": str(rt.home), "X": "1"}  # nothing from the host
+
+
+def test_apptainer_command_lines(tmp_path: Path) -> None:
+    rt = ApptainerRuntime(_spec(tmp_path, "apptainer", network="none"), "a", binary="/usr/bin/singularity")
+    s = str(rt.session_dir)
+    assert rt.start_argv() == [
+        "/usr/bin/singularity", "instance", "start", "--containall", "--writable-tmpfs",
+        "--bind", f"{s}:{s}", "--net", "--network", "none", "python:3.12-slim", rt.name,
+    ]  # fmt: skip
+    argv = rt.exec_argv(["id"], Path("/w"), {"K": "secret"})
+    assert argv == [
+        "/usr/bin/singularity",
+        "exec",
+        "--cleanenv",
+        "--pwd",
+        "/w",
+        f"instance://{rt.name}",
+        "id",
+    ]
+    assert rt.client_env({"K": "secret"}) == {"APPTAINERENV_K": "secret"}
+    assert rt.kill_argv() == ["/usr/bin/singularity", "instance", "stop", "--signal", "SIGKILL", rt.name]
+    assert rt.remove_argv() == ["/usr/bin/singularity", "instance", "stop", "--force", rt.name]
+
+
+async def test_in_container_wrapper_reports_its_process_group(tmp_path: Path) -> None:
+    """The wrapper runs unchanged inside the container; here it runs on the host to prove what it does."""
+    rt = DockerRuntime(_spec(tmp_path, "docker"), "w")
+    pidfile = tmp_path / "pid"
+    argv = rt.wrapped(["sh", "-c", 'echo "$$ $(ps -o pgid= -p $$)"; exit 3'], pidfile)
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    pid, pgid = out.decode().split()
+    assert proc.returncode == 3  # setsid -w hands the exit status through
+    assert pid == pgid == pidfile.read_text().strip()
+
+
+async def test_stop_before_start_needs_no_engine(tmp_path: Path) -> None:
+    rt = DockerRuntime(_spec(tmp_path, "docker"), "never")
+    await rt.stop()
+    with pytest.raises(RuntimeFailure, match="stopped"):
+        await rt.exec(["true"])
+
+
+def _fake_path(tmp_path: Path, *names: str) -> str:
+    """A PATH holding executables with these names (only their presence is looked up)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for name in names:
+        (bindir / name).symlink_to("/bin/false")
+    return str(bindir)
+
+
+def test_factory_builds_and_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(RuntimeFailure, match="runtime 'docker' needs the docker CLI"):
+        make_runtime(_spec(tmp_path, "docker"), "x")
+    with pytest.raises(RuntimeFailure, match="needs apptainer \\(or singularity\\)"):
+        make_runtime(_spec(tmp_path, "apptainer"), "x")
+    with pytest.raises(RuntimeFailure, match=r"runtime 'docker' needs runtime\.image"):
+        make_runtime(RuntimeSpec(backend="docker"), "x")
+    monkeypatch.setenv("PATH", _fake_path(tmp_path, "docker", "singularity"))
+    assert isinstance(make_runtime(_spec(tmp_path, "docker"), "x"), DockerRuntime)
+    rt = make_runtime(_spec(tmp_path, "apptainer"), "x")
+    assert isinstance(rt, ApptainerRuntime) and os.path.basename(rt.binary) == "singularity"
+
+
+async def test_engine_failure_is_a_runtime_failure(tmp_path: Path) -> None:
+    """An engine that answers with an error (here: `false`) fails `start` clearly and leaves nothing."""
+    rt = DockerRuntime(_spec(tmp_path, "docker"), "x", binary="/bin/false")
+    with pytest.raises(RuntimeFailure, match="failed \\(exit 1\\)"):
+        await rt.start()
+    assert not rt.session_dir.exists()
