@@ -1,0 +1,96 @@
+"""Evaluators by name or import path, built and checked when a task is submitted (not mid-run).
+
+A custom evaluator is `"package.module:Name"` where `Name` is a class (or factory) called with the task's
+`evaluator.config` (or with nothing, when it takes no argument and the config is empty); the object must
+have `name`, `needs_fresh_runtime` and an async `evaluate(ctx)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+from polar.evaluate.base import Evaluator
+from polar.evaluate.command import CommandEvaluator
+from polar.evaluate.session_completed import SessionCompleted
+from polar.evaluate.test_on_output import TestOnOutput
+
+_BUILTIN: dict[str, Callable[..., Any]] = {
+    SessionCompleted.name: SessionCompleted,
+    CommandEvaluator.name: CommandEvaluator,
+    TestOnOutput.name: TestOnOutput,
+}
+
+
+def evaluator_names() -> list[str]:
+    return sorted(_BUILTIN)
+
+
+def _import(path: str) -> Callable[..., Any]:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ValueError(
+            f"unknown evaluator {path!r}: not one of {', '.join(evaluator_names())}, "
+            "nor an import path 'package.module:Name'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # an ImportError, or whatever the module raises while importing
+        raise ValueError(f"evaluator {path!r}: cannot import {module_name}: {exc}") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"evaluator {path!r}: {module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"evaluator {path!r}: {attr} is not a class or factory")
+    return cast(Callable[..., Any], obj)
+
+
+def _takes_config(factory: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: try with the config
+        return True
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
+def _check(evaluator: Any, label: str) -> Evaluator:
+    missing = [a for a in ("name", "needs_fresh_runtime") if not hasattr(evaluator, a)]
+    if missing:
+        raise ValueError(f"evaluator {label!r} lacks {', '.join(missing)}")
+    if not inspect.iscoroutinefunction(getattr(evaluator, "evaluate", None)):
+        raise ValueError(f"evaluator {label!r} needs an `async def evaluate(self, ctx)`")
+    return cast(Evaluator, evaluator)
+
+
+def get_evaluator(name_or_import_path: str, config: Mapping[str, Any] | None = None) -> Evaluator:
+    """The evaluator for a task, its config validated; ValueError saying what is wrong otherwise."""
+    factory = _BUILTIN.get(name_or_import_path) or _import(name_or_import_path)
+    config = dict(config or {})
+    if _takes_config(factory):
+        try:
+            evaluator = factory(config)
+        except ValueError:
+            raise
+        except Exception as exc:
+            raise ValueError(f"evaluator {name_or_import_path!r}: {type(exc).__name__}: {exc}") from None
+    elif config:
+        raise ValueError(f"evaluator {name_or_import_path!r} takes no config, got {sorted(config)}")
+    else:
+        evaluator = factory()
+    return _check(evaluator, name_or_import_path)
+
+
+def fresh_runtime_wanted(evaluator: Evaluator, requested: bool | None) -> bool:
+    """Whether the node prepares a fresh runtime: the task's `evaluator.fresh_runtime`, defaulting to what
+    the evaluator asks; refusing a task that denies one to an evaluator that needs it."""
+    if requested is None:
+        return bool(evaluator.needs_fresh_runtime)
+    if not requested and evaluator.needs_fresh_runtime:
+        raise ValueError(
+            f"evaluator {evaluator.name!r} needs a fresh runtime, but evaluator.fresh_runtime is false"
+        )
+    return requested

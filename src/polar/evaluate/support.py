@@ -1,0 +1,56 @@
+"""What the built-in evaluators share: strict configs validated at submit time, and telling the agent's
+failures (reward 0) from the environment's (raise: the session becomes ERROR and is fully masked)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from polar.runtime.base import ExecResult
+
+OUTPUT_TAIL = 2000  # characters of command output kept in `EvalResult.details`
+# bash: 126 "found but not executable", 127 "command not found": the runtime lacks what the check needs,
+# which no agent action in the workdir explains.
+ENVIRONMENT_EXIT_CODES = frozenset({126, 127})
+
+
+class EvaluatorError(Exception):
+    """The evaluation itself failed (not the agent): the node records ERROR and masks the session."""
+
+
+class StrictConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+C = TypeVar("C", bound=StrictConfig)
+
+
+def parse_config(evaluator: str, model: type[C], config: Mapping[str, Any] | None) -> C:
+    """`config` validated into `model`, or a ValueError naming the evaluator and the field."""
+    try:
+        return model.model_validate(dict(config or {}))
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(["evaluator.config", *(str(p) for p in err["loc"])])
+        raise ValueError(f"evaluator {evaluator!r}: {where}: {err['msg']}") from None
+
+
+def tail(text: str, n: int = OUTPUT_TAIL) -> str:
+    return text if len(text) <= n else "…" + text[-n:]
+
+
+def output_of(result: ExecResult) -> str:
+    """stdout then stderr (unittest reports on stderr, pytest on stdout)."""
+    if result.stdout and result.stderr:
+        return f"{result.stdout}\n{result.stderr}"
+    return result.stdout or result.stderr
+
+
+def require_environment(result: ExecResult, what: str) -> None:
+    """Raise `EvaluatorError` when `result` says the runtime could not run `what` at all."""
+    if result.exit_code in ENVIRONMENT_EXIT_CODES and not result.timed_out:
+        raise EvaluatorError(
+            f"{what} could not run in the runtime (exit {result.exit_code}): {tail(result.stderr, 500)}"
+        )
