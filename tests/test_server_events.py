@@ -1,0 +1,63 @@
+"""`GET /events`: the server's live event stream (SSE), read with httpx like a dashboard would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from tests.server_support import start_server, task
+
+
+async def _read_events(lines: Any, until: str) -> list[tuple[str, dict[str, Any]]]:
+    events: list[tuple[str, dict[str, Any]]] = []
+    kind = None
+    async for line in lines:
+        if line.startswith("event: "):
+            kind = line.removeprefix("event: ")
+        elif line.startswith("data: ") and kind is not None:
+            events.append((kind, orjson.loads(line.removeprefix("data: "))))
+            if kind == until:
+                return events
+    raise AssertionError("stream ended early")
+
+
+async def test_events_stream_task_lifecycle(tmp_path: Path) -> None:
+    srv = start_server(tmp_path / "s.db")
+    try:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
+            async with http.stream("GET", "/events") as stream:
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                await http.post("/rollout/task/submit", json=task("t1", num_samples=1))
+                (sid,) = [s["session_id"] for s in (await http.get("/rollout/task/t1")).json()["sessions"]]
+                body = {"session_id": sid, "task_id": "t1", "status": "COMPLETED", "reward": 0.5}
+                await http.post("/callbacks/session_result", json=body)
+                events = await _read_events(stream.aiter_lines(), until="task_done")
+            kinds = [k for k, _ in events]
+            assert kinds == ["task_submitted", "session_result", "task_done"]
+            assert events[1][1]["session_id"] == sid and events[1][1]["reward"] == 0.5
+            assert events[2][1]["counts"] == {"COMPLETED": 1}
+
+            # a filtered stream sees only the kinds it asked for
+            async with http.stream("GET", "/events", params={"kinds": "task_done"}) as stream:
+                await http.post("/rollout/task/submit", json=task("t2"))
+                await http.delete("/rollout/task/t2")
+                events = await _read_events(stream.aiter_lines(), until="task_done")
+            assert [k for k, _ in events] == ["task_done"] and events[0][1]["state"] == "CANCELLED"
+    finally:
+        srv.stop()
+
+
+def test_a_slow_subscriber_loses_old_events_not_memory() -> None:
+    from polar.rollout.server.events import EventBus
+
+    bus = EventBus(queue_size=3)
+    sub = bus.subscribe()
+    for i in range(10):
+        bus.publish("tick", i=i)
+    assert sub.dropped == 7 and sub.queue.qsize() == 3
+    assert [sub.queue.get_nowait()[2]["i"] for _ in range(3)] == [7, 8, 9]
+    bus.unsubscribe(sub)
+    assert bus.subscribers == 0
