@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from polar.rollout.task import Task
+from polar.rollout.task import Task, UploadAction
 
 
 class TaskFileError(ValueError):
@@ -80,10 +80,25 @@ def parse_tasks(text: str, source: str = "<tasks>") -> list[Task]:
     return tasks
 
 
+def _anchor_uploads(task: Task, base: Path) -> Task:
+    """Relative upload sources made absolute against `base`, so a task file works from any cwd."""
+    prepare = [
+        a.model_copy(update={"src": str(base / a.src)})
+        if isinstance(a, UploadAction) and not Path(a.src).is_absolute()
+        else a
+        for a in task.runtime.prepare
+    ]
+    if prepare == task.runtime.prepare:
+        return task
+    return task.model_copy(update={"runtime": task.runtime.model_copy(update={"prepare": prepare})})
+
+
 def load_tasks(path: str | Path) -> list[Task]:
+    """Tasks from a file; relative upload `src` paths are taken relative to the file's directory."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise TaskFileError(f"{p}: cannot read: {exc.strerror}") from None
-    return parse_tasks(text, str(p))
+    base = p.resolve().parent
+    return [_anchor_uploads(t, base) for t in parse_tasks(text, str(p))]
