@@ -1,0 +1,131 @@
+"""The node's HTTP face: the gateway's routes for harnesses, and `/node/...` for the rollout server.
+
+    POST   /node/sessions        SessionSpec -> 202 {"session_id", "accepted": true}
+                                 409 seen before (single use), 429 full, 503 draining, 422 invalid (names the field)
+    GET    /node/sessions        {"sessions": [NodeSessionState without results]}
+    GET    /node/sessions/{id}   NodeSessionState (with the result once terminal), 404 never seen
+    DELETE /node/sessions/{id}   cancels (kills the process tree); answers the state once it ended
+    GET    /node/status          NodeStatus
+
+When the gateway has a control token, the node routes need it too (a harness's session key cannot open them).
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from polar.gateway.app import HotPath, create_app
+from polar.rollout.protocol import SessionSpec
+
+if TYPE_CHECKING:
+    from polar.rollout.node.node import Node
+
+MAX_SPEC_BYTES = 8 << 20
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    if isinstance(body, BaseModel):
+        return Response(body.model_dump_json().encode(), status_code=status, media_type="application/json")
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _error(status: int, message: str, field: str | None = None) -> Response:
+    err: dict[str, Any] = {"message": message}
+    if field is not None:
+        err["field"] = field
+    return _json({"error": err}, status)
+
+
+def _validation_error(exc: ValidationError) -> Response:
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"]) or "body"
+    return _error(422, f"{field}: {first['msg']}", field)
+
+
+class NodeApp:
+    """Routes `/node/...` to the node, everything else (and the lifespan) to the gateway."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.gateway: HotPath = create_app(node.config.gateway)
+        self.routes = Starlette(
+            routes=[
+                Route("/node/sessions", self.submit, methods=["POST"]),
+                Route("/node/sessions", self.list_sessions, methods=["GET"]),
+                Route("/node/sessions/{session_id}", self.get_session, methods=["GET"]),
+                Route("/node/sessions/{session_id}", self.cancel_session, methods=["DELETE"]),
+                Route("/node/status", self.status, methods=["GET"]),
+            ],
+            exception_handlers={404: self._not_found, 405: self._not_found},
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (scope["path"] == "/node" or scope["path"].startswith("/node/")):
+            if not self._authorized(scope):
+                await _error(403, "the node routes need the control token")(scope, receive, send)
+                return
+            await self.routes(scope, receive, send)
+        else:
+            await self.gateway(scope, receive, send)
+
+    def _authorized(self, scope: Any) -> bool:
+        token = self.node.config.gateway.control_token
+        if token is None:
+            return True
+        headers = dict(scope.get("headers") or [])
+        scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+    async def _not_found(self, request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return _error(status, f"no route {request.method} {request.url.path}")
+
+    async def submit(self, request: Request) -> Response:
+        from polar.rollout.node.node import AdmissionError
+
+        body = await request.body()
+        if len(body) > MAX_SPEC_BYTES:
+            return _error(413, f"a session spec is limited to {MAX_SPEC_BYTES} bytes")
+        try:
+            spec = SessionSpec.model_validate_json(body)
+        except ValidationError as exc:
+            return _validation_error(exc)
+        try:
+            await self.node.submit(spec)
+        except AdmissionError as exc:
+            return _error(exc.status, exc.message, exc.field)
+        return _json({"session_id": spec.session_id, "accepted": True}, 202)
+
+    async def list_sessions(self, request: Request) -> Response:
+        states = [s.model_dump(mode="json", exclude={"result"}) for s in self.node.sessions()]
+        return _json({"sessions": states})
+
+    async def get_session(self, request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        state = self.node.state(sid)
+        if state is None:
+            return _error(404, f"no session {sid} on this node")
+        return _json(state)
+
+    async def cancel_session(self, request: Request) -> Response:
+        sid = request.path_params["session_id"]
+        reason = request.query_params.get("reason") or "cancelled by request"
+        state = await self.node.cancel(sid, reason)
+        if state is None:
+            return _error(404, f"no session {sid} on this node")
+        return _json(state)
+
+    async def status(self, request: Request) -> Response:
+        return _json(self.node.status())
+
+
+def create_node_app(node: Node) -> NodeApp:
+    return NodeApp(node)

@@ -1,0 +1,49 @@
+"""Node settings, validated once at start-up."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polar.gateway.config import GatewayConfig
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """A gateway node: the gateway (`gateway`) plus the pools that run sessions through their stages.
+
+    `capacity` is the admission limit (sessions accepted and not finished). INIT, RUNNING and POSTRUN each
+    have their own worker count, so slow sandbox starts and long evaluations never hold an agent's run
+    slot; `ready_buffer` bounds how many prepared runtimes may wait for a run slot.
+    """
+
+    gateway: GatewayConfig
+    capacity: int = 8
+    init_workers: int = 4
+    run_workers: int = 8
+    post_workers: int = 4
+    ready_buffer: int = 4
+    node_id: str = field(default_factory=lambda: f"node-{socket.gethostname()}")
+    server_url: str | None = None  # the rollout server to register with (None: standalone)
+    advertise_url: str | None = None  # the URL the server reaches this node at (default: host:port)
+    runtime_gateway_url: str | None = None  # the gateway as seen from inside runtimes (default: url)
+    runtime_root: Path | None = None  # where runtimes make session directories (default: a temp dir)
+    heartbeat_s: float = 5.0
+    report_attempts: int = 8  # POSTs of a SessionResult before giving up (it stays on the node)
+    report_backoff_s: float = 0.5  # first retry delay; doubles, capped at 30 s
+    post_run_timeout_s: float = 120.0  # the harness's post-run hook (log collection)
+    keep_results: int = 10_000  # finished results kept whole; older ones keep status and reason only
+
+    def __post_init__(self) -> None:
+        for name in ("capacity", "init_workers", "run_workers", "post_workers", "ready_buffer"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.heartbeat_s <= 0:
+            raise ValueError("heartbeat_s must be positive")
+        if self.report_attempts < 1:
+            raise ValueError("report_attempts must be at least 1")
+        for name in ("server_url", "advertise_url", "runtime_gateway_url"):
+            value = getattr(self, name)
+            if value is not None and not value.startswith(("http://", "https://")):
+                raise ValueError(f"{name} must be an http(s) URL, not {value!r}")

@@ -1,0 +1,317 @@
+"""The stages of one session, without the pools: INIT, RUNNING and POSTRUN bodies.
+
+Each stage either advances the `NodeSession` or raises `SessionEnd` with a terminal status and a reason.
+The node (`polar.rollout.node.node`) decides when a stage may run (its pools) and always tears down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar.evaluate.base import EvalContext, EvalResult
+from polar.gateway.proxy import Proxy
+from polar.harness.base import HarnessContext
+from polar.rollout.node.deadline import Deadline, RunLimit
+from polar.rollout.node.session import NodeSession, SessionEnd
+from polar.rollout.protocol import SessionStatus
+from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE, assign_rewards
+from polar.rollout.task import ExecAction, Task, UploadAction
+from polar.runtime.base import ExecResult, Runtime, RuntimeSpec
+from polar.runtime.factory import make_runtime
+from polar.store.records import CompletionRecord
+from polar.store.sqlite import SQLiteStore
+from polar.trajectory import Trajectory, TrajectoryStatus, build
+
+ERROR, TIMEOUT = SessionStatus.ERROR, SessionStatus.TIMEOUT
+_GRACE_S = 10.0  # past a runtime's own exec timeout before the node stops waiting for it
+
+
+@dataclass(frozen=True)
+class StageEnv:
+    """What the stages need from the node."""
+
+    proxy: Proxy
+    store_path: Path
+    gateway_url: str  # the gateway as the host reaches it
+    runtime_root: Path | None
+    post_run_timeout_s: float
+
+
+def _tail(text: str, n: int = 400) -> str:
+    text = text.strip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def runtime_spec(task: Task, root: Path | None) -> RuntimeSpec:
+    rt = task.runtime
+    return RuntimeSpec(
+        backend=rt.backend,
+        image=rt.image,
+        workdir=rt.workdir,
+        env=dict(rt.env),
+        network=rt.network,
+        root=root,
+    )
+
+
+# -- INIT -------------------------------------------------------------------------------------------------
+async def _exec_with_retries(runtime: Runtime, step: int, action: ExecAction, deadline: Deadline) -> None:
+    attempts = action.retries + 1
+    last = ""
+    for attempt in range(attempts):
+        if attempt:
+            await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        try:
+            result = await runtime.exec(
+                action.cmd, timeout_s=min(action.timeout_seconds, deadline.remaining())
+            )
+        except Exception as exc:  # RuntimeFailure and friends: the step failed, maybe transiently
+            last = _describe(exc)
+            continue
+        if result.exit_code == 0 and not result.timed_out:
+            return
+        how = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+        last = f"{how}: {_tail(result.stderr or result.stdout)}"
+    raise SessionEnd(
+        ERROR, f"prepare step {step} ({action.cmd!r}) failed after {attempts} attempt(s): {last}"
+    )
+
+
+async def prepare(runtime: Runtime, task: Task, deadline: Deadline) -> None:
+    """Run the task's prepare actions in order: uploads, then commands retried on a non-zero exit."""
+    for step, action in enumerate(task.runtime.prepare):
+        if isinstance(action, UploadAction):
+            try:
+                await runtime.upload(Path(action.src), action.dst)
+            except Exception as exc:
+                raise SessionEnd(
+                    ERROR, f"prepare step {step}: upload {action.src}: {_describe(exc)}"
+                ) from exc
+        else:
+            await _exec_with_retries(runtime, step, action, deadline)
+
+
+async def start_runtime(task: Task, session_id: str, env: StageEnv, deadline: Deadline) -> Runtime:
+    """A started and prepared runtime for `task`; stopped again if anything fails (or is cancelled)."""
+    try:
+        runtime = make_runtime(runtime_spec(task, env.runtime_root), session_id, gateway_url=env.gateway_url)
+    except Exception as exc:
+        raise SessionEnd(ERROR, f"runtime failed to start: {_describe(exc)}") from exc
+    try:
+        try:
+            await runtime.start()
+        except Exception as exc:
+            raise SessionEnd(ERROR, f"runtime failed to start: {_describe(exc)}") from exc
+        await prepare(runtime, task, deadline)
+    except BaseException:
+        await stop_runtime(runtime)
+        raise
+    return runtime
+
+
+async def stop_runtime(runtime: Runtime) -> None:
+    """Kill what still runs and free the runtime; never raises (teardown must not block other sessions)."""
+    for op in (runtime.cancel, runtime.stop):
+        try:
+            await asyncio.wait_for(op(), timeout=60)
+        except Exception:  # each step is tried even when the one before failed
+            continue
+
+
+def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:
+    task = s.spec.task
+    home = getattr(runtime, "home", runtime.session_dir / "home")
+    artifacts = getattr(runtime, "artifacts", runtime.session_dir / "artifacts")
+    gateway = getattr(runtime, "gateway_url", None) or env.gateway_url
+    return HarnessContext(
+        session_id=s.session_id,
+        gateway_url=str(gateway).rstrip("/"),
+        model=task.agent.model or env.proxy.served_model,
+        instruction=task.instruction,
+        home=str(home),
+        workdir=str(runtime.workdir),
+        artifacts=str(artifacts),
+        settings=dict(task.agent.settings),
+        env=dict(task.agent.env),
+    )
+
+
+def session_metadata(s: NodeSession) -> dict[str, Any]:
+    """Carried on the gateway session, the trajectory and the result: task metadata, group and sample."""
+    spec = s.spec
+    return {
+        **spec.task.metadata,
+        "task_id": spec.task.task_id,
+        "group_id": spec.group_id or spec.task.task_id,
+        "sample_index": spec.sample_index,
+    }
+
+
+async def init_stage(s: NodeSession, env: StageEnv) -> None:
+    """Runtime, prepare actions, the gateway session and the harness's setup, within the session deadline."""
+    s.enter(SessionStatus.INITIALIZING)
+    s.deadline.start()
+    try:
+        async with asyncio.timeout(s.deadline.remaining()):
+            s.runtime = await start_runtime(s.spec.task, s.session_id, env, s.deadline)
+            try:
+                await env.proxy.sessions.create(session_metadata(s), s.session_id)
+            except KeyError:
+                raise SessionEnd(
+                    ERROR, "the gateway store already holds this session id (ids are single-use)"
+                ) from None
+            s.gateway_open = True
+            s.ctx = _context(s, s.runtime, env)
+            try:
+                await s.harness.setup(s.runtime, s.ctx)
+            except Exception as exc:
+                raise SessionEnd(ERROR, f"harness setup failed: {_describe(exc)}") from exc
+    except TimeoutError:
+        raise SessionEnd(TIMEOUT, f"{SESSION_DEADLINE} during INIT") from None
+
+
+async def fresh_runtime(task: Task, session_id: str, env: StageEnv) -> Runtime:
+    """The evaluator's clean runtime, made from the task like the agent's (prepared while the agent runs)."""
+    deadline = Deadline(task.evaluator.timeout_seconds)
+    deadline.start()
+    async with asyncio.timeout(deadline.remaining()):
+        return await start_runtime(task, session_id, env, deadline)
+
+
+# -- RUNNING ----------------------------------------------------------------------------------------------
+async def run_stage(s: NodeSession) -> None:
+    """Run the harness's command until it exits or its time (agent budget or deadline) is up."""
+    assert s.runtime is not None and s.ctx is not None
+    s.enter(SessionStatus.RUNNING)
+    limit = RunLimit.of(s.deadline, s.spec.task.agent.budget_seconds)
+    if limit.seconds <= 0:
+        raise SessionEnd(TIMEOUT, f"{SESSION_DEADLINE} before the agent started")
+    try:
+        command, run_env = s.harness.command(s.ctx), s.harness.env(s.ctx)
+    except Exception as exc:
+        raise SessionEnd(ERROR, f"harness gave no command: {_describe(exc)}") from exc
+    started = time.monotonic()
+    try:
+        async with asyncio.timeout(limit.seconds + _GRACE_S):
+            result = await s.runtime.exec(command, timeout_s=limit.seconds, env=run_env)
+    except TimeoutError:
+        # The runtime did not enforce its own timeout: kill the tree ourselves.
+        await s.runtime.cancel()
+        result = ExecResult(124, "", "", timed_out=True, duration_s=time.monotonic() - started)
+    except Exception as exc:
+        raise SessionEnd(ERROR, f"harness could not run: {_describe(exc)}") from exc
+    s.agent = result
+    if result.timed_out:
+        s.outcome = TIMEOUT
+        s.reason = (
+            f"{AGENT_BUDGET_EXHAUSTED} ({limit.seconds:g} s)"
+            if limit.by_budget
+            else f"{SESSION_DEADLINE} ({s.deadline.timeout_s:g} s) while the agent ran"
+        )
+    elif result.exit_code < 0:
+        raise SessionEnd(ERROR, f"harness killed by signal {-result.exit_code}: {_tail(result.stderr)}")
+    elif result.exit_code in (126, 127):  # the shell could not run the command at all
+        raise SessionEnd(
+            ERROR, f"harness command failed to start ({result.exit_code}): {_tail(result.stderr)}"
+        )
+    elif result.exit_code != 0:
+        # The agent's own outcome (gave up, turn limit): evaluated like any other; the evaluator decides.
+        s.reason = f"harness exited with code {result.exit_code}"
+
+
+# -- POSTRUN ----------------------------------------------------------------------------------------------
+def _records(path: Path, session_id: str) -> list[CompletionRecord]:
+    with SQLiteStore(path) as store:
+        return store.completions(session_id)
+
+
+async def close_gateway_session(s: NodeSession, env: StageEnv) -> None:
+    """Refuse further calls under this session's key (a stray process cannot add to a finished run)."""
+    if s.gateway_open:
+        s.gateway_open = False
+        try:
+            await env.proxy.sessions.close(s.session_id)
+        except Exception:  # the store write failed; the trajectory reads what was committed
+            pass
+
+
+async def build_trajectory(s: NodeSession, env: StageEnv) -> Trajectory:
+    """The session's trajectory from the gateway's records, with the task's builder (no traces when the
+    harness made no call; a TIMEOUT keeps what was captured: a partial trajectory)."""
+    s.enter(SessionStatus.BUILDING)
+    await close_gateway_session(s, env)
+    task = s.spec.task
+    records = await asyncio.to_thread(_records, env.store_path, s.session_id)
+    status = TrajectoryStatus.TIMEOUT if s.outcome == TIMEOUT else TrajectoryStatus.COMPLETED
+    try:
+        trajectory = await asyncio.to_thread(
+            build, records, task.builder, status=status, **task.builder_options
+        )
+    except Exception as exc:
+        raise SessionEnd(ERROR, f"trajectory builder {task.builder!r} failed: {_describe(exc)}") from exc
+    meta = {**trajectory.metadata, **session_metadata(s), "session_id": s.session_id}
+    return trajectory.model_copy(update={"metadata": meta})
+
+
+async def evaluate(s: NodeSession, trajectory: Trajectory) -> EvalResult:
+    """The evaluator's verdict within the task's evaluator timeout (which includes waiting for its
+    fresh runtime, normally ready long before)."""
+    assert s.runtime is not None
+    s.enter(SessionStatus.EVALUATING)
+    timeout = s.spec.task.evaluator.timeout_seconds
+    try:
+        async with asyncio.timeout(timeout):
+            fresh = None
+            if s.fresh is not None:
+                try:
+                    fresh = await asyncio.shield(s.fresh)
+                except SessionEnd as end:
+                    raise SessionEnd(ERROR, f"evaluator runtime: {end.reason}") from None
+                except Exception as exc:
+                    raise SessionEnd(ERROR, f"evaluator runtime failed: {_describe(exc)}") from exc
+            ctx = EvalContext(
+                task=s.spec.task,
+                session_id=s.session_id,
+                runtime=s.runtime,
+                fresh=fresh,
+                agent=s.agent,
+                trajectory=trajectory,
+                config=dict(s.spec.task.evaluator.config),
+            )
+            try:
+                return await s.evaluator.evaluate(ctx)
+            except (SessionEnd, TimeoutError):
+                raise
+            except Exception as exc:
+                raise SessionEnd(ERROR, f"evaluator failed: {_describe(exc)}") from exc
+    except TimeoutError:
+        raise SessionEnd(ERROR, f"evaluator timed out after {timeout:g} s") from None
+
+
+async def post_stage(s: NodeSession, env: StageEnv) -> Trajectory:
+    """Post-run hook, trajectory, evaluation (COMPLETED runs only) and fail-closed rewards."""
+    assert s.runtime is not None and s.ctx is not None
+    s.enter(SessionStatus.POST_RUN)
+    try:
+        async with asyncio.timeout(env.post_run_timeout_s):
+            s.metadata["harness"] = await s.harness.post_run(s.runtime, s.ctx)
+    except TimeoutError:
+        raise SessionEnd(
+            ERROR, f"harness post-run hook timed out after {env.post_run_timeout_s:g} s"
+        ) from None
+    except Exception as exc:
+        raise SessionEnd(ERROR, f"harness post-run hook failed: {_describe(exc)}") from exc
+    trajectory = await build_trajectory(s, env)
+    s.trajectory = trajectory
+    result = await evaluate(s, trajectory) if s.outcome == SessionStatus.COMPLETED else None
+    if result is not None:
+        s.metadata["evaluation"] = {"passed": result.passed, "details": result.details}
+    return assign_rewards(trajectory, s.outcome.value, result, reason=s.reason)

@@ -1,0 +1,106 @@
+"""Helpers for the node tests: a real node (gateway + pools) on the test's loop in front of the fake vLLM,
+tasks for the shell harness and the built-in agent, and a script that calls the gateway like a harness."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from polar.gateway.backends.base import BackendOptions
+from polar.gateway.config import GatewayConfig
+from polar.rollout.node import Node, NodeConfig
+from polar.rollout.protocol import SessionSpec
+from polar.rollout.task import Task
+from tests.conftest import SERVED_MODEL
+from tests.fakes.fake_vllm import FakeInferenceServer, Script, make_fake_backend
+from tests.fakes.server import serve
+
+PY = sys.executable
+
+# One chat call through the official openai SDK, configured only by the environment the harness contract
+# injects (OPENAI_BASE_URL, OPENAI_API_KEY = session id, OPENAI_MODEL): what any harness does.
+CALL_GATEWAY = """
+import os, sys, openai
+client = openai.OpenAI(max_retries=0)
+n = int(sys.argv[1]) if len(sys.argv) > 1 else 1
+messages = [{"role": "user", "content": "say something"}]
+for _ in range(n):
+    r = client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=messages)
+    messages += [{"role": "assistant", "content": r.choices[0].message.content}, {"role": "user", "content": "more"}]
+print(r.choices[0].message.content)
+"""
+
+
+@contextlib.contextmanager
+def fake_policy(script: Script = None) -> Iterator[tuple[str, FakeInferenceServer]]:
+    app = make_fake_backend("vllm", script)
+    with serve(app) as srv:
+        yield srv.url, app
+
+
+@contextlib.asynccontextmanager
+async def running_node(backend_url: str, tmp_path: Path, **overrides: Any) -> AsyncIterator[Node]:
+    gateway = GatewayConfig(
+        backend_url=backend_url,
+        served_model=SERVED_MODEL,
+        store_path=tmp_path / "node.db",
+        backend=BackendOptions(retries=0, timeout_s=30.0),
+        port=0,
+        control_token=overrides.pop("control_token", None),
+    )
+    defaults: dict[str, Any] = {"runtime_root": tmp_path / "runtimes", "node_id": "node-test"}
+    node = Node(NodeConfig(gateway=gateway, **(defaults | overrides)))
+    await node.start()
+    try:
+        yield node
+    finally:
+        await node.stop()
+
+
+def write_caller(tmp_path: Path) -> Path:
+    script = tmp_path / "call_gateway.py"
+    script.write_text(CALL_GATEWAY)
+    return script
+
+
+def shell_task(command: str, task_id: str = "t1", **fields: Any) -> Task:
+    """A task running `command` with the shell harness; `fields` override Task fields (dicts merge)."""
+    data: dict[str, Any] = {
+        "task_id": task_id,
+        "instruction": "do it",
+        "timeout_seconds": 60,
+        "agent": {"harness": "shell", "settings": {"command": command}},
+    }
+    for key, value in fields.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return Task.model_validate(data)
+
+
+def spec(task: Task, session_id: str, **kw: Any) -> SessionSpec:
+    return SessionSpec(session_id=session_id, task=task, **kw)
+
+
+async def until(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Wait for `cond` (a correctness wait with a generous bound, not a timing assertion)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (a container's PID 1 may not reap orphans)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

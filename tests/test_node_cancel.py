@@ -1,0 +1,91 @@
+"""Cancellation (DELETE, early stop): the whole process tree dies, the runtime is freed, the session ends
+CANCELLED, in whatever stage it was."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from polar.rollout.protocol import NodeSessionState, SessionStatus
+from tests.node_support import alive, fake_policy, running_node, shell_task, spec, until
+
+
+def _tree(tmp_path: Path) -> str:
+    """A harness with a grandchild: the runtime's process group, a subshell, and a background sleep."""
+    return f"(sleep 60 & echo $! > {tmp_path}/child.pid; wait) & echo $$ > {tmp_path}/parent.pid; wait"
+
+
+async def test_cancel_mid_run_kills_the_process_tree(tmp_path: Path) -> None:
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path) as node:
+            await node.submit(spec(shell_task(_tree(tmp_path)), "sess-cancel"))
+            await until(
+                lambda: (tmp_path / "child.pid").exists() and (tmp_path / "parent.pid").exists(), "run"
+            )
+            child = int((tmp_path / "child.pid").read_text())
+            parent = int((tmp_path / "parent.pid").read_text())
+            assert alive(child) and alive(parent)
+            state = await node.cancel("sess-cancel", "early stop: enough usable samples")
+            assert state is not None and state.status == SessionStatus.CANCELLED
+            result = await node.wait("sess-cancel")
+            assert node.status().active == 0
+    assert not alive(child) and not alive(parent)
+    assert result.status == SessionStatus.CANCELLED
+    assert result.reason == "early stop: enough usable samples"
+    assert result.reward is None
+    assert not list((tmp_path / "runtimes").iterdir())
+
+
+async def test_delete_over_http_and_cancel_of_a_queued_session(tmp_path: Path) -> None:
+    gate = tmp_path / "go"
+    blocker = shell_task(
+        "true", runtime={"prepare": [{"type": "exec", "cmd": f"while [ ! -f {gate} ]; do sleep 0.05; done"}]}
+    )
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path, init_workers=1) as node:
+            await node.submit(spec(blocker, "sess-blocker"))
+            await node.submit(spec(shell_task("true"), "sess-queued"))
+            await until(lambda: node.status().by_stage.get("INITIALIZING") == 1, "the blocker in INIT")
+            assert node.state("sess-queued").status == SessionStatus.DISPATCHED  # type: ignore[union-attr]
+            async with httpx.AsyncClient(base_url=node.url) as client:
+                r = await client.delete("/node/sessions/sess-queued", params={"reason": "trainer cancelled"})
+                assert r.status_code == 200, r.text
+                state = NodeSessionState.model_validate(r.json())
+                assert state.status == SessionStatus.CANCELLED
+                assert state.result is not None and state.result.reason == "trainer cancelled"
+                assert "init_s" not in state.result.timings  # it never reached INIT
+                r = await client.delete("/node/sessions/sess-blocker")
+                assert r.json()["status"] == "CANCELLED"
+                again = await client.delete("/node/sessions/sess-blocker")  # idempotent
+                assert again.status_code == 200 and again.json()["status"] == "CANCELLED"
+                missing = await client.delete("/node/sessions/never-seen")
+                assert missing.status_code == 404
+    assert not list((tmp_path / "runtimes").iterdir())
+
+
+async def test_cancel_during_evaluation(tmp_path: Path) -> None:
+    task = shell_task("true", evaluator={"strategy": "test_on_output", "config": {"command": "sleep 30"}})
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path) as node:
+            await node.submit(spec(task, "sess-cancel-eval"))
+            await until(lambda: node.status().by_stage.get("EVALUATING") == 1, "evaluation")
+            await asyncio.sleep(0.1)
+            state = await node.cancel("sess-cancel-eval")
+    assert state is not None and state.result is not None
+    assert state.status == SessionStatus.CANCELLED
+    assert state.result.trajectory is not None and state.result.trajectory["status"] == "ERROR"  # masked
+    assert not list((tmp_path / "runtimes").iterdir())
+
+
+async def test_stopping_the_node_cancels_what_runs(tmp_path: Path) -> None:
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path) as node:
+            await node.submit(spec(shell_task(_tree(tmp_path)), "sess-stop"))
+            await until(lambda: (tmp_path / "child.pid").exists(), "run")
+            child = int((tmp_path / "child.pid").read_text())
+        state = node.state("sess-stop")
+    assert state is not None and state.status == SessionStatus.CANCELLED
+    assert state.result is not None and state.result.reason == "node stopped"
+    assert not alive(child)
