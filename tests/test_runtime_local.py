@@ -235,3 +235,33 @@ async def test_absolute_workdir_lives_in_the_session_dir(tmp_path: Path) -> None
 def test_factory_refuses_unknown_backends() -> None:
     with pytest.raises(RuntimeFailure, match="unknown runtime backend 'podman'; known: local, bwrap"):
         make_runtime(RuntimeSpec(backend="podman"), "x")  # type: ignore[arg-type]
+
+
+async def test_cancel_returns_even_when_an_escaped_process_holds_the_pipe(rt: LocalRuntime) -> None:
+    """`setsid` leaves the process group (only bwrap's PID namespace would catch it); cancel still ends
+    the exec instead of waiting for that process to close stdout."""
+    task = asyncio.create_task(rt.exec("setsid sleep 100 & echo $!; wait"))
+    pid = None
+    for _ in range(100):
+        pids = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_setsid_sleep(p, rt)]
+        if pids:
+            pid = int(pids[0].name)
+            break
+        await asyncio.sleep(0.05)
+    assert pid is not None
+    try:
+        await rt.cancel()
+        result = await asyncio.wait_for(task, 10)
+        assert result.exit_code < 0 and not result.timed_out
+        assert result.stdout == f"{pid}\n"  # what was read before the cancel is kept
+    finally:
+        os.kill(pid, 9)
+
+
+def _is_setsid_sleep(proc: Path, rt: LocalRuntime) -> bool:
+    try:
+        return (proc / "cmdline").read_bytes() == b"sleep\x00100\x00" and (
+            proc / "cwd"
+        ).resolve() == rt.workdir
+    except OSError:
+        return False

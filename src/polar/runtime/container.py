@@ -133,7 +133,7 @@ class ContainerRuntime(LocalRuntime):
         self._state = "started"
 
     async def cancel(self) -> None:
-        self._tracker.cancelled = True
+        self._tracker.mark_cancelled()
         if self._state == "started":
             await self.engine(self.kill_argv(), check=False)
         await self._tracker.kill_all(0.0)

@@ -97,7 +97,7 @@ class LocalRuntime:
         self._state = "started"
 
     async def cancel(self) -> None:
-        self._tracker.cancelled = True
+        self._tracker.mark_cancelled()
         await self._tracker.kill_all(self.term_grace_s)
 
     async def stop(self, *, keep: Keep | None = None) -> None:

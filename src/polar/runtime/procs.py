@@ -76,7 +76,17 @@ class GroupTracker:
 
     def __init__(self) -> None:
         self._groups: set[int] = set()
-        self.cancelled = False
+        self._cancelled = asyncio.Event()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def mark_cancelled(self) -> None:
+        self._cancelled.set()
+
+    async def wait_cancelled(self) -> None:
+        await self._cancelled.wait()
 
     def add(self, pgid: int) -> None:
         self._groups.add(pgid)
@@ -91,26 +101,29 @@ class GroupTracker:
         self._groups.difference_update(groups)
 
 
-async def _drain(stream: asyncio.StreamReader | None, cap: int) -> tuple[bytes, int]:
-    """Read to EOF keeping the first `cap` bytes; the rest is counted and dropped so the child never
-    blocks on a full pipe."""
-    if stream is None:
-        return b"", 0
-    buf = bytearray()
-    dropped = 0
-    while chunk := await stream.read(1 << 16):
-        room = cap - len(buf)
-        if room > 0:
-            buf += chunk[:room]
-        dropped += max(0, len(chunk) - max(room, 0))
-    return bytes(buf), dropped
+class _Capture:
+    """The first `cap` bytes of a stream; what was read survives the reader being cancelled."""
 
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.data = bytearray()
+        self.dropped = 0
 
-def _text(data: bytes, dropped: int, cap: int) -> str:
-    text = data.decode("utf-8", errors="replace")
-    if dropped:
-        text += f"\n[polar: output truncated at {cap} bytes, {dropped} more bytes dropped]\n"
-    return text
+    async def drain(self, stream: asyncio.StreamReader | None) -> None:
+        """Read to EOF; bytes past the cap are counted and dropped so the child never blocks."""
+        if stream is None:
+            return
+        while chunk := await stream.read(1 << 16):
+            room = self.cap - len(self.data)
+            if room > 0:
+                self.data += chunk[:room]
+            self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def text(self) -> str:
+        text = self.data.decode("utf-8", errors="replace")
+        if self.dropped:
+            text += f"\n[polar: output truncated at {self.cap} bytes, {self.dropped} more bytes dropped]\n"
+        return text
 
 
 async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
@@ -162,29 +175,38 @@ async def run_process(
         if tracker.cancelled:  # cancel() ran while we were spawning
             await kill(pgid, 0.0)
         waiter = asyncio.ensure_future(proc.wait())
-        out_task = asyncio.ensure_future(_drain(proc.stdout, output_cap))
-        err_task = asyncio.ensure_future(_drain(proc.stderr, output_cap))
-        tasks: list[asyncio.Future[Any]] = [waiter, out_task, err_task]
+        out, err = _Capture(output_cap), _Capture(output_cap)
+        tasks: list[asyncio.Future[Any]] = [
+            waiter,
+            asyncio.ensure_future(out.drain(proc.stdout)),
+            asyncio.ensure_future(err.drain(proc.stderr)),
+        ]
         feeder = asyncio.ensure_future(_feed(proc, stdin)) if stdin is not None else None
-        # Waiting on the pipes too: a background child still holding stdout is part of the command
-        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
-        timed_out = bool(pending)
-        if timed_out:
-            await kill(pgid, grace_s)
-            _, pending = await asyncio.wait(tasks, timeout=_PIPE_DRAIN_S)
+        # Waiting on the pipes too: a background child still holding stdout is part of the command.
+        # Until the command ends, it times out, or the runtime is cancelled (which kills it).
+        everything = asyncio.ensure_future(asyncio.wait(tasks))
+        cancelled = asyncio.ensure_future(tracker.wait_cancelled())
+        await asyncio.wait([everything, cancelled], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        cancelled.cancel()
+        everything.cancel()  # only the wrapper: the tasks themselves keep running
+        running = not all(task.done() for task in tasks)
+        timed_out = running and not tracker.cancelled
+        if running:
+            if timed_out:
+                await kill(pgid, grace_s)
+            _, pending = await asyncio.wait(tasks, timeout=grace_s + _PIPE_DRAIN_S)
             for task in pending:  # a process that left our group (setsid) still holds a pipe
                 task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
             await proc.wait()
         if feeder is not None:
             feeder.cancel()
         finished = True
-        out, out_dropped = out_task.result() if not out_task.cancelled() else (b"", 0)
-        err, err_dropped = err_task.result() if not err_task.cancelled() else (b"", 0)
         code = proc.returncode if proc.returncode is not None else -signal.SIGKILL
         return ExecResult(
             exit_code=TIMEOUT_EXIT if timed_out else code,
-            stdout=_text(out, out_dropped, output_cap),
-            stderr=_text(err, err_dropped, output_cap),
+            stdout=out.text(),
+            stderr=err.text(),
             timed_out=timed_out,
             duration_s=time.monotonic() - started,
         )
