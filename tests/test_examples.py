@@ -3,17 +3,23 @@ reference fix (examples/repos/<name>.solution.patch) makes the task's own evalua
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from polar.evaluate import CommandEvaluator, EvalContext, fresh_runtime_wanted, get_evaluator
+from polar.rollout.protocol import SessionStatus
 from polar.rollout.task import ExecAction, Task, UploadAction
 from polar.rollout.taskfile import load_tasks
 from polar.runtime.base import ExecResult, RuntimeSpec
 from polar.runtime.local import LocalRuntime
 from polar.trajectory.models import Trajectory
+from tests.fakes.fake_vllm import Reply
+from tests.node_support import fake_policy, running_node, spec
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TASKS = load_tasks(EXAMPLES / "tasks.yaml")
@@ -119,3 +125,52 @@ async def test_editing_the_tests_does_not_pay(
     assert (await agent.exec("python3 -m unittest", timeout_s=60)).exit_code == 0
     result = await ev.evaluate(_ctx(agent, fresh))
     assert result.reward == 0.0 and result.details == {"reason": "no changes"}
+
+
+def _fixed_files(task: Task, tmp: Path) -> dict[str, str]:
+    """The files the reference fix changes, with their fixed content (what an agent would write)."""
+    repo = EXAMPLES / "repos" / task.metadata["repo"]
+    patch = repo.with_name(f"{repo.name}.solution.patch")
+    work = tmp / f"solved-{repo.name}"
+    shutil.copytree(repo, work)
+    subprocess.run(["git", "apply", str(patch)], cwd=work, check=True, timeout=60)
+    changed = [ln[len("+++ b/") :] for ln in patch.read_text().splitlines() if ln.startswith("+++ b/")]
+    return {path: (work / path).read_text() for path in changed}
+
+
+# One task on every run; the rest with the slow tests (each costs a node start and two agent processes).
+NODE_CASES = [
+    pytest.param(t, id=t.task_id, marks=() if i == 0 else pytest.mark.slow) for i, t in enumerate(TASKS)
+]
+
+
+@pytest.mark.parametrize("task", NODE_CASES)
+async def test_task_through_a_node_with_the_builtin_agent(task: Task, tmp_path: Path) -> None:
+    """The whole path offline: a node runs the example task with the built-in agent, played by the fake
+    policy (first sample writes the reference fix, second gives up at once); rewards 1 and 0."""
+    writes = [
+        Reply(tool_calls=[("write_file", json.dumps({"path": path, "content": text}))])
+        for path, text in _fixed_files(task, tmp_path).items()
+    ]
+    scripts = [
+        [*writes, Reply(tool_calls=[("finish", '{"summary": "fixed"}')])],
+        [Reply(tool_calls=[("finish", '{"summary": "nothing to do"}')])],
+    ]
+    with fake_policy() as (url, fake):
+        async with running_node(url, tmp_path) as node:
+            results = []
+            for i, script in enumerate(scripts):
+                fake.reset(script)
+                sid = f"{task.task_id}-{i}"
+                await node.submit(spec(task, sid, sample_index=i))
+                results.append(await node.wait(sid))
+    solved, idle = results
+    assert solved.status == SessionStatus.COMPLETED, solved.reason
+    assert solved.reward == 1.0, solved.metadata.get("evaluation")
+    traj = Trajectory.model_validate(solved.trajectory)
+    assert traj.traces and all(t.reward == 1.0 for t in traj.traces)
+    assert solved.metadata["group_id"] == task.metadata["group_id"]
+    assert idle.status == SessionStatus.COMPLETED and idle.reward == 0.0
+    assert Trajectory.model_validate(idle.trajectory).metadata["evaluation"]["details"] == {
+        "reason": "no changes"
+    }
