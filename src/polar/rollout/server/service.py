@@ -45,6 +45,7 @@ class ServerConfig:
     node_lost_after_s: float = 120.0  # no answer at all for this long: gone, its sessions end as ERROR
     node_timeout_s: float = 10.0  # per HTTP call to a node (dispatch, probe, cancel)
     probe_interval_s: float = 2.0  # how often one unsettled session is asked about
+    audit_interval_s: float = 30.0  # how often a settled session on a healthy node is asked about
     refuse_cooldown_s: float = 1.0  # a node that refused a dispatch gets none for this long
     max_dispatch_attempts: int = 5  # a session refused this often ends as ERROR
     tick_s: float = 0.5
@@ -66,6 +67,7 @@ class RolloutService:
         self.config = config
         self.store = ServerStore(config.db_path)
         self.store.grace_nodes()
+        self.store.unconfirm()  # results nodes could not deliver while we were down: ask for them
         self.events = EventBus()
         self.link = NodeLink(config.node_timeout_s)
         self.deliverer = CallbackDeliverer(self.store, self.events, config.callbacks)
@@ -73,7 +75,8 @@ class RolloutService:
         self._results_changed = asyncio.Event()
         self._dispatching: set[str] = set()
         self._probing: set[str] = set()
-        self._probed_at: dict[str, float] = {}
+        self._probed_at: dict[str, float] = {}  # session -> last probe (absent: never asked)
+        self._tracked: dict[str, float] = {}  # session -> first seen on a node by this process
         self._stopping: set[str] = set()  # tasks whose open sessions are being ended by an early stop
         self._cooldown: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -221,6 +224,7 @@ class RolloutService:
         if seq is None:
             return False
         self._probed_at.pop(result.session_id, None)
+        self._tracked.pop(result.session_id, None)
         self.events.publish(
             "session_result",
             task_id=result.task_id,
@@ -273,7 +277,10 @@ class RolloutService:
 
     # -- nodes ------------------------------------------------------------------------------------------
     def register_node(self, node_id: str, url: str, capacity: int, server_url: str | None) -> None:
+        known = self.store.node(node_id) is not None
         self.store.register_node(node_id, url.rstrip("/"), capacity, server_url)
+        if known:  # the node restarted: whatever it ran for us is in its store, not its memory
+            self.store.unconfirm(node_id)
         self._cooldown.pop(node_id, None)
         self.events.publish("node_registered", node_id=node_id, url=url, capacity=capacity)
         self.wake()
@@ -316,6 +323,8 @@ class RolloutService:
                 last_contact=contact.get(s.node_id, 0.0),
                 now=now,
                 node_lost_after_s=self.config.node_lost_after_s,
+                last_probe=self._probed_at.get(s.session_id) or self._tracked.setdefault(s.session_id, now),
+                audit_interval_s=self.config.audit_interval_s,
             )
             if decision is Probe.LOST:
                 self._node_lost(s)
@@ -399,6 +408,7 @@ class RolloutService:
             if s.session_id in self._dispatching:
                 return
             if answer.state is None:
+                self._tracked.pop(s.session_id, None)
                 self.store.release(s.session_id, node.node_id)
                 self.events.publish("session_requeued", session_id=s.session_id, node_id=node.node_id)
                 return
@@ -406,7 +416,9 @@ class RolloutService:
             state = answer.state
             if state.status.terminal:
                 if state.result is not None:
-                    self.record(state.result)
+                    # The node may not know the task (it restarted and reports the session lost).
+                    update = {"task_id": s.task_id, "node_id": state.result.node_id or node.node_id}
+                    self.record(state.result.model_copy(update=update))
                 else:
                     reason = f"node {node.node_id} reports {state.status.value} but kept no result"
                     self._fail(s, reason)

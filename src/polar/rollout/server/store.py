@@ -311,6 +311,17 @@ class ServerStore:
                 (session_id, node_id, *OPEN),
             )
 
+    def unconfirm(self, node_id: str | None = None) -> int:
+        """Make open sessions (of one node, or all) unsettled, so each is asked about once more."""
+        marks = ", ".join("?" * len(OPEN))
+        where = "node_id IS NOT NULL" if node_id is None else "node_id = ?"
+        args = () if node_id is None else (node_id,)
+        with self._tx() as c:
+            cur = c.execute(
+                f"UPDATE sessions SET confirmed = 0 WHERE {where} AND status IN ({marks})", (*args, *OPEN)
+            )
+            return int(cur.rowcount)
+
     def set_stage(self, session_id: str, status: SessionStatus) -> None:
         """A non-terminal progress report from a node (INITIALIZING, RUNNING, ...)."""
         marks = ", ".join("?" * len(OPEN))

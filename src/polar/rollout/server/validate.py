@@ -1,20 +1,22 @@
 """Submit-time checks beyond the Task schema, so a task that cannot run fails at submit, not mid-run.
 
-The schema already rejects unknown fields, bad numbers and an unknown runtime backend (a Literal). Here:
-the harness, evaluator and trajectory builder must be registered names, or `package.module:attr` import
-paths whose module this server can find (server and nodes are expected to share an environment; the
-module is located, not imported, so a submission never runs code on the server); the callback URL must
-be http(s); `early_stop_min_usable` cannot exceed `num_samples`.
+The schema already rejects unknown fields, bad numbers and an unknown runtime backend (a Literal). Here the
+harness is built with its settings and the evaluator with its config, by the same registries the nodes use
+(`polar.harness.registry`, `polar.evaluate.registry`), and the trajectory builder is resolved; so an
+unknown name, an import path that does not load, or a bad setting is a 400 naming the field. (Server and
+nodes are expected to share an installation, as `polar run` and one-image clusters do.) Checks that depend
+on the node's host (is `bwrap` or `docker` installed?) stay with the node, which refuses such a session
+with the reason and the server records it as ERROR.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from polar.evaluate.registry import evaluator_names, fresh_runtime_wanted, get_evaluator
+from polar.harness.registry import get_harness, harness_names
 from polar.rollout.task import Task
+from polar.trajectory import get_builder
 
 
 class SubmitError(ValueError):
@@ -24,59 +26,33 @@ class SubmitError(ValueError):
         self.param = param
 
 
-def _registered(module: str, fn: str) -> list[str] | None:
-    """The registry's names, or None when that registry is not part of this installation."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            return None
-        raise
-    names: Callable[[], list[str]] = getattr(mod, fn)
-    return list(names())
-
-
-def _harnesses() -> list[str] | None:
-    return _registered("polar.harness.registry", "harness_names")
-
-
-def _evaluators() -> list[str] | None:
-    return _registered("polar.evaluate.registry", "evaluator_names")
-
-
-def _builders() -> list[str] | None:
-    from polar.trajectory import builders
-
-    return list(builders())
-
-
-def _module_exists(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def check_name(value: str, known: list[str] | None, param: str, what: str) -> None:
-    if ":" in value:
-        module, _, attr = value.partition(":")
-        if not module or not attr.isidentifier():
-            raise SubmitError(f"{what} {value!r}: an import path looks like 'package.module:attr'", param)
-        if not _module_exists(module):
-            raise SubmitError(f"{what} {value!r}: module {module!r} is not importable", param)
-        return
-    if known is not None and value not in known:
-        raise SubmitError(
-            f"unknown {what} {value!r}; choose one of {', '.join(sorted(known))} or 'package.module:attr'",
-            param,
-        )
-
-
 def check_task(task: Task, prefix: str = "") -> None:
     """Raise SubmitError naming the field (`prefix` locates the task in a list, e.g. 'tasks[2].')."""
-    check_name(task.agent.harness, _harnesses(), f"{prefix}agent.harness", "harness")
-    check_name(task.evaluator.strategy, _evaluators(), f"{prefix}evaluator.strategy", "evaluator")
-    check_name(task.builder, _builders(), f"{prefix}builder", "trajectory builder")
+    agent = task.agent
+    try:
+        get_harness(agent.harness, dict(agent.settings))
+    except Exception as exc:
+        known = agent.harness in harness_names()
+        field = "agent.settings" if known else "agent.harness"
+        raise SubmitError(f"{field}: {exc}", f"{prefix}{field}") from None
+    ev = task.evaluator
+    try:
+        evaluator = get_evaluator(ev.strategy, dict(ev.config))
+    except Exception as exc:
+        field = "evaluator.config" if ev.strategy in evaluator_names() else "evaluator.strategy"
+        raise SubmitError(f"{field}: {exc}", f"{prefix}{field}") from None
+    try:
+        fresh_runtime_wanted(evaluator, ev.fresh_runtime)
+    except ValueError as exc:
+        raise SubmitError(f"evaluator.fresh_runtime: {exc}", f"{prefix}evaluator.fresh_runtime") from None
+    try:
+        get_builder(task.builder)
+    except Exception as exc:
+        raise SubmitError(f"builder: {exc}", f"{prefix}builder") from None
+    if task.runtime.backend in ("docker", "apptainer") and not task.runtime.image:
+        raise SubmitError(
+            f"runtime.image: the {task.runtime.backend} runtime needs an image", f"{prefix}runtime.image"
+        )
     if task.callback_url is not None:
         parts = urlsplit(task.callback_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
