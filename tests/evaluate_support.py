@@ -9,7 +9,7 @@ import pytest
 
 from polar.evaluate.base import EvalContext
 from polar.runtime.base import ExecResult, Runtime, RuntimeSpec
-from polar.runtime.local import LocalRuntime
+from polar.runtime.factory import make_runtime
 from polar.trajectory.models import Trajectory
 
 GIT_BASE = (
@@ -34,7 +34,7 @@ CALC = {
 FIX_ADD = ("return a - b", "return a + b")
 FIX_MUL = ("return a + b\n\n\ndef neg", "return a * b\n\n\ndef neg")
 
-MakeRepo = Callable[..., Awaitable[LocalRuntime]]
+MakeRepo = Callable[..., Awaitable[Runtime]]
 
 
 def write_tree(root: Path, files: Mapping[str, str | bytes]) -> None:
@@ -62,18 +62,17 @@ async def edit(runtime: Runtime, rel: str, old: str, new: str) -> None:
 
 @pytest.fixture
 async def make_repo(tmp_path: Path) -> AsyncIterator[MakeRepo]:
-    """`await make_repo(files, git=True, **spec)`: a started local runtime whose workdir holds `files`,
-    committed as the base (tag `polar-base`) when `git`; stopped at the end of the test."""
-    started: list[LocalRuntime] = []
+    """`await make_repo(files, git=True, **spec)`: a started runtime (local by default) whose workdir holds `files`,
+    committed as the base (tag `polar-base`) when `git`; stopped at the end of the test. `spec` fields
+    (e.g. `backend="bwrap"`) go to the `RuntimeSpec`."""
+    started: list[Runtime] = []
     counter = iter(range(1000))
 
-    async def make(
-        files: Mapping[str, str | bytes] = CALC, *, git: bool = True, **spec: object
-    ) -> LocalRuntime:
+    async def make(files: Mapping[str, str | bytes] = CALC, *, git: bool = True, **spec: object) -> Runtime:
         n = next(counter)
         src = tmp_path / f"src{n}"
         write_tree(src, files)
-        rt = LocalRuntime(RuntimeSpec(root=tmp_path, **spec), f"eval-test-{n}")  # type: ignore[arg-type]
+        rt = make_runtime(RuntimeSpec(root=tmp_path, **spec), f"eval-test-{n}")  # type: ignore[arg-type]
         started.append(rt)
         await rt.start()
         await rt.upload(src, ".")

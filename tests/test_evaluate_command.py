@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
 
 import pytest
@@ -180,6 +181,19 @@ async def test_env_reaches_the_test_command(make_repo) -> None:
     await edit(agent, "calc.py", *FIX_ADD)
     ev = command(test_command='test "$MODE" = strict', env={"MODE": "strict"})
     assert (await ev.evaluate(context(agent, fresh))).reward == 1.0
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap (apt-get install bubblewrap)")
+async def test_in_bwrap_sandboxes(make_repo) -> None:
+    agent, fresh = await make_repo(backend="bwrap"), await make_repo(backend="bwrap")
+    await edit(agent, "calc.py", *FIX_ADD)
+    await edit(agent, "calc.py", *FIX_MUL)
+    res = await command(test_command="python3 -m unittest").evaluate(context(agent, fresh))
+    assert res.reward == 1.0, res.details
+    fresh2 = await make_repo(backend="bwrap")
+    await edit(agent, "calc.py", "return a * b", "return a ** b")
+    res = await command(test_command="python3 -m unittest").evaluate(context(agent, fresh2))
+    assert res.reward == 0.0 and "test_mul" in res.details["output"]
 
 
 # -- not the agent's fault: raise (ERROR, fully masked) --------------------------------------------
