@@ -104,12 +104,17 @@ class CommandEvaluator:
             ["git", "apply", "--whitespace=nowarn", "-"], stdin=diff, timeout_s=cfg.git_timeout_seconds
         )
         require_environment(applied, "git apply")
+        if applied.timed_out:  # applying a diff git itself made does not hang; the runtime does
+            raise EvaluatorError(f"git apply timed out after {cfg.git_timeout_seconds:g} s")
         if applied.exit_code != 0:
-            reason = "git apply timed out" if applied.timed_out else "the diff does not apply"
             return EvalResult(
                 reward=0.0,
                 passed=False,
-                details={**details, "reason": reason, "apply_output": tail(applied.stderr.strip())},
+                details={
+                    **details,
+                    "reason": "the diff does not apply",
+                    "apply_output": tail(applied.stderr.strip()),
+                },
             )
 
         run = await fresh.exec(cfg.test_command, timeout_s=cfg.timeout_seconds, env=cfg.env or None)
