@@ -15,6 +15,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "gateway",
         "Serve the capturing gateway in front of an inference server.",
     ),
+    "node": (
+        "polar.cli.node",
+        "node",
+        "Serve a gateway node: the gateway plus staged session pools (INIT, RUN, POSTRUN).",
+    ),
     "serve-model": ("polar.cli.serve_model", "serve_model", "Serve a policy with the embedded engine."),
     "traces": ("polar.cli.traces", "traces", "Build, audit and export trajectories from a store."),
 }

@@ -150,7 +150,7 @@ def session_metadata(s: NodeSession) -> dict[str, Any]:
     return {
         **spec.task.metadata,
         "task_id": spec.task.task_id,
-        "group_id": spec.group_id or spec.task.task_id,
+        "group_id": spec.group_id or spec.task.metadata.get("group_id") or spec.task.task_id,
         "sample_index": spec.sample_index,
     }
 

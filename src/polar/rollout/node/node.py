@@ -105,10 +105,11 @@ class Node:
         self.url = f"http://{gw.host}:{port}"
         config = uvicorn.Config(self.asgi, log_level="warning", lifespan="on", access_log=False)
         self._server = _Server(config)
-        self._serve_task = asyncio.create_task(self._server.serve(sockets=[sock]))
+        self._serve_task = asyncio.create_task(self._serve(self._server, sock))
         while not self._server.started:
             if self._serve_task.done():
                 sock.close()
+                self._server = None
                 exc = self._serve_task.exception() if not self._serve_task.cancelled() else None
                 raise RuntimeError(f"the node's gateway did not start: {exc or 'startup failed'}")
             await asyncio.sleep(0.01)
@@ -130,18 +131,26 @@ class Node:
             )
         log.info("node %s serving at %s (capacity %d)", self.node_id, self.url, self.config.capacity)
 
+    @staticmethod
+    async def _serve(server: _Server, sock: socket.socket) -> None:
+        try:
+            await server.serve(sockets=[sock])
+        except SystemExit:
+            # uvicorn exits the process when the app's startup fails; here that is the caller's to decide.
+            raise RuntimeError("the gateway's startup failed (its error is logged above)") from None
+
     async def serve_forever(self) -> None:
-        """Until the HTTP server exits (a signal sets `should_exit`), then stop."""
+        """Until `stop()` (e.g. from a signal handler) ends the HTTP server."""
         assert self._serve_task is not None
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.shield(self._serve_task)
-        await self.stop()
+        await self.stop()  # the server died on its own: still free every runtime
 
     async def stop(self, reason: str = "node stopped") -> None:
         """Refuse new sessions, cancel running ones (they end CANCELLED with `reason`), stop serving."""
         self.draining = True
-        for sid in list(self._sessions):
-            await self.cancel(sid, reason)
+        # Sessions first: they need the gateway's store to close their sessions.
+        await asyncio.gather(*(self.cancel(sid, reason) for sid in list(self._sessions)))
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)

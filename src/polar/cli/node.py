@@ -1,0 +1,142 @@
+"""`polar node`: a gateway node (the capturing gateway plus the staged session pools)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+import click
+
+from polar.cli.common import setup_logging
+
+
+@click.command("node")
+@click.option(
+    "--server", "server_url", metavar="URL", help="Rollout server to register with (omit: standalone)."
+)
+@click.option("--backend", "backend_url", required=True, metavar="URL", help="The policy's inference server.")
+@click.option(
+    "--backend-kind", type=click.Choice(["vllm", "sglang", "openai"]), default="vllm", show_default=True
+)
+@click.option(
+    "--model", "served_model", metavar="NAME", help="Model the backend serves (default: its first)."
+)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8200, show_default=True, type=int)
+@click.option("--advertise-url", metavar="URL", help="How the server reaches this node (default: host:port).")
+@click.option(
+    "--runtime-gateway-url", metavar="URL", help="The gateway as runtimes reach it (default: the node's URL)."
+)
+@click.option("--node-id", help="Name the server knows this node by (default: node-<hostname>).")
+@click.option("--capacity", default=8, show_default=True, type=int, help="Sessions admitted at once.")
+@click.option("--init-workers", default=4, show_default=True, type=int, help="Runtimes prepared at once.")
+@click.option("--run-workers", default=8, show_default=True, type=int, help="Agents running at once.")
+@click.option("--post-workers", default=4, show_default=True, type=int, help="Evaluations at once.")
+@click.option(
+    "--ready-buffer", default=4, show_default=True, type=int, help="Prepared runtimes kept waiting."
+)
+@click.option(
+    "--store",
+    "store_path",
+    default="polar.db",
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="SQLite file where every call is recorded.",
+)
+@click.option(
+    "--runtime-root",
+    type=click.Path(path_type=Path),
+    help="Where session directories are made (default: the system temp dir).",
+)
+@click.option(
+    "--control-token", envvar="POLAR_CONTROL_TOKEN", metavar="TOKEN", help="Bearer token for /node."
+)
+@click.option("--heartbeat", "heartbeat_s", default=5.0, show_default=True, type=float, help="Seconds.")
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
+def node(
+    server_url: str | None,
+    backend_url: str,
+    backend_kind: str,
+    served_model: str | None,
+    host: str,
+    port: int,
+    advertise_url: str | None,
+    runtime_gateway_url: str | None,
+    node_id: str | None,
+    capacity: int,
+    init_workers: int,
+    run_workers: int,
+    post_workers: int,
+    ready_buffer: int,
+    store_path: Path,
+    runtime_root: Path | None,
+    control_token: str | None,
+    heartbeat_s: float,
+    log_level: str,
+) -> None:
+    """Serve a gateway node: harnesses call its gateway, the rollout server dispatches sessions to it.
+
+    Each session goes INIT (runtime, prepare steps, harness setup) -> READY -> RUNNING (the harness) ->
+    POSTRUN (trajectory, evaluation, rewards), each stage with its own worker pool.
+
+    \b
+    Example:
+      polar node --server http://127.0.0.1:8300 --backend http://127.0.0.1:8000 --port 8200
+    """
+    from polar.gateway.config import GatewayConfig
+    from polar.rollout.node import Node, NodeConfig
+
+    setup_logging(log_level)
+    try:
+        gateway = GatewayConfig(
+            backend_url=backend_url,
+            backend_kind=backend_kind,  # type: ignore[arg-type]
+            served_model=served_model,
+            store_path=store_path,
+            control_token=control_token,
+            host=host,
+            port=port,
+        )
+        extra = {"node_id": node_id} if node_id else {}
+        config = NodeConfig(
+            gateway=gateway,
+            capacity=capacity,
+            init_workers=init_workers,
+            run_workers=run_workers,
+            post_workers=post_workers,
+            ready_buffer=ready_buffer,
+            server_url=server_url,
+            advertise_url=advertise_url,
+            runtime_gateway_url=runtime_gateway_url,
+            runtime_root=runtime_root,
+            heartbeat_s=heartbeat_s,
+            **extra,  # type: ignore[arg-type]
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+    async def serve() -> None:
+        n = Node(config)
+        try:
+            await n.start()
+        except (OSError, RuntimeError) as exc:
+            raise click.ClickException(str(exc)) from None
+        loop = asyncio.get_running_loop()
+        stopping: list[asyncio.Task[None]] = []
+
+        def on_signal() -> None:
+            # Sessions end (CANCELLED, runtimes freed, results reported) before the gateway goes away.
+            if not stopping:
+                stopping.append(loop.create_task(n.stop()))
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        click.echo(f"polar node {n.node_id} at {n.url} (store {store_path.resolve()})", err=True)
+        await n.serve_forever()
+        logging.getLogger("polar.node").info("node stopped")
+
+    asyncio.run(serve())

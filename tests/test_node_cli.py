@@ -1,0 +1,98 @@
+"""`polar node` as a process: serves the node routes beside the gateway, registers with the server, runs
+sessions, and on SIGTERM cancels what runs (killing its processes) before it exits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from polar.rollout.protocol import SessionSpec
+from polar.serving import free_port
+from tests.conftest import SERVED_MODEL
+from tests.node_support import alive, fake_policy, shell_task
+from tests.server_support import start_server, wait_until
+
+
+def test_polar_node_process(tmp_path: Path) -> None:
+    port = free_port()
+    server = start_server(tmp_path / "server.db")
+    try:
+        with fake_policy() as (url, _):
+            argv = [sys.executable, "-m", "polar", "node", "--backend", url, "--model", SERVED_MODEL]
+            argv += ["--port", str(port), "--store", str(tmp_path / "node.db"), "--server", server.url]
+            argv += ["--runtime-root", str(tmp_path / "rt"), "--node-id", "cli-node", "--heartbeat", "0.1"]
+            argv += ["--capacity", "3", "--log-level", "warning"]
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            try:
+                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+
+                    def status() -> dict[str, object] | None:
+                        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                        try:
+                            r = client.get("/node/status")
+                        except httpx.ConnectError:
+                            return None
+                        return dict(r.json())
+
+                    first = wait_until(status, timeout=30, what="the node to serve")
+                    assert first["node_id"] == "cli-node" and first["capacity"] == 3
+                    nodes = wait_until(
+                        lambda: httpx.get(f"{server.url}/nodes").json()["nodes"], what="registration"
+                    )
+                    assert nodes[0]["node_id"] == "cli-node"
+
+                    done = SessionSpec(session_id="cli-sess-1", task=shell_task("true"))
+                    assert client.post("/node/sessions", content=done.model_dump_json()).status_code == 202
+                    state = wait_until(
+                        lambda: (
+                            (s := client.get("/node/sessions/cli-sess-1").json())["status"] == "COMPLETED"
+                            and s
+                        ),
+                        what="the session",
+                    )
+                    assert state["result"]["reward"] == 1.0
+
+                    pid_file = tmp_path / "child.pid"
+                    hang = shell_task(f"sleep 60 & echo $! > {pid_file}; wait")
+                    spec = SessionSpec(session_id="cli-sess-2", task=hang)
+                    assert client.post("/node/sessions", content=spec.model_dump_json()).status_code == 202
+                    wait_until(pid_file.exists, what="the harness to run")
+                    child = int(pid_file.read_text())
+                os.kill(proc.pid, signal.SIGTERM)
+                out, _ = proc.communicate(timeout=30)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    finally:
+        server.stop()
+    assert proc.returncode == 0, out
+    deadline = time.monotonic() + 5
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not alive(child)
+    assert not list((tmp_path / "rt").iterdir())
+
+
+def test_bad_options_are_refused(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "polar", "node", "--backend", "ftp://x", "--store", str(tmp_path / "n.db")]
+    bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "backend_url must be an http(s) URL" in bad.stderr
+    argv = [sys.executable, "-m", "polar", "node", "--backend", "http://127.0.0.1:1", "--capacity", "0"]
+    bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "capacity must be at least 1" in bad.stderr
+
+
+def test_unreachable_backend_without_model_fails_to_start(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "polar", "node", "--backend", "http://127.0.0.1:1", "--port", "0"]
+    argv += ["--store", str(tmp_path / "n.db"), "--log-level", "error"]
+    bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert "the node's gateway did not start" in bad.stderr
+    assert "pass --model" in bad.stderr  # the gateway's own reason, logged
