@@ -1,0 +1,223 @@
+"""The server's single-use and node-loss rules against a real gateway node, with the network between them
+controlled by a loopback relay: a dispatch whose answer is lost (the node got it, or did not), a node that
+stops heartbeating but still answers, and a node that vanishes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from polar.rollout.server.store import ServerStore
+from tests.node_support import PY, eventually, fake_policy, running_node, until, write_caller
+from tests.server_support import start_server
+
+TERMINAL = ("COMPLETED", "ERROR", "TIMEOUT", "CANCELLED")
+
+
+class Relay:
+    """A loopback TCP relay: `cut()` refuses new connections and drops open ones (a vanished machine);
+    `lose_answers` forwards the next N connections' requests but never relays the answer (a lost reply);
+    `drop_requests` hangs up on the next N connections before forwarding anything."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.lose_answers = 0
+        self.drop_requests = 0
+        self.cut_off = False
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> Relay:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    def hang_up(self) -> None:
+        """Close open connections (so the next request needs a new one)."""
+        for w in list(self._open):
+            w.close()
+
+    async def cut(self) -> None:
+        self.cut_off = True
+        assert self._server is not None
+        self._server.close()
+        for w in list(self._open):
+            w.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut_off:
+            writer.close()
+            return
+        if self.drop_requests:
+            self.drop_requests -= 1
+            await reader.read(1)
+            writer.close()
+            return
+        lose = self.lose_answers > 0
+        if lose:
+            self.lose_answers -= 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._open |= {writer, up_writer}
+        try:
+            if lose:
+                forward = asyncio.create_task(_pipe(reader, up_writer))
+                await up_reader.read(1)  # the node has answered: the caller never hears it
+                writer.close()
+                forward.cancel()
+                up_writer.close()
+            else:
+                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            self._open -= {writer, up_writer}
+
+
+async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, asyncio.CancelledError):
+        while data := await src.read(65536):
+            dst.write(data)
+            await dst.drain()
+    dst.close()
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _task(task_id: str, command: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "instruction": "do it",
+        "timeout_seconds": 60,
+        "agent": {"harness": "shell", "settings": {"command": command}},
+        **fields,
+    }
+
+
+async def _view(client: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
+    view: dict[str, Any] = (await client.get(f"/rollout/task/{task_id}")).json()
+    return view
+
+
+async def _done(client: httpx.AsyncClient, task_id: str) -> dict[str, Any] | None:
+    view = await _view(client, task_id)
+    return view if all(s["status"] in TERMINAL for s in view["sessions"]) else None
+
+
+async def _healthy(client: httpx.AsyncClient) -> bool:
+    nodes = (await client.get("/nodes")).json()["nodes"]
+    return bool(nodes) and bool(nodes[0]["healthy"])
+
+
+async def test_lost_dispatch_answers_never_run_a_session_twice(tmp_path: Path) -> None:
+    """First dispatch: the node accepts but the reply is lost; the server asks the node, learns it has
+    the session and waits for it. Second task: the request never reaches the node; the node answers 404
+    to the probe, and the session is re-dispatched under the same id. Each runs exactly once."""
+    caller = write_caller(tmp_path)
+    server = start_server(tmp_path / "server.db")
+    try:
+        with fake_policy() as (url, fake):
+            relay = Relay(0)
+            async with running_node(url, tmp_path, server_url=server.url, heartbeat_s=0.05) as node:
+                relay.target_port = _port(node.url)
+                await relay.start()
+                relay.lose_answers = 1
+                async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                    await eventually(lambda: _healthy(client), "a healthy node")
+                    # register again with the relay's URL: the server reaches the node only through it
+                    reg = {"node_id": node.node_id, "url": relay.url, "capacity": 4}
+                    assert (await client.post("/nodes/register", json=reg)).status_code == 200
+                    await client.post("/rollout/task/submit", json=_task("lost-reply", f"{PY} {caller}"))
+                    view = await eventually(lambda: _done(client, "lost-reply"), "the first task")
+                    relay.drop_requests = 1
+                    relay.hang_up()
+                    await client.post("/rollout/task/submit", json=_task("lost-request", f"{PY} {caller}"))
+                    view2 = await eventually(lambda: _done(client, "lost-request"), "the second task")
+    finally:
+        server.stop()
+    for v in (view, view2):
+        (res,) = v["results"]
+        assert res["status"] == "COMPLETED" and res["reward"] == 1.0, res
+    assert len(fake.requests) == 2  # one model call per session: neither ran twice
+    assert relay.lose_answers == 0 and relay.drop_requests == 0
+    store = ServerStore(tmp_path / "server.db")
+    # the lost reply was settled by asking (one dispatch); the lost request was dispatched again, same id
+    assert store.session(view["sessions"][0]["session_id"]).attempts == 1  # type: ignore[union-attr]
+    assert store.session(view2["sessions"][0]["session_id"]).attempts == 2  # type: ignore[union-attr]
+    store.close()
+
+
+async def test_a_node_that_stops_heartbeating_keeps_its_session_and_the_probe_collects_it(
+    tmp_path: Path,
+) -> None:
+    """Heartbeats (node -> server) are cut, the node itself still answers: it turns unhealthy, the
+    server asks about its session instead of re-running it, and picks up the result the node could not
+    deliver."""
+    gate = tmp_path / "go"
+    server = start_server(tmp_path / "server.db", heartbeat_timeout_s=0.3)
+    uplink = Relay(_port(server.url))
+    await uplink.start()
+    try:
+        with fake_policy() as (url, _):
+            async with (
+                running_node(
+                    url, tmp_path, server_url=uplink.url, heartbeat_s=0.05, report_attempts=1
+                ) as node,
+                httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+            ):
+                await eventually(lambda: _healthy(client), "a healthy node")
+                command = f"while [ ! -f {gate} ]; do sleep 0.05; done"
+                await client.post("/rollout/task/submit", json=_task("quiet", command))
+                await until(lambda: node.status().by_stage.get("RUNNING") == 1, "the session to run")
+                await uplink.cut()
+                await eventually(lambda: _not(_healthy(client)), "the node to turn unhealthy")
+                view = await _view(client, "quiet")
+                assert view["sessions"][0]["status"] not in TERMINAL  # not re-run, not given up
+                gate.touch()
+                view = await eventually(lambda: _done(client, "quiet"), "the probe to collect the result")
+    finally:
+        server.stop()
+    (res,) = view["results"]
+    assert res["status"] == "COMPLETED" and res["node_id"] == "node-test"
+    assert view["sessions"][0]["node_id"] == "node-test"
+
+
+async def _not(check: Any) -> bool:
+    return not await check
+
+
+async def test_a_vanished_node_ends_its_sessions_as_node_lost(tmp_path: Path) -> None:
+    """Both directions cut: after node_lost_after_s of silence its session ends ERROR "node lost" and is
+    not re-run elsewhere (the node may well still be running it)."""
+    gate = tmp_path / "go"
+    server = start_server(tmp_path / "server.db", heartbeat_timeout_s=0.2, node_lost_after_s=0.6)
+    uplink = Relay(_port(server.url))
+    await uplink.start()
+    try:
+        with fake_policy() as (url, _):
+            async with running_node(
+                url, tmp_path, server_url=uplink.url, heartbeat_s=0.05, report_attempts=1, node_id="node-a"
+            ) as node:
+                down = Relay(_port(node.url))
+                await down.start()
+                async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                    await eventually(lambda: _healthy(client), "a healthy node")
+                    reg = {"node_id": "node-a", "url": down.url, "capacity": 1}
+                    await client.post("/nodes/register", json=reg)
+                    command = f"while [ ! -f {gate} ]; do sleep 0.05; done"
+                    await client.post("/rollout/task/submit", json=_task("vanish", command))
+                    await until(lambda: node.status().by_stage.get("RUNNING") == 1, "the session to run")
+                    await uplink.cut()
+                    await down.cut()
+                    view = await eventually(lambda: _done(client, "vanish"), "the node to be declared lost")
+                    nodes = (await client.get("/nodes")).json()["nodes"]
+                    gate.touch()
+    finally:
+        server.stop()
+    (res,) = view["results"]
+    assert res["status"] == "ERROR" and res["reason"].startswith("node lost: node-a")
+    assert nodes[0]["lost"] is True and nodes[0]["healthy"] is False
