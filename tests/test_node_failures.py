@@ -136,3 +136,43 @@ class Exploding:
 
     async def evaluate(self, ctx: object) -> object:
         raise ValueError("scoring exploded")
+
+
+async def test_post_run_hook_that_hangs_is_an_error(tmp_path: Path) -> None:
+    task = shell_task("true", agent={"harness": "tests.test_node_failures:SlowCollector", "settings": {}})
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path, post_run_timeout_s=0.3) as node:
+            await node.submit(spec(task, "sess-post-hang"))
+            result = await node.wait("sess-post-hang")
+    assert result.status == SessionStatus.ERROR
+    assert result.reason == "harness post-run hook timed out after 0.3 s"
+    assert not list((tmp_path / "runtimes").iterdir())
+
+
+class SlowCollector:
+    """The shell preset whose log collection never returns (a harness plugin loaded by import path)."""
+
+    name = "slow_collector"
+
+    def __init__(self, settings: dict[str, object]) -> None:
+        from polar.harness.shell import ShellHarness
+
+        self._shell = ShellHarness({"command": "true"})
+
+    async def setup(self, runtime: object, ctx: object) -> None:
+        await self._shell.setup(runtime, ctx)  # type: ignore[arg-type]
+
+    def command(self, ctx: object) -> str:
+        return self._shell.command(ctx)  # type: ignore[arg-type]
+
+    def env(self, ctx: object) -> dict[str, str]:
+        return self._shell.env(ctx)  # type: ignore[arg-type]
+
+    async def post_run(self, runtime: object, ctx: object) -> dict[str, object]:
+        import asyncio
+
+        await asyncio.sleep(60)
+        return {}
+
+    def classify(self, record: object) -> tuple[str, ...]:
+        return ()

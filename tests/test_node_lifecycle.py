@@ -4,8 +4,12 @@ agent against the gateway in front of the scripted fake vLLM, real runtimes, eva
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import pytest
+
+from polar.harness.builtin import TRANSCRIPT
 from polar.rollout.protocol import SessionStatus
 from polar.trajectory import Trajectory
 from tests.fakes.fake_vllm import Reply
@@ -59,7 +63,7 @@ async def test_builtin_agent_session(tmp_path: Path) -> None:
         },
     )
     with fake_policy(script) as (url, fake):
-        async with running_node(url, tmp_path) as node:
+        async with running_node(url, tmp_path, keep="artifacts") as node:
             await node.submit(spec(task, "sess-builtin-1"))
             result = await node.wait("sess-builtin-1")
     assert result.status == SessionStatus.COMPLETED, result.reason
@@ -69,6 +73,10 @@ async def test_builtin_agent_session(tmp_path: Path) -> None:
     assert len(traj.traces) == 1
     assert 0 in traj.traces[0].loss_mask  # the tool result is in the trace, masked
     assert result.metadata["harness"]["finished"] is True
+    # keep="artifacts": the transcript survives teardown, the workspace does not.
+    (kept,) = (tmp_path / "runtimes").iterdir()
+    assert [p.name for p in kept.iterdir()] == ["artifacts"]
+    assert (kept / "artifacts" / TRANSCRIPT).read_text().count("\n") >= 2
 
 
 async def test_nonzero_exit_is_evaluated_not_an_error(tmp_path: Path) -> None:
@@ -80,3 +88,30 @@ async def test_nonzero_exit_is_evaluated_not_an_error(tmp_path: Path) -> None:
     assert result.status == SessionStatus.COMPLETED
     assert result.reason == "harness exited with code 3"
     assert result.reward == 0.0
+
+
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="bubblewrap not installed (scripts/test installs it)"
+)
+async def test_bwrap_session_reaches_only_the_gateway(tmp_path: Path) -> None:
+    """In a bubblewrap sandbox (network=gateway) the harness reaches the node's gateway through the URL the
+    runtime publishes; the caller script arrives by an upload prepare step (the host's /tmp is hidden)."""
+    caller = write_caller(tmp_path)
+    task = shell_task(
+        f"{PY} call_gateway.py 2 > answer.txt",
+        runtime={
+            "backend": "bwrap",
+            "prepare": [{"type": "upload", "src": str(caller), "dst": "call_gateway.py"}],
+        },
+        evaluator={
+            "strategy": "test_on_output",
+            "config": {"command": "cat answer.txt", "expect": "sandboxed", "match": "contains"},
+        },
+    )
+    with fake_policy([Reply("one"), Reply("sandboxed")]) as (url, fake):
+        async with running_node(url, tmp_path) as node:
+            await node.submit(spec(task, "sess-bwrap-1"))
+            result = await node.wait("sess-bwrap-1")
+    assert result.status == SessionStatus.COMPLETED, result.reason
+    assert result.reward == 1.0 and len(fake.requests) == 2
+    assert len(Trajectory.model_validate(result.trajectory).traces) == 1

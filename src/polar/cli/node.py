@@ -51,6 +51,13 @@ from polar.cli.common import setup_logging
     help="Where session directories are made (default: the system temp dir).",
 )
 @click.option(
+    "--keep",
+    type=click.Choice(["nothing", "artifacts", "all"]),
+    default="nothing",
+    show_default=True,
+    help="What of a session's directory survives it (artifacts: the harness's logs and transcripts).",
+)
+@click.option(
     "--control-token", envvar="POLAR_CONTROL_TOKEN", metavar="TOKEN", help="Bearer token for /node."
 )
 @click.option("--heartbeat", "heartbeat_s", default=5.0, show_default=True, type=float, help="Seconds.")
@@ -74,6 +81,7 @@ def node(
     ready_buffer: int,
     store_path: Path,
     runtime_root: Path | None,
+    keep: str,
     control_token: str | None,
     heartbeat_s: float,
     log_level: str,
@@ -113,6 +121,7 @@ def node(
             advertise_url=advertise_url,
             runtime_gateway_url=runtime_gateway_url,
             runtime_root=runtime_root,
+            keep=keep,  # type: ignore[arg-type]
             heartbeat_s=heartbeat_s,
             **extra,  # type: ignore[arg-type]
         )

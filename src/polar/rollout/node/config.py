@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from polar.gateway.config import GatewayConfig
 
@@ -29,6 +30,7 @@ class NodeConfig:
     advertise_url: str | None = None  # the URL the server reaches this node at (default: host:port)
     runtime_gateway_url: str | None = None  # the gateway as seen from inside runtimes (default: url)
     runtime_root: Path | None = None  # where runtimes make session directories (default: a temp dir)
+    keep: Literal["nothing", "artifacts", "all"] = "nothing"  # of an agent's session dir after teardown
     heartbeat_s: float = 5.0
     report_attempts: int = 8  # POSTs of a SessionResult before giving up (it stays on the node)
     report_backoff_s: float = 0.5  # first retry delay; doubles, capped at 30 s
@@ -39,6 +41,8 @@ class NodeConfig:
         for name in ("capacity", "init_workers", "run_workers", "post_workers", "ready_buffer"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.keep not in ("nothing", "artifacts", "all"):
+            raise ValueError(f"keep must be nothing, artifacts or all, not {self.keep!r}")
         if self.heartbeat_s <= 0:
             raise ValueError("heartbeat_s must be positive")
         if self.report_attempts < 1:

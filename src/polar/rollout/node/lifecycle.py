@@ -22,6 +22,7 @@ from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE, assi
 from polar.rollout.task import ExecAction, Task, UploadAction
 from polar.runtime.base import ExecResult, Runtime, RuntimeSpec
 from polar.runtime.factory import make_runtime
+from polar.runtime.local import Keep
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
 from polar.trajectory import Trajectory, TrajectoryStatus, build
@@ -39,6 +40,7 @@ class StageEnv:
     gateway_url: str  # the gateway as the host reaches it
     runtime_root: Path | None
     post_run_timeout_s: float
+    keep: Keep = "nothing"  # what of the agent's session directory survives teardown (logs, transcripts)
 
 
 def _tail(text: str, n: int = 400) -> str:
@@ -99,10 +101,13 @@ async def prepare(runtime: Runtime, task: Task, deadline: Deadline) -> None:
             await _exec_with_retries(runtime, step, action, deadline)
 
 
-async def start_runtime(task: Task, session_id: str, env: StageEnv, deadline: Deadline) -> Runtime:
+async def start_runtime(
+    task: Task, session_id: str, env: StageEnv, deadline: Deadline, keep: Keep = "nothing"
+) -> Runtime:
     """A started and prepared runtime for `task`; stopped again if anything fails (or is cancelled)."""
     try:
-        runtime = make_runtime(runtime_spec(task, env.runtime_root), session_id, gateway_url=env.gateway_url)
+        spec = runtime_spec(task, env.runtime_root)
+        runtime = make_runtime(spec, session_id, gateway_url=env.gateway_url, keep=keep)
     except Exception as exc:
         raise SessionEnd(ERROR, f"runtime failed to start: {_describe(exc)}") from exc
     try:
@@ -161,7 +166,7 @@ async def init_stage(s: NodeSession, env: StageEnv) -> None:
     s.deadline.start()
     try:
         async with asyncio.timeout(s.deadline.remaining()):
-            s.runtime = await start_runtime(s.spec.task, s.session_id, env, s.deadline)
+            s.runtime = await start_runtime(s.spec.task, s.session_id, env, s.deadline, env.keep)
             try:
                 await env.proxy.sessions.create(session_metadata(s), s.session_id)
             except KeyError:

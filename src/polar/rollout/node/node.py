@@ -119,6 +119,7 @@ class Node:
             gateway_url=self.config.runtime_gateway_url or self.url,
             runtime_root=self.config.runtime_root,
             post_run_timeout_s=self.config.post_run_timeout_s,
+            keep=self.config.keep,
         )
         if self.config.server_url is not None:
             registration = NodeRegistration(
@@ -321,7 +322,8 @@ class Node:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            s.outcome, s.reason = SessionStatus.CANCELLED, s.cancel_reason or "cancelled"
+            s.outcome = SessionStatus.CANCELLED
+            s.reason = s.cancel_reason or "cancelled: the node's event loop is shutting down"
         except Exception as exc:  # a bug in the node or a contract broken by a plugin: never lose the session
             log.exception("session %s failed in the node", s.session_id)
             s.outcome, s.reason = SessionStatus.ERROR, f"node error: {type(exc).__name__}: {exc}"

@@ -92,7 +92,11 @@ class Reporter:
     ) -> None:
         """Register, then send the node's status every `interval_s`; re-register when the server has
         forgotten this node (it restarted), and keep trying through outages. Runs until cancelled."""
-        node_id = await self.register(server_url, registration)
+        try:
+            node_id = await self.register(server_url, registration)
+        except RuntimeError as exc:  # refused (4xx): nothing to retry; the node still serves standalone
+            log.error("%s", exc)
+            return
         base = server_url.rstrip("/")
         while True:
             await asyncio.sleep(interval_s)
@@ -104,6 +108,9 @@ class Reporter:
                 )
                 if r.status_code == 404:
                     node_id = await self.register(server_url, registration)
+            except RuntimeError as exc:
+                log.error("%s", exc)
+                return
             except httpx.HTTPError as exc:
                 log.warning("heartbeat to %s failed: %s", server_url, exc)
 
