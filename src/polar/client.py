@@ -1,6 +1,6 @@
 """The trainer's client for the rollout server.
 
-    async with RolloutClient("http://127.0.0.1:8200", max_in_flight=4) as client:
+    async with RolloutClient("http://127.0.0.1:8300", max_in_flight=4) as client:
         async for result in client.run(tasks):      # submits while at most 4 task groups are unfinished
             trainer.add(result)
 
@@ -145,6 +145,11 @@ class RolloutClient:
 
     async def status(self) -> dict[str, Any]:
         data: dict[str, Any] = await self._get("/rollout/status")
+        return data
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        """`GET /nodes`: each node's load, health and last reported status."""
+        data: list[dict[str, Any]] = (await self._get("/nodes"))["nodes"]
         return data
 
     async def cancel(self, task_id: str) -> bool:

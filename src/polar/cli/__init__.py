@@ -20,7 +20,14 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "node",
         "Serve a gateway node: the gateway plus staged session pools (INIT, RUN, POSTRUN).",
     ),
+    "serve": (
+        "polar.cli.serve",
+        "serve",
+        "Serve the rollout server: tasks, sessions, nodes, trainer callbacks.",
+    ),
     "serve-model": ("polar.cli.serve_model", "serve_model", "Serve a policy with the embedded engine."),
+    "status": ("polar.cli.status", "status", "Show the rollout server's tasks and nodes, or one task."),
+    "submit": ("polar.cli.submit", "submit", "Submit a task file to the rollout server."),
     "traces": ("polar.cli.traces", "traces", "Build, audit and export trajectories from a store."),
 }
 

@@ -1,0 +1,99 @@
+"""`polar serve`: the rollout server."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from polar.cli.common import setup_logging
+
+
+@click.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8300, show_default=True, type=int)
+@click.option(
+    "--db",
+    "db_path",
+    default="polar-server.db",
+    show_default=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="SQLite file with tasks, sessions, nodes and pending callbacks (survives restarts).",
+)
+@click.option(
+    "--public-url",
+    metavar="URL",
+    help="How nodes reach this server, for their result callbacks (default: the URL a node registered to).",
+)
+@click.option(
+    "--heartbeat-timeout",
+    "heartbeat_timeout_s",
+    default=15.0,
+    show_default=True,
+    type=float,
+    help="Seconds without a heartbeat before a node gets no new sessions.",
+)
+@click.option(
+    "--node-lost-after",
+    "node_lost_after_s",
+    default=120.0,
+    show_default=True,
+    type=float,
+    help="Seconds without any answer before a node is gone; its open sessions end as ERROR 'node lost'.",
+)
+@click.option(
+    "--callback-attempts", default=8, show_default=True, type=int, help="Tries per trainer callback."
+)
+@click.option(
+    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+)
+def serve(
+    host: str,
+    port: int,
+    db_path: Path,
+    public_url: str | None,
+    heartbeat_timeout_s: float,
+    node_lost_after_s: float,
+    callback_attempts: int,
+    log_level: str,
+) -> None:
+    """Serve the rollout server: trainers submit tasks, gateway nodes run their sessions.
+
+    Each task expands into `num_samples` sessions, placed on the least-loaded healthy node. Finished
+    results are kept in the database (a restart loses none and resumes unfinished tasks), posted to the
+    task's `callback_url`, and readable at `GET /rollout/task/{id}`.
+
+    \b
+    Example:
+      polar serve --port 8300 --db runs/server.db
+      polar node --server http://127.0.0.1:8300 --backend http://127.0.0.1:8000
+      polar submit examples/tasks.yaml --wait
+    """
+    import uvicorn
+
+    from polar.rollout.server import ServerConfig, create_app
+    from polar.rollout.server.callbacks import RetryPolicy
+
+    setup_logging(log_level)
+    if public_url is not None and not public_url.startswith(("http://", "https://")):
+        raise click.BadParameter(f"must be an http(s) URL, not {public_url!r}", param_hint="--public-url")
+    for name, value in (
+        ("--heartbeat-timeout", heartbeat_timeout_s),
+        ("--node-lost-after", node_lost_after_s),
+    ):
+        if value <= 0:
+            raise click.BadParameter("must be positive", param_hint=name)
+    if node_lost_after_s < heartbeat_timeout_s:
+        raise click.BadParameter("must be at least --heartbeat-timeout", param_hint="--node-lost-after")
+    if callback_attempts < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--callback-attempts")
+    config = ServerConfig(
+        db_path=db_path,
+        public_url=public_url.rstrip("/") if public_url else None,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        node_lost_after_s=node_lost_after_s,
+        callbacks=RetryPolicy(attempts=callback_attempts),
+    )
+    logging.getLogger("polar").info("rollout server state: %s", db_path.resolve())
+    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=False)

@@ -1,0 +1,79 @@
+"""`polar status [TASK]`: the rollout server's state, or one task's sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from polar.cli.submit import SERVER
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+
+
+def _overview(console: Console, status: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+    console.print(f"tasks:    {_counts(status['tasks'])}")
+    console.print(f"sessions: {_counts(status['sessions'])}")
+    table = Table("node", "url", "load", "health", "stages")
+    for n in nodes:
+        health = (
+            "lost" if n["lost"] else ("draining" if n["draining"] else ("ok" if n["healthy"] else "silent"))
+        )
+        stages = _counts((n.get("status") or {}).get("by_stage", {}))
+        table.add_row(n["node_id"], n["url"], f"{n['load']}/{n['capacity']}", health, stages)
+    console.print(table if nodes else "nodes:    none registered")
+
+
+def _task(console: Console, view: dict[str, Any]) -> None:
+    reason = f" ({view['reason']})" if view.get("reason") else ""
+    console.print(f"{view['task_id']}: {view['state']}{reason}, {_counts(view['counts'])}")
+    rewards = {r["session_id"]: r.get("reward") for r in view.get("results", [])}
+    table = Table("#", "session", "status", "node", "reward", "reason")
+    for s in view["sessions"]:
+        reward = rewards.get(s["session_id"])
+        table.add_row(
+            str(s["sample_index"]),
+            s["session_id"],
+            s["status"],
+            s["node_id"] or "-",
+            "-" if reward is None else f"{reward:g}",
+            s["reason"] or "",
+        )
+    console.print(table)
+    failed = [c for c in view["callbacks"] if c["state"] != "delivered"]
+    for c in failed:
+        console.print(f"callback {c['state']} after {c['attempts']} attempt(s): {c['last_error'] or ''}")
+
+
+@click.command("status")
+@click.argument("task_id", required=False)
+@click.option("--server", default=SERVER, show_default=True, envvar="POLAR_SERVER", metavar="URL")
+@click.option("--json", "as_json", is_flag=True, help="Print the server's JSON.")
+def status(task_id: str | None, server: str, as_json: bool) -> None:
+    """Show the server's tasks, sessions and nodes; with TASK_ID, that task's sessions and rewards."""
+    from polar.client import RolloutClient, RolloutError
+
+    async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with RolloutClient(server, retry_window_s=2) as client:
+            if task_id is not None:
+                return await client.task(task_id, results=True), []
+            return await client.status(), await client.nodes()
+
+    try:
+        data, nodes = asyncio.run(go())
+    except RolloutError as exc:
+        raise click.ClickException(f"{server}: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(data if task_id else {**data, "nodes": nodes}, indent=2))
+        return
+    console = Console()
+    if task_id is not None:
+        _task(console, data)
+    else:
+        _overview(console, data, nodes)

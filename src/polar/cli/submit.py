@@ -1,0 +1,103 @@
+"""`polar submit TASKFILE`: send a task file to the rollout server (and optionally wait for the results)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+import yaml
+
+SERVER = "http://127.0.0.1:8300"
+
+
+def _loc(param: str) -> tuple[Any, ...]:
+    """`tasks[1].agent.harness` -> ("tasks", 1, "agent", "harness")."""
+    return tuple(int(i) if i else k for k, i in re.findall(r"([^.\[\]]+)|\[(\d+)\]", param))
+
+
+def locate(path: Path, param: str | None) -> str:
+    """`file:line` of the field the server named (`tasks[i].field` counts tasks as the file lists them)."""
+    from polar.rollout.taskfile import _line_of
+
+    if not param:
+        return str(path)
+    try:
+        text = path.read_text()
+        data, root = yaml.safe_load(text), yaml.compose(text)
+    except (OSError, yaml.YAMLError):
+        return str(path)
+    loc = _loc(param)
+    if loc[:1] == ("tasks",) and len(loc) > 1 and isinstance(loc[1], int):
+        index, rest = loc[1], loc[2:]
+        if isinstance(data, dict) and "tasks" in data:
+            loc = ("tasks", index, *rest)
+        elif isinstance(data, list):
+            loc = (index, *rest)
+        else:
+            loc = rest
+    line = _line_of(root, loc)
+    return f"{path}:{line}" if line else str(path)
+
+
+@click.command("submit")
+@click.argument("taskfile", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--server", default=SERVER, show_default=True, envvar="POLAR_SERVER", metavar="URL")
+@click.option("--wait", is_flag=True, help="Stay until every session ended, printing each result.")
+@click.option(
+    "--out", type=click.Path(path_type=Path, dir_okay=False), help="With --wait: write results as JSONL."
+)
+def submit(taskfile: Path, server: str, wait: bool, out: Path | None) -> None:
+    """Submit the tasks in TASKFILE (YAML or JSON: one task, a list, or {tasks: [...]}).
+
+    The file is checked here (errors name the file, line and field) and again by the server (unknown
+    harness, evaluator or builder, bad settings), whose refusal is mapped back to the file's line.
+
+    \b
+    Example:
+      polar submit examples/tasks.yaml --wait --out results.jsonl
+    """
+    from polar.client import RolloutClient, RolloutError
+    from polar.rollout.taskfile import TaskFileError, load_tasks
+
+    try:
+        tasks = load_tasks(taskfile)
+    except TaskFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    if out is not None and not wait:
+        raise click.BadParameter("needs --wait", param_hint="--out")
+
+    async def go() -> int:
+        failed = 0
+        async with RolloutClient(server) as client:
+            await client.submit(tasks)
+            for t in tasks:
+                click.echo(f"submitted {t.task_id}: {len(client.session_ids[t.task_id])} session(s)")
+            if not wait:
+                return 0
+            sink = out.open("wb") if out is not None else None
+            try:
+                async for r in client.results([t.task_id for t in tasks]):
+                    failed += r.status != "COMPLETED"
+                    reward = "-" if r.reward is None else f"{r.reward:g}"
+                    reason = f"  ({r.reason})" if r.reason else ""
+                    click.echo(
+                        f"{r.task_id} #{r.metadata.get('sample_index', '?')} {r.status} reward={reward}{reason}"
+                    )
+                    if sink is not None:
+                        sink.write(orjson.dumps(r.model_dump(mode="json")) + b"\n")
+            finally:
+                if sink is not None:
+                    sink.close()
+        return 1 if failed else 0
+
+    try:
+        code = asyncio.run(go())
+    except RolloutError as exc:
+        where = locate(taskfile, exc.param) if exc.status == 400 else server
+        raise click.ClickException(f"{where}: {exc}") from None
+    sys.exit(code)
