@@ -8,8 +8,19 @@ from typing import Any
 
 import httpx
 
+from polar.rollout.node.node import _urls
 from polar.serving import free_port
-from tests.node_support import PY, alive, eventually, fake_policy, running_node, until, write_caller
+from tests.node_support import (
+    PY,
+    alive,
+    eventually,
+    fake_policy,
+    running_node,
+    shell_task,
+    spec,
+    until,
+    write_caller,
+)
 from tests.server_support import start_server
 
 
@@ -100,7 +111,7 @@ async def test_result_delivery_is_retried_through_a_server_restart(tmp_path: Pat
                 server.stop()
                 gate.touch()
                 await until(lambda: node.status().active == 0, "the session to finish")
-                sid = next(iter(node._results))
+                (sid,) = [s.session_id for s in node.sessions()]
                 assert sid not in node.reporter.delivered  # still trying: the server is down
                 restarted = start_server(tmp_path / "server.db", port=port)
                 await until(lambda: node.reporter.delivered.get(sid) is True, "delivery after the restart")
@@ -137,3 +148,27 @@ async def test_early_stop_cancels_stragglers_on_the_node(tmp_path: Path) -> None
     assert len(list(pids.iterdir())) == 2
     for f in pids.iterdir():
         assert not alive(int(f.read_text()))
+
+
+async def test_a_result_the_server_refuses_is_not_retried_and_stays_on_the_node(tmp_path: Path) -> None:
+    """A session the server never created (submitted to the node directly): the server answers 404, the
+    node stops trying at once (no retry can fix that) and keeps the result for GET."""
+    server = start_server(tmp_path / "server.db")
+    try:
+        with fake_policy() as (url, _):
+            async with running_node(url, tmp_path, report_backoff_s=5.0) as node:
+                await node.submit(spec(shell_task("true"), "sess-stray", server_url=server.url))
+                await node.wait("sess-stray")
+                await until(lambda: "sess-stray" in node.reporter.delivered, "the delivery attempt")
+                assert node.reporter.delivered["sess-stray"] is False
+                state = node.state("sess-stray")
+    finally:
+        server.stop()
+    assert state is not None and state.result is not None and state.result.status == "COMPLETED"
+
+
+def test_urls_for_bound_hosts() -> None:
+    assert _urls("127.0.0.1", 8200) == ("http://127.0.0.1:8200", "http://127.0.0.1:8200")
+    local, public = _urls("0.0.0.0", 8200)
+    assert local == "http://127.0.0.1:8200" and public.endswith(":8200") and "0.0.0.0" not in public
+    assert _urls("::1", 9) == ("http://[::1]:9", "http://[::1]:9")

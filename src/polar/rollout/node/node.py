@@ -92,17 +92,19 @@ class Node:
         self._serve_task: asyncio.Task[None] | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._env: StageEnv | None = None
+        self._stopping: asyncio.Task[None] | None = None
         self.url = ""
 
     # -- life of the node ---------------------------------------------------------------------------------
     async def start(self) -> None:
         """Serve the gateway and the node routes, then register with the server (when there is one)."""
         gw = self.config.gateway
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        ipv6 = ":" in gw.host
+        sock = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((gw.host, gw.port))
         port = sock.getsockname()[1]
-        self.url = f"http://{gw.host}:{port}"
+        self.url, public = _urls(gw.host, port)
         config = uvicorn.Config(self.asgi, log_level="warning", lifespan="on", access_log=False)
         self._server = _Server(config)
         self._serve_task = asyncio.create_task(self._serve(self._server, sock))
@@ -123,7 +125,7 @@ class Node:
         )
         if self.config.server_url is not None:
             registration = NodeRegistration(
-                node_id=self.node_id, url=self.config.advertise_url or self.url, capacity=self.config.capacity
+                node_id=self.node_id, url=self.config.advertise_url or public, capacity=self.config.capacity
             )
             self._heartbeat = asyncio.create_task(
                 self.reporter.heartbeats(
@@ -148,7 +150,13 @@ class Node:
         await self.stop()  # the server died on its own: still free every runtime
 
     async def stop(self, reason: str = "node stopped") -> None:
-        """Refuse new sessions, cancel running ones (they end CANCELLED with `reason`), stop serving."""
+        """Refuse new sessions, cancel running ones (they end CANCELLED with `reason`), stop serving.
+        Idempotent: a second call (a signal during shutdown) waits for the first."""
+        if self._stopping is None:
+            self._stopping = asyncio.create_task(self._stop(reason))
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, reason: str) -> None:
         self.draining = True
         # Sessions first: they need the gateway's store to close their sessions.
         await asyncio.gather(*(self.cancel(sid, reason) for sid in list(self._sessions)))
@@ -382,6 +390,16 @@ class Node:
 
     def _result(self, session_id: str) -> SessionResult | None:
         return self._results.get(session_id) or self._archived.get(session_id)
+
+
+def _urls(host: str, port: int) -> tuple[str, str]:
+    """(the node's URL from this machine, the URL it registers with) for a bound host and port. A wildcard
+    bind is reached on loopback here and by the machine's name from elsewhere."""
+    if host in ("0.0.0.0", "::", ""):
+        local = f"http://{'[::1]' if host == '::' else '127.0.0.1'}:{port}"
+        return local, f"http://{socket.getfqdn()}:{port}"
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return url, url
 
 
 def _done_runtime(task: asyncio.Task[Any] | None) -> Any:
