@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from polar.rollout.server.store import ServerStore
-from tests.node_support import PY, eventually, fake_policy, running_node, until, write_caller
+from tests.node_support import PY, alive, eventually, fake_policy, running_node, until, write_caller
 from tests.server_support import start_server
 
 TERMINAL = ("COMPLETED", "ERROR", "TIMEOUT", "CANCELLED")
@@ -221,3 +221,29 @@ async def test_a_vanished_node_ends_its_sessions_as_node_lost(tmp_path: Path) ->
     (res,) = view["results"]
     assert res["status"] == "ERROR" and res["reason"].startswith("node lost: node-a")
     assert nodes[0]["lost"] is True and nodes[0]["healthy"] is False
+
+
+async def test_cancelling_a_task_kills_its_sessions_on_the_node(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    command = f"sleep 60 & echo $! > {pids}/$$; wait"
+    server = start_server(tmp_path / "server.db")
+    try:
+        with fake_policy() as (url, _):
+            async with (
+                running_node(url, tmp_path, server_url=server.url, heartbeat_s=0.05, capacity=4) as node,
+                httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+            ):
+                await eventually(lambda: _healthy(client), "a healthy node")
+                await client.post("/rollout/task/submit", json=_task("long", command, num_samples=2))
+                await until(lambda: len(list(pids.iterdir())) == 2, "both agents to start")
+                r = await client.delete("/rollout/task/long")
+                assert r.json() == {"task_id": "long", "cancelled": True, "state": "CANCELLED"}
+                await until(lambda: node.status().active == 0, "the node to free both sessions")
+                view = await _view(client, "long")
+    finally:
+        server.stop()
+    assert [s["status"] for s in view["sessions"]] == ["CANCELLED", "CANCELLED"]
+    assert all(s["node_id"] == "node-test" for s in view["sessions"])
+    for f in pids.iterdir():
+        assert not alive(int(f.read_text()))

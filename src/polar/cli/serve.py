@@ -96,4 +96,12 @@ def serve(
         callbacks=RetryPolicy(attempts=callback_attempts),
     )
     logging.getLogger("polar").info("rollout server state: %s", db_path.resolve())
-    uvicorn.run(create_app(config), host=host, port=port, log_level=log_level, access_log=False)
+    # An open `GET /events` stream would otherwise hold uvicorn's graceful shutdown forever.
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=3,
+    )
