@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from polar.harness.builtin import TRANSCRIPT
+from polar.harness.shell import ShellHarness
 from polar.rollout.protocol import SessionStatus
-from polar.trajectory import Trajectory
+from polar.store.records import CompletionRecord
+from polar.trajectory import Trajectory, TrajectoryStatus
+from polar.trajectory.per_request import per_request
 from tests.fakes.fake_vllm import Reply
 from tests.node_support import PY, fake_policy, running_node, shell_task, spec, write_caller
 
@@ -115,3 +118,33 @@ async def test_bwrap_session_reaches_only_the_gateway(tmp_path: Path) -> None:
     assert result.status == SessionStatus.COMPLETED, result.reason
     assert result.reward == 1.0 and len(fake.requests) == 2
     assert len(Trajectory.model_validate(result.trajectory).traces) == 1
+
+
+async def test_harness_tags_reach_the_builder(tmp_path: Path) -> None:
+    caller = write_caller(tmp_path)
+    task = shell_task(
+        f"{PY} {caller} 2",
+        agent={"harness": "tests.test_node_lifecycle:TaggingShell"},
+        builder="tests.test_node_lifecycle:tags_builder",
+    )
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path) as node:
+            await node.submit(spec(task, "sess-tags"))
+            result = await node.wait("sess-tags")
+    assert result.status == SessionStatus.COMPLETED, result.reason
+    assert result.trajectory is not None
+    assert result.trajectory["metadata"]["tags"] == [["main"], ["side_call", "title"]]
+
+
+class TaggingShell(ShellHarness):
+    """The shell preset whose classifier calls every call after the first a side call."""
+
+    def classify(self, record: CompletionRecord) -> tuple[str, ...]:
+        return ("side_call", "title") if record.seq > 0 else ("main",)
+
+
+def tags_builder(records: list[CompletionRecord], *, status: TrajectoryStatus) -> Trajectory:
+    trajectory = per_request(records, status=status)
+    return trajectory.model_copy(
+        update={"metadata": {**trajectory.metadata, "tags": [list(r.tags) for r in records]}}
+    )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -238,6 +238,19 @@ def _records(path: Path, session_id: str) -> list[CompletionRecord]:
         return store.completions(session_id)
 
 
+def _classified(s: NodeSession, records: list[CompletionRecord]) -> list[CompletionRecord]:
+    """Records with the harness's tags added (side calls: title generation, a small model), which builders
+    and trainers read from `CompletionRecord.tags`."""
+    out = []
+    for r in records:
+        try:
+            tags = tuple(s.harness.classify(r))
+        except Exception as exc:
+            raise SessionEnd(ERROR, f"harness classify failed: {_describe(exc)}") from exc
+        out.append(replace(r, tags=tuple(dict.fromkeys((*r.tags, *tags)))) if tags else r)
+    return out
+
+
 async def close_gateway_session(s: NodeSession, env: StageEnv) -> None:
     """Refuse further calls under this session's key (a stray process cannot add to a finished run)."""
     if s.gateway_open:
@@ -254,7 +267,7 @@ async def build_trajectory(s: NodeSession, env: StageEnv) -> Trajectory:
     s.enter(SessionStatus.BUILDING)
     await close_gateway_session(s, env)
     task = s.spec.task
-    records = await asyncio.to_thread(_records, env.store_path, s.session_id)
+    records = _classified(s, await asyncio.to_thread(_records, env.store_path, s.session_id))
     status = TrajectoryStatus.TIMEOUT if s.outcome == TIMEOUT else TrajectoryStatus.COMPLETED
     try:
         trajectory = await asyncio.to_thread(
