@@ -100,3 +100,24 @@ class FreshChecker:
         agent = (await ctx.runtime.exec("cat mark.txt")).stdout.strip()
         ok = fresh == "clean" and agent == "agent-was-here"
         return EvalResult(reward=1.0 if ok else 0.0, passed=ok, details={"fresh": fresh, "agent": agent})
+
+
+async def test_slow_evaluations_do_not_hold_run_slots(tmp_path: Path) -> None:
+    gate = tmp_path / "go"
+    task = shell_task(
+        "true",
+        evaluator={"strategy": "test_on_output", "config": {"command": _wait_for(gate)}},
+    )
+    ids = [f"sess-post-{i}" for i in range(3)]
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path, run_workers=1, post_workers=1) as node:
+            for sid in ids:
+                await node.submit(spec(task, sid))
+            # Every agent ran through the single run slot while the first evaluation holds the only
+            # POSTRUN worker: the others wait in POST_RUN, not in RUNNING.
+            await until(lambda: node.status().by_stage == {"EVALUATING": 1, "POST_RUN": 2}, "all runs done")
+            assert node.run_pool.busy == 0 and node.post_pool.busy == 1
+            gate.touch()
+            results = [await node.wait(sid) for sid in ids]
+    assert [r.status for r in results] == [SessionStatus.COMPLETED] * 3
+    assert all(r.reward == 1.0 for r in results)

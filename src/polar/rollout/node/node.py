@@ -314,6 +314,7 @@ class Node:
             await run_stage(s)
         finally:
             self.run_pool.release()
+        s.enter(SessionStatus.POST_RUN)  # waiting for a POSTRUN worker counts as POSTRUN, not as running
         async with self.post_pool.slot():
             trajectory = await post_stage(s, env)
         s.final = trajectory
