@@ -62,3 +62,60 @@ def test_restart_keeps_results_and_resumes_tasks(tmp_path: Path) -> None:
         second.stop()
         trainer.stop()
         http.close()
+
+
+async def test_after_a_restart_queued_sessions_run_and_kept_results_are_collected(tmp_path: Path) -> None:
+    """Across a restart with a real node: a session that finished on the node while the server was down
+    (the node gave up delivering it) is collected by the startup probe; a session still queued is
+    dispatched once a node is there."""
+    import asyncio
+
+    from tests.node_support import eventually, fake_policy, running_node, until
+
+    db = tmp_path / "server.db"
+    port = free_port()
+    gate = tmp_path / "go"
+    wait_gate = {"harness": "shell", "settings": {"command": f"while [ ! -f {gate} ]; do sleep 0.05; done"}}
+    server = start_server(db, port=port)
+    restarted = None
+    try:
+        with fake_policy() as (url, _):
+            async with (
+                running_node(
+                    url, tmp_path, server_url=server.url, heartbeat_s=0.05, report_attempts=1, capacity=1
+                ) as node,
+                httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+            ):
+
+                async def healthy() -> bool:
+                    nodes = (await client.get("/nodes")).json()["nodes"]
+                    return bool(nodes) and bool(nodes[0]["healthy"])
+
+                await eventually(healthy, "a healthy node")
+                body = [
+                    task("first", agent=wait_gate),
+                    task("second", agent={"harness": "shell", "settings": {"command": "true"}}),
+                ]
+                assert (await client.post("/rollout/task/submit", json=body)).status_code == 201
+                await until(lambda: node.status().by_stage.get("RUNNING") == 1, "the first session to run")
+                await asyncio.to_thread(server.stop)
+                gate.touch()
+                await until(lambda: len(node.reporter.delivered) == 1, "the node to give up delivering")
+                assert list(node.reporter.delivered.values()) == [False]
+                # no periodic audit: only the startup probe can find the kept result
+                restarted = await asyncio.to_thread(start_server, db, port, audit_interval_s=3600)
+
+                async def done() -> dict[str, str] | None:
+                    states = {
+                        t: (await client.get(f"/rollout/task/{t}")).json()["state"]
+                        for t in ("first", "second")
+                    }
+                    return states if set(states.values()) == {"DONE"} else None
+
+                await eventually(done, "both tasks after the restart")
+                views = [(await client.get(f"/rollout/task/{t}")).json() for t in ("first", "second")]
+    finally:
+        (restarted or server).stop()
+    for view in views:
+        (res,) = view["results"]
+        assert res["status"] == "COMPLETED" and res["node_id"] == "node-test", res

@@ -60,7 +60,7 @@ def status(task_id: str | None, server: str, as_json: bool) -> None:
     from polar.client import RolloutClient, RolloutError
 
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with RolloutClient(server, retry_window_s=2) as client:
+        async with RolloutClient(server, retry_window_s=1) as client:
             if task_id is not None:
                 return await client.task(task_id, results=True), []
             return await client.status(), await client.nodes()
