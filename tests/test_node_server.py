@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from polar.rollout.node.node import _urls
+from polar.rollout.node.server import urls as _urls
 from polar.serving import free_port
 from tests.node_support import (
     PY,

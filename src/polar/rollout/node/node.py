@@ -16,12 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 import time
 from collections import OrderedDict
 from typing import Any
-
-import uvicorn
 
 from polar.evaluate.registry import fresh_runtime_wanted, get_evaluator
 from polar.harness.registry import get_harness
@@ -41,6 +38,7 @@ from polar.rollout.node.lifecycle import (
 )
 from polar.rollout.node.pools import ReadyBuffer, StagePool
 from polar.rollout.node.reporter import Reporter
+from polar.rollout.node.server import EmbeddedServer
 from polar.rollout.node.session import NodeSession, SessionEnd
 from polar.rollout.protocol import (
     NodeRegistration,
@@ -65,14 +63,6 @@ class AdmissionError(Exception):
         self.status, self.message, self.field = status, message, field
 
 
-class _Server(uvicorn.Server):
-    """uvicorn on the caller's loop. Signal handling stays with whoever owns the process."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
-
-
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
@@ -88,8 +78,7 @@ class Node:
         self.draining = False
         self.reporter = Reporter(config.report_attempts, config.report_backoff_s)
         self.asgi = create_node_app(self)
-        self._server: _Server | None = None
-        self._serve_task: asyncio.Task[None] | None = None
+        self.server = EmbeddedServer(self.asgi, config.gateway.host, config.gateway.port)
         self._heartbeat: asyncio.Task[None] | None = None
         self._env: StageEnv | None = None
         self._stopping: asyncio.Task[None] | None = None
@@ -99,22 +88,8 @@ class Node:
     async def start(self) -> None:
         """Serve the gateway and the node routes, then register with the server (when there is one)."""
         gw = self.config.gateway
-        ipv6 = ":" in gw.host
-        sock = socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((gw.host, gw.port))
-        port = sock.getsockname()[1]
-        self.url, public = _urls(gw.host, port)
-        config = uvicorn.Config(self.asgi, log_level="warning", lifespan="on", access_log=False)
-        self._server = _Server(config)
-        self._serve_task = asyncio.create_task(self._serve(self._server, sock))
-        while not self._server.started:
-            if self._serve_task.done():
-                sock.close()
-                self._server = None
-                exc = self._serve_task.exception() if not self._serve_task.cancelled() else None
-                raise RuntimeError(f"the node's gateway did not start: {exc or 'startup failed'}")
-            await asyncio.sleep(0.01)
+        await self.server.start()
+        self.url = self.server.url
         self._env = StageEnv(
             proxy=self.asgi.gateway.state.proxy,
             store_path=gw.store_path,
@@ -125,7 +100,9 @@ class Node:
         )
         if self.config.server_url is not None:
             registration = NodeRegistration(
-                node_id=self.node_id, url=self.config.advertise_url or public, capacity=self.config.capacity
+                node_id=self.node_id,
+                url=self.config.advertise_url or self.server.public_url,
+                capacity=self.config.capacity,
             )
             self._heartbeat = asyncio.create_task(
                 self.reporter.heartbeats(
@@ -134,19 +111,9 @@ class Node:
             )
         log.info("node %s serving at %s (capacity %d)", self.node_id, self.url, self.config.capacity)
 
-    @staticmethod
-    async def _serve(server: _Server, sock: socket.socket) -> None:
-        try:
-            await server.serve(sockets=[sock])
-        except SystemExit:
-            # uvicorn exits the process when the app's startup fails; here that is the caller's to decide.
-            raise RuntimeError("the gateway's startup failed (its error is logged above)") from None
-
     async def serve_forever(self) -> None:
         """Until `stop()` (e.g. from a signal handler) ends the HTTP server."""
-        assert self._serve_task is not None
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(self._serve_task)
+        await self.server.wait()
         await self.stop()  # the server died on its own: still free every runtime
 
     async def stop(self, reason: str = "node stopped") -> None:
@@ -164,10 +131,7 @@ class Node:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
         await self.reporter.aclose()
-        if self._server is not None and self._serve_task is not None:
-            self._server.should_exit = True
-            await asyncio.gather(self._serve_task, return_exceptions=True)
-            self._server = None
+        await self.server.stop()
         self._env = None  # the gateway's store is closed with it
 
     # -- admission ----------------------------------------------------------------------------------------
@@ -391,16 +355,6 @@ class Node:
 
     def _result(self, session_id: str) -> SessionResult | None:
         return self._results.get(session_id) or self._archived.get(session_id)
-
-
-def _urls(host: str, port: int) -> tuple[str, str]:
-    """(the node's URL from this machine, the URL it registers with) for a bound host and port. A wildcard
-    bind is reached on loopback here and by the machine's name from elsewhere."""
-    if host in ("0.0.0.0", "::", ""):
-        local = f"http://{'[::1]' if host == '::' else '127.0.0.1'}:{port}"
-        return local, f"http://{socket.getfqdn()}:{port}"
-    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-    return url, url
 
 
 def _done_runtime(task: asyncio.Task[Any] | None) -> Any:
