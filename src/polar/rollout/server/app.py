@@ -19,9 +19,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar.rollout.protocol import NodeRegistration, NodeStatus, SessionResult
+from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.events import sse_stream
 from polar.rollout.server.scheduler import is_healthy
-from polar.rollout.server.service import RolloutService, ServerConfig
+from polar.rollout.server.service import RolloutService
 from polar.rollout.server.validate import SubmitError, check_task
 from polar.rollout.task import Task
 

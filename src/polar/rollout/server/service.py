@@ -1,9 +1,9 @@
 """The rollout server's behaviour: tasks expand into sessions, sessions are placed on nodes, results are
 recorded once, tasks finish (or stop early), trainers are called back. Routes (`app`) only translate HTTP.
 
-One background loop (`_tick`, woken by any change and at least every `tick_s`) reconciles sessions bound
-to nodes and places queued ones; dispatches, probes and node cancels run as their own tasks so a slow or
-dead node never stalls the loop. All decisions are in `scheduler`; all state is in `store` first.
+One background loop (woken by any change and at least every `tick_s`) runs `Dispatcher.tick`, which
+settles sessions bound to nodes and places queued ones. All decisions are in `scheduler`; all state is in
+`store` first.
 """
 
 from __future__ import annotations
@@ -13,44 +13,21 @@ import contextlib
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from polar.rollout.protocol import NodeStatus, SessionResult, SessionSpec, SessionStatus
-from polar.rollout.server.callbacks import CallbackDeliverer, RetryPolicy
+from polar.rollout.protocol import NodeStatus, SessionResult, SessionStatus
+from polar.rollout.server.callbacks import CallbackDeliverer
+from polar.rollout.server.config import ServerConfig
+from polar.rollout.server.dispatch import Dispatcher
 from polar.rollout.server.events import EventBus
 from polar.rollout.server.nodelink import NodeLink
-from polar.rollout.server.scheduler import (
-    DispatchOutcome,
-    NodeView,
-    Probe,
-    is_healthy,
-    place,
-    probe_decision,
-)
+from polar.rollout.server.scheduler import NodeView
 from polar.rollout.server.store import ServerStore, SessionRow, TaskRow
 from polar.rollout.task import Task
 
 log = logging.getLogger("polar.server")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    db_path: Path = Path("polar-server.db")
-    public_url: str | None = None  # how nodes reach this server (default: the URL a node registered to)
-    heartbeat_timeout_s: float = 15.0  # no heartbeat for this long: unhealthy, gets no new sessions
-    node_lost_after_s: float = 120.0  # no answer at all for this long: gone, its sessions end as ERROR
-    node_timeout_s: float = 10.0  # per HTTP call to a node (dispatch, probe, cancel)
-    probe_interval_s: float = 2.0  # how often one unsettled session is asked about
-    audit_interval_s: float = 30.0  # how often a settled session on a healthy node is asked about
-    refuse_cooldown_s: float = 1.0  # a node that refused a dispatch gets none for this long
-    max_dispatch_attempts: int = 5  # a session refused this often ends as ERROR
-    tick_s: float = 0.5
-    callbacks: RetryPolicy = field(default_factory=RetryPolicy)
-    max_body_bytes: int = 64 << 20
 
 
 def new_session_id() -> str:
@@ -71,14 +48,20 @@ class RolloutService:
         self.events = EventBus()
         self.link = NodeLink(config.node_timeout_s)
         self.deliverer = CallbackDeliverer(self.store, self.events, config.callbacks)
+        self.dispatcher = Dispatcher(
+            self.store,
+            self.link,
+            self.events,
+            config,
+            fail=self._fail,
+            record=self.record,
+            cancel_on_node=self._cancel_on_node,
+            spawn=self._spawn,
+            wake=self.wake,
+        )
         self._wake = asyncio.Event()
         self._results_changed = asyncio.Event()
-        self._dispatching: set[str] = set()
-        self._probing: set[str] = set()
-        self._probed_at: dict[str, float] = {}  # session -> last probe (absent: never asked)
-        self._tracked: dict[str, float] = {}  # session -> first seen on a node by this process
         self._stopping: set[str] = set()  # tasks whose open sessions are being ended by an early stop
-        self._cooldown: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.Task[None] | None = None
 
@@ -120,7 +103,7 @@ class RolloutService:
         while True:
             self._wake.clear()
             try:
-                self._tick()
+                self.dispatcher.tick()
             except Exception:
                 log.exception("scheduler tick failed")
             with contextlib.suppress(TimeoutError):
@@ -228,8 +211,7 @@ class RolloutService:
         seq = self.store.finish(result, task.task.callback_url, payload)
         if seq is None:
             return False
-        self._probed_at.pop(result.session_id, None)
-        self._tracked.pop(result.session_id, None)
+        self.dispatcher.forget(result.session_id)
         self.events.publish(
             "session_result",
             task_id=result.task_id,
@@ -286,7 +268,7 @@ class RolloutService:
         self.store.register_node(node_id, url.rstrip("/"), capacity, server_url)
         if known:  # the node restarted: whatever it ran for us is in its store, not its memory
             self.store.unconfirm(node_id)
-        self._cooldown.pop(node_id, None)
+        self.dispatcher.node_registered(node_id)
         self.events.publish("node_registered", node_id=node_id, url=url, capacity=capacity)
         self.wake()
 
@@ -297,138 +279,10 @@ class RolloutService:
         return ok
 
     def node_views(self, now: float | None = None) -> list[NodeView]:
-        now = time.time() if now is None else now
-        load = self.store.load_by_node()
-        return [
-            NodeView(
-                node_id=n.node_id,
-                url=n.url,
-                capacity=n.capacity,
-                load=load.get(n.node_id, 0),
-                healthy=is_healthy(n.last_heartbeat, now, self.config.heartbeat_timeout_s)
-                and self._cooldown.get(n.node_id, 0.0) <= now,
-                draining=n.draining,
-                lost=n.lost,
-            )
-            for n in self.store.nodes()
-        ]
-
-    # -- the loop ---------------------------------------------------------------------------------------
-    def _tick(self) -> None:
-        now = time.time()
-        views = self.node_views(now)
-        by_id = {v.node_id: v for v in views}
-        contact = {n.node_id: n.last_contact for n in self.store.nodes()}
-        for s in self.store.on_nodes():
-            assert s.node_id is not None
-            decision = probe_decision(
-                confirmed=s.confirmed,
-                dispatch_in_flight=s.session_id in self._dispatching,
-                node=by_id.get(s.node_id),
-                last_contact=contact.get(s.node_id, 0.0),
-                now=now,
-                node_lost_after_s=self.config.node_lost_after_s,
-                last_probe=self._probed_at.get(s.session_id) or self._tracked.setdefault(s.session_id, now),
-                audit_interval_s=self.config.audit_interval_s,
-            )
-            if decision is Probe.LOST:
-                self._node_lost(s)
-            elif (
-                decision is Probe.ASK
-                and s.session_id not in self._probing
-                and now - self._probed_at.get(s.session_id, 0.0) >= self.config.probe_interval_s
-            ):
-                self._probing.add(s.session_id)
-                self._spawn(self._probe(s, by_id[s.node_id]))
-        free = sum(max(0, v.capacity - v.load) for v in views if v.admits)
-        if free == 0:
-            return
-        queue = {s.session_id: s for s in self.store.queued(free)}
-        for session_id, node_id in place(list(queue), views):
-            s = queue[session_id]
-            if s.attempts >= self.config.max_dispatch_attempts:
-                self._fail(s, f"not accepted by any node after {s.attempts} dispatch attempts")
-            elif self.store.claim(session_id, node_id):
-                self._dispatching.add(session_id)
-                self._spawn(self._dispatch(s, by_id[node_id]))
+        return self.dispatcher.node_views(now)
 
     def _fail(self, s: SessionRow, reason: str) -> None:
+        """End a session as ERROR with `reason`, decided by the server (no trajectory, no reward)."""
         task = self.store.task(s.task_id)
         assert task is not None
         self._finish(task, self._synthetic(task, s, SessionStatus.ERROR, reason))
-
-    def _node_lost(self, s: SessionRow) -> None:
-        assert s.node_id is not None
-        node = self.store.node(s.node_id)
-        if node is not None and not node.lost:
-            self.store.mark_lost(s.node_id)
-            log.warning("node %s is gone: no answer for %.0fs", s.node_id, time.time() - node.last_contact)
-            self.events.publish("node_lost", node_id=s.node_id)
-        self._fail(s, f"node lost: {s.node_id} stopped answering; not re-run (it may have run there)")
-
-    async def _dispatch(self, s: SessionRow, node: NodeView) -> None:
-        try:
-            task = self.store.task(s.task_id)
-            assert task is not None
-            reg = self.store.node(node.node_id)
-            server_url = self.config.public_url or (reg.server_url if reg else None)
-            group = task.task.metadata.get("group_id")
-            spec = SessionSpec(
-                session_id=s.session_id,
-                task=task.task,
-                sample_index=s.sample_index,
-                group_id=group if isinstance(group, str) else None,
-                server_url=server_url,
-            )
-            outcome, error = await self.link.dispatch(node.url, spec)
-            if outcome is DispatchOutcome.ACCEPTED:
-                self.store.confirm(s.session_id, node.node_id)
-                self.store.touch_node(node.node_id)
-                self.events.publish("session_dispatched", session_id=s.session_id, node_id=node.node_id)
-                now = self.store.session(s.session_id)
-                if now is not None and now.status.terminal:  # cancelled while the dispatch was in flight
-                    await self._cancel_on_node(node.node_id, s.session_id)
-            elif outcome is DispatchOutcome.REFUSED:
-                self.store.release(s.session_id, node.node_id)
-                self._cooldown[node.node_id] = time.time() + self.config.refuse_cooldown_s
-                log.info("node %s refused %s: %s", node.node_id, s.session_id, error)
-            elif outcome is DispatchOutcome.REJECTED:
-                self.store.touch_node(node.node_id)
-                self._fail(s, f"node {node.node_id} rejected the session: {error}")
-            else:
-                log.warning(
-                    "dispatch of %s to %s unsettled (%s); asking the node", s.session_id, node.node_id, error
-                )
-        finally:
-            self._dispatching.discard(s.session_id)
-            self.wake()
-
-    async def _probe(self, s: SessionRow, node: NodeView) -> None:
-        try:
-            answer = await self.link.probe(node.url, s.session_id)
-            self._probed_at[s.session_id] = time.time()
-            if not answer.reachable:
-                return  # the loss clock (last_contact) decides when to give up
-            self.store.touch_node(node.node_id)
-            if s.session_id in self._dispatching:
-                return
-            if answer.state is None:
-                self._tracked.pop(s.session_id, None)
-                self.store.release(s.session_id, node.node_id)
-                self.events.publish("session_requeued", session_id=s.session_id, node_id=node.node_id)
-                return
-            self.store.confirm(s.session_id, node.node_id)
-            state = answer.state
-            if state.status.terminal:
-                if state.result is not None:
-                    # The node may not know the task (it restarted and reports the session lost).
-                    update = {"task_id": s.task_id, "node_id": state.result.node_id or node.node_id}
-                    self.record(state.result.model_copy(update=update))
-                else:
-                    reason = f"node {node.node_id} reports {state.status.value} but kept no result"
-                    self._fail(s, reason)
-            elif state.status not in (SessionStatus.REGISTERED, SessionStatus.DISPATCHED):
-                self.store.set_stage(s.session_id, state.status)
-        finally:
-            self._probing.discard(s.session_id)
-            self.wake()
