@@ -157,7 +157,7 @@ class SlowCollector:
     def __init__(self, settings: dict[str, object]) -> None:
         from polar.harness.shell import ShellHarness
 
-        self._shell = ShellHarness({"command": "true"})
+        self._shell = ShellHarness(dict(settings) or {"command": "true"})
 
     async def setup(self, runtime: object, ctx: object) -> None:
         await self._shell.setup(runtime, ctx)  # type: ignore[arg-type]
@@ -176,3 +176,40 @@ class SlowCollector:
 
     def classify(self, record: object) -> tuple[str, ...]:
         return ()
+
+
+async def test_builder_or_classifier_failure_is_an_error(tmp_path: Path) -> None:
+    caller = write_caller(tmp_path)
+    bad_builder = shell_task(f"{PY} {caller}", builder="tests.test_node_failures:broken_builder")
+    bad_classify = shell_task(
+        "unused",
+        agent={
+            "harness": "tests.test_node_failures:BadClassifier",
+            "settings": {"command": f"{PY} {caller}"},
+        },
+    )
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path) as node:
+            await node.submit(spec(bad_builder, "sess-bad-builder"))
+            await node.submit(spec(bad_classify, "sess-bad-classify"))
+            built = await node.wait("sess-bad-builder")
+            classified = await node.wait("sess-bad-classify")
+    assert built.status == SessionStatus.ERROR
+    assert built.reason == (
+        "trajectory builder 'tests.test_node_failures:broken_builder' failed: RuntimeError: no chains today"
+    )
+    assert classified.status == SessionStatus.ERROR
+    assert classified.reason == "harness classify failed: KeyError: 'seq'"
+    assert not list((tmp_path / "runtimes").iterdir())
+
+
+def broken_builder(records: object, *, status: object) -> object:
+    raise RuntimeError("no chains today")
+
+
+class BadClassifier(SlowCollector):
+    async def post_run(self, runtime: object, ctx: object) -> dict[str, object]:
+        return {}
+
+    def classify(self, record: object) -> tuple[str, ...]:
+        raise KeyError("seq")
