@@ -247,3 +247,59 @@ async def test_cancelling_a_task_kills_its_sessions_on_the_node(tmp_path: Path) 
     assert all(s["node_id"] == "node-test" for s in view["sessions"])
     for f in pids.iterdir():
         assert not alive(int(f.read_text()))
+
+
+async def test_two_nodes_share_by_load_and_priority_decides_the_queue(tmp_path: Path) -> None:
+    """Four blocking sessions over nodes of capacity 2 and 3 land two and two (least-loaded fraction);
+    then, with both full, a high-priority task submitted after a low one takes the one slot that frees."""
+    gate, gate2 = tmp_path / "go", tmp_path / "go2"
+    block = f"while [ ! -f {gate} ]; do sleep 0.05; done"
+    block2 = f"while [ ! -f {gate2} ]; do sleep 0.05; done"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    server = start_server(tmp_path / "server.db")
+    try:
+        with fake_policy() as (url, _):
+            async with (
+                running_node(
+                    url, tmp_path / "a", server_url=server.url, heartbeat_s=0.05, capacity=2, node_id="a"
+                ),
+                running_node(
+                    url, tmp_path / "b", server_url=server.url, heartbeat_s=0.05, capacity=3, node_id="b"
+                ),
+                httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+            ):
+
+                async def both() -> bool:
+                    nodes = (await client.get("/nodes")).json()["nodes"]
+                    return len(nodes) == 2 and all(n["healthy"] for n in nodes)
+
+                await eventually(both, "two healthy nodes")
+                await client.post("/rollout/task/submit", json=_task("wide", block, num_samples=4))
+
+                async def placed() -> dict[str, Any] | None:
+                    view = await _view(client, "wide")
+                    return view if all(s["status"] not in ("REGISTERED",) for s in view["sessions"]) else None
+
+                wide = await eventually(placed, "all four placed")
+                await client.post("/rollout/task/submit", json=_task("fill", block2))  # b's last slot
+                await eventually(lambda: _placed_one(client, "fill"), "the filler placed")
+                await client.post("/rollout/task/submit", json=_task("low", "true"))
+                await client.post("/rollout/task/submit", json=_task("high", "true", priority=5))
+                gate2.touch()  # exactly one slot frees: the high-priority task gets it, low waits for it
+                await eventually(lambda: _done(client, "low"), "low")
+                await eventually(lambda: _done(client, "high"), "high")
+                order = (
+                    await client.get("/rollout/results", params=[("task", "low"), ("task", "high")])
+                ).json()
+    finally:
+        server.stop()
+    by_node: dict[str, int] = {}
+    for s in wide["sessions"]:
+        by_node[s["node_id"]] = by_node.get(s["node_id"], 0) + 1
+    assert by_node == {"a": 2, "b": 2}
+    assert [r["task_id"] for r in order["results"]] == ["high", "low"]
+
+
+async def _placed_one(client: httpx.AsyncClient, task_id: str) -> bool:
+    return (await _view(client, task_id))["sessions"][0]["status"] != "REGISTERED"

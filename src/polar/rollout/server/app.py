@@ -1,6 +1,15 @@
 """The rollout server's HTTP routes (`polar serve`). Behaviour lives in `service`; here requests are read,
 validated and answered. Every error is JSON `{"error": {"message", "type", "param"}}` with a 4xx naming
 the field, never a traceback.
+
+Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} -> 201 {"tasks": [{task_id, session_ids}]}
+            GET    /rollout/task/{id}        state, counts, sessions, callbacks, results (?results=false: without)
+            DELETE /rollout/task/{id}        cancel -> {"cancelled": bool, "state"}
+            GET    /rollout/results          ?task=A&task=B&after=N&wait=S: long poll for finished sessions
+            GET    /rollout/status           tasks by state, sessions by status, node capacity
+            GET    /events                   SSE (?kinds=a,b to filter)
+Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result
+Anyone:     GET    /nodes, GET /health
 """
 
 from __future__ import annotations
