@@ -246,3 +246,22 @@ def test_a_dead_node_gets_nothing_and_sessions_wait(server: ServerThread, http: 
     view = wait_until(ended, what="the session to run out of dispatch attempts")
     (res,) = view["results"]
     assert res["status"] == "ERROR" and "not accepted by any node after 5 dispatch attempts" in res["reason"]
+
+
+def test_results_come_in_pages_behind_a_cursor(server: ServerThread, http: httpx.Client) -> None:
+    submit(http, server.url, task("t1", num_samples=5))
+    for sid in _sessions(http, server.url, "t1"):
+        post_result(http, server.url, result(sid, "t1"))
+    seen: list[str] = []
+    cursor = 0
+    while True:
+        params = {"task": "t1", "after": cursor, "limit": 2}
+        page = http.get(f"{server.url}/rollout/results", params=params).json()
+        if not page["results"]:
+            break
+        assert len(page["results"]) <= 2
+        seen += [x["session_id"] for x in page["results"]]
+        cursor = page["next"]
+    assert seen == _sessions(http, server.url, "t1")
+    r = http.get(f"{server.url}/rollout/results", params={"task": "t1", "limit": 0})
+    assert r.status_code == 400 and error_of(r)["param"] == "limit"

@@ -203,8 +203,8 @@ def _float_param(request: Request, name: str, default: float, lo: float, hi: flo
 
 @route
 async def results(request: Request) -> Response:
-    """Long poll: `?task=A&task=B&after=N&wait=S` answers finished sessions past sequence N as soon as
-    there are any (or after S seconds with none). `next` is the cursor for the following call."""
+    """Long poll: `?task=A&task=B&after=N&wait=S[&limit=L]` answers finished sessions past sequence N as
+    soon as there are any (or after S seconds with none). `next` is the cursor for the following call."""
     svc = _svc(request)
     task_ids = request.query_params.getlist("task")
     if not task_ids:
@@ -214,7 +214,9 @@ async def results(request: Request) -> Response:
         raise HTTPError(404, f"no task {', '.join(unknown)}", "task")
     after = int(_float_param(request, "after", 0, 0, 1e18))
     wait = _float_param(request, "wait", 0, 0, 300)
-    rows = await svc.wait_results(task_ids, after, wait)
+    # Results carry whole trajectories (megabytes each): pages stay small, the cursor fetches the rest.
+    limit = int(_float_param(request, "limit", 64, 1, 1000))
+    rows = await svc.wait_results(task_ids, after, wait, limit)
     states = {t: (r.state if (r := svc.store.task(t)) else "UNKNOWN") for t in task_ids}
     return _json(
         {

@@ -246,12 +246,14 @@ class RolloutService:
         assert task is not None
         return "recorded" if self._finish(task, result) else "duplicate"
 
-    async def wait_results(self, task_ids: list[str], after: int, wait_s: float) -> list[tuple[int, bytes]]:
+    async def wait_results(
+        self, task_ids: list[str], after: int, wait_s: float, limit: int = 64
+    ) -> list[tuple[int, bytes]]:
         """Results past `after`; when there are none yet, wait up to `wait_s` for one (long polling)."""
         deadline = time.monotonic() + wait_s
         while True:
             changed = self._results_changed
-            rows = self.store.results(task_ids, after)
+            rows = self.store.results(task_ids, after, limit)
             left = deadline - time.monotonic()
             if rows or left <= 0 or self._all_ended(task_ids):
                 return rows
