@@ -266,20 +266,20 @@ def create_app(config: GatewayConfig) -> HotPath:
         writer = AsyncWriter(config.store_path, config.durability)
         reader = SQLiteStore(config.store_path, config.durability)
         backend = make_backend(config.backend_kind, config.backend_url, config.backend)
-        await backend.start()
-        served = config.served_model or await _first_model(backend)
-        app.state.config = config
-        app.state.started = int(time.time())
-        app.state.proxy = Proxy(
-            backend=backend,
-            served_model=served,
-            sessions=SessionRegistry(writer, reader),
-            writer=writer,
-            codec=ReasoningCodec(_reasoning_key(config, reader)),
-            max_body_bytes=config.max_body_bytes,
-        )
-        log.info("gateway serving %s from %s backend at %s", served, backend.kind, backend.url)
-        try:
+        try:  # everything opened above is closed however start-up or serving ends
+            await backend.start()
+            served = config.served_model or await _first_model(backend)
+            app.state.config = config
+            app.state.started = int(time.time())
+            app.state.proxy = Proxy(
+                backend=backend,
+                served_model=served,
+                sessions=SessionRegistry(writer, reader),
+                writer=writer,
+                codec=ReasoningCodec(_reasoning_key(config, reader)),
+                max_body_bytes=config.max_body_bytes,
+            )
+            log.info("gateway serving %s from %s backend at %s", served, backend.kind, backend.url)
             yield
         finally:
             await backend.aclose()
