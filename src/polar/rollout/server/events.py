@@ -3,6 +3,9 @@
 Events are a live view, not a log: a subscriber that falls `queue_size` events behind loses the oldest
 ones (and is told how many), so a stalled dashboard never holds memory or slows the server. Durable
 state is read from `GET /rollout/task/{id}`.
+
+Kinds: task_submitted, task_done, session_dispatched, session_stage, session_requeued, session_result,
+node_registered, node_lost, callback_failed (and `dropped`, to a subscriber that fell behind).
 """
 
 from __future__ import annotations
