@@ -20,6 +20,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "node",
         "Serve a gateway node: the gateway plus staged session pools (INIT, RUN, POSTRUN).",
     ),
+    "run": ("polar.cli.run", "run", "Run a task file end to end here: server, node and embedded engine."),
     "serve": (
         "polar.cli.serve",
         "serve",

@@ -1,0 +1,69 @@
+"""`polar run`: server, node and client in one process, against a policy on loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import yaml
+
+from polar.store.sqlite import SQLiteStore
+from tests.conftest import SERVED_MODEL
+from tests.node_support import CALL_GATEWAY, fake_policy
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+
+
+def polar(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polar", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+def test_run_executes_every_session_and_writes_results(tmp_path: Path) -> None:
+    caller = tmp_path / "call_gateway.py"
+    caller.write_text(CALL_GATEWAY)
+    tasks = {
+        "tasks": [
+            {
+                "task_id": f"say-{i}",
+                "instruction": "say something twice",
+                "num_samples": 2,
+                "timeout_seconds": 60,
+                "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} {caller} 2"}},
+                "evaluator": {"strategy": "session_completed"},
+                "metadata": {"group_id": f"g{i}", "policy_version": 3},
+            }
+            for i in range(2)
+        ]
+    }
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text(yaml.safe_dump(tasks))
+    out = tmp_path / "out"
+    with fake_policy() as (url, backend):
+        proc = polar("run", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+    assert sorted(r["task_id"] for r in lines) == ["say-0", "say-0", "say-1", "say-1"]
+    assert len({r["session_id"] for r in lines}) == 4  # each sample its own single-use session
+    for r in lines:
+        assert r["status"] == "COMPLETED" and r["reward"] == 1.0, r
+        traj = r["trajectory"]
+        assert traj["metadata"]["coverage"] == 1.0 and traj["metadata"]["calls"] == 2
+        assert r["metadata"]["group_id"] in ("g0", "g1") and r["metadata"]["policy_version"] == 3
+    with SQLiteStore(out / "gateway.db") as store:
+        assert sum(len(store.completions(r["session_id"])) for r in lines) == 8 == len(backend.requests)
+    assert "say-0" in proc.stdout and "results" in proc.stdout
+
+
+def test_run_refuses_a_bad_task_file_with_its_line(tmp_path: Path) -> None:
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text("tasks:\n  - task_id: a\n    instruction: x\n    runtime:\n      backend: vm\n")
+    proc = polar("run", str(taskfile), "--backend", "http://127.0.0.1:9", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 1
+    assert f"{taskfile}:5: tasks[0].runtime.backend" in proc.stderr
+    missing = polar("run", str(tmp_path / "nope.yaml"), "--backend", "http://127.0.0.1:9")
+    assert missing.returncode != 0 and "nope.yaml" in missing.stderr
