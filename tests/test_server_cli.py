@@ -37,6 +37,15 @@ def test_submit_reports_schema_errors_with_file_and_line(tmp_path: Path) -> None
     assert r.exit_code == 1 and "cannot read" in r.output
 
 
+def test_submit_to_a_server_that_is_down(tmp_path: Path) -> None:
+    f = tmp_path / "tasks.yaml"
+    f.write_text("task_id: a\ninstruction: x\n")
+    down = f"http://127.0.0.1:{free_port()}"
+    r = CliRunner().invoke(main, ["submit", str(f), "--server", down])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit)  # a message, not a traceback
+    assert f"{down}: POST {down}/rollout/task/submit: ConnectError" in r.output
+
+
 def test_submit_maps_the_servers_refusal_to_the_line(tmp_path: Path) -> None:
     f = tmp_path / "tasks.yaml"
     f.write_text(BAD_HARNESS)

@@ -110,11 +110,16 @@ class RolloutClient:
 
     async def _post_tasks(self, tasks: list[Task]) -> None:
         body = {"tasks": [t.model_dump(mode="json") for t in tasks]}
+        url = f"{self.url}/rollout/task/submit"
         try:
-            r = await self._http.post(f"{self.url}/rollout/task/submit", json=body)
-        except httpx.ConnectError:  # never sent: one more try after a pause (a server restarting)
-            await asyncio.sleep(1.0)
-            r = await self._http.post(f"{self.url}/rollout/task/submit", json=body)
+            try:
+                r = await self._http.post(url, json=body)
+            except httpx.ConnectError:  # never sent: one more try after a pause (a server restarting)
+                await asyncio.sleep(1.0)
+                r = await self._http.post(url, json=body)
+        except httpx.HTTPError as exc:
+            # Not retried past a connect error: the server may have stored the tasks (a resubmit gets 409).
+            raise RolloutError(f"POST {url}: {type(exc).__name__}: {exc}") from None
         _raise_for(r)
         for created in r.json()["tasks"]:
             self.session_ids[created["task_id"]] = created["session_ids"]
@@ -154,7 +159,10 @@ class RolloutClient:
 
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task group; False if it had already finished."""
-        r = await self._http.delete(f"{self.url}/rollout/task/{task_id}")
+        try:
+            r = await self._http.delete(f"{self.url}/rollout/task/{task_id}")
+        except httpx.HTTPError as exc:
+            raise RolloutError(f"DELETE task {task_id}: {type(exc).__name__}: {exc}") from None
         _raise_for(r)
         self._ended(task_id)
         return bool(r.json()["cancelled"])
