@@ -213,3 +213,21 @@ class BadClassifier(SlowCollector):
 
     def classify(self, record: object) -> tuple[str, ...]:
         raise KeyError("seq")
+
+
+async def test_agent_failing_because_the_backend_failed_is_an_infrastructure_error(tmp_path: Path) -> None:
+    """The agent exits non-zero after the policy's server failed its calls: ERROR (fully masked), not an
+    agent outcome with reward 0 that a trainer would learn from."""
+    caller = write_caller(tmp_path)
+    with fake_policy() as (url, backend):
+        async with running_node(url, tmp_path) as node:
+            backend.set(status=503)
+            await node.submit(spec(shell_task(f"{PY} {caller} 1"), "sess-backend-down"))
+            down = await node.wait("sess-backend-down")
+            backend.set(status=None)
+            # The policy's own failure stays an agent outcome: the harness exits 1 with no gateway failure.
+            await node.submit(spec(shell_task("exit 1"), "sess-gave-up"))
+            gave_up = await node.wait("sess-gave-up")
+    assert down.status == SessionStatus.ERROR
+    assert down.reason is not None and "inference backend failed" in down.reason and "503" in down.reason
+    assert gave_up.status == SessionStatus.COMPLETED and gave_up.reason == "harness exited with code 1"

@@ -192,7 +192,7 @@ async def fresh_runtime(task: Task, session_id: str, env: StageEnv) -> Runtime:
 
 
 # -- RUNNING ----------------------------------------------------------------------------------------------
-async def run_stage(s: NodeSession) -> None:
+async def run_stage(s: NodeSession, env: StageEnv) -> None:
     """Run the harness's command until it exits or its time (agent budget or deadline) is up."""
     assert s.runtime is not None and s.ctx is not None
     s.enter(SessionStatus.RUNNING)
@@ -228,8 +228,28 @@ async def run_stage(s: NodeSession) -> None:
             ERROR, f"harness command failed to start ({result.exit_code}): {_tail(result.stderr)}"
         )
     elif result.exit_code != 0:
+        failure = await asyncio.to_thread(_backend_failure, env.store_path, s.session_id)
+        if failure is not None:
+            # The agent failed because the policy's server did: an infrastructure error, fully masked, never
+            # a zero-reward sample to learn from.
+            raise SessionEnd(ERROR, f"inference backend failed during the run ({failure})")
         # The agent's own outcome (gave up, turn limit): evaluated like any other; the evaluator decides.
         s.reason = f"harness exited with code {result.exit_code}"
+
+
+# Gateway failure kinds that are the inference server's fault, not the policy's (a context-length or
+# invalid-request error is the policy's own doing and stays an agent outcome).
+_INFRA_FAILURES = frozenset({"upstream_error", "timeout", "overloaded", "rate_limit"})
+
+
+def _backend_failure(store_path: Path, session_id: str) -> str | None:
+    """The last infrastructure failure the gateway recorded for this session, if any."""
+    with SQLiteStore(store_path) as store:
+        failures = [f for f in store.failures(session_id) if f.kind in _INFRA_FAILURES]
+    if not failures:
+        return None
+    last = failures[-1]
+    return f"{len(failures)} failed call(s), last: {last.status} {last.kind}: {last.message}"
 
 
 # -- POSTRUN ----------------------------------------------------------------------------------------------

@@ -275,7 +275,7 @@ class Node:
         try:
             if s.wants_fresh:
                 s.fresh = asyncio.create_task(self._prewarm(s))
-            await run_stage(s)
+            await run_stage(s, env)
         finally:
             self.run_pool.release()
         s.enter(SessionStatus.POST_RUN)  # waiting for a POSTRUN worker counts as POSTRUN, not as running
