@@ -66,7 +66,14 @@ class Exploding:
 
 
 def test_names_and_presets() -> None:
-    assert harness_names() == ["builtin", "shell"]
+    names = harness_names()
+    assert {"builtin", "shell"} <= set(names) and names == sorted(names)
+    # Every CLI preset module is listed by its name and loads.
+    import pkgutil
+
+    from polar.harness import presets
+
+    assert {m.name for m in pkgutil.iter_modules(presets.__path__)} <= set(names)
     assert isinstance(get_harness("builtin", {}), BuiltinHarness)
     assert isinstance(get_harness("shell", {"command": "true"}), ShellHarness)
 

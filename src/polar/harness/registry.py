@@ -7,8 +7,10 @@ or a bad setting raises `ValueError` when the task is submitted, not in the midd
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Any
 
+from polar.harness import presets
 from polar.harness.base import Harness
 
 _PRESETS = {
@@ -18,8 +20,13 @@ _PRESETS = {
 _METHODS = ("setup", "command", "env", "post_run", "classify")
 
 
+def _cli_presets() -> dict[str, str]:
+    """The CLI presets: every module of `polar.harness.presets`, by module name."""
+    return {m.name: f"{presets.__name__}.{m.name}:PRESET" for m in pkgutil.iter_modules(presets.__path__)}
+
+
 def harness_names() -> list[str]:
-    return sorted(_PRESETS)
+    return sorted({**_PRESETS, **_cli_presets()})
 
 
 def _load(path: str) -> Any:
@@ -39,7 +46,8 @@ def _load(path: str) -> Any:
 
 def get_harness(name_or_import_path: str, settings: dict[str, Any] | None = None) -> Harness:
     """The harness `name_or_import_path` built with `settings` (its constructor validates them)."""
-    cls = _load(_PRESETS.get(name_or_import_path, name_or_import_path))
+    known = {**_cli_presets(), **_PRESETS}
+    cls = _load(known.get(name_or_import_path, name_or_import_path))
     try:
         harness = cls(dict(settings or {}))
     except ValueError:
