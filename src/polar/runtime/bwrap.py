@@ -17,12 +17,12 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+from typing import Unpack
 from urllib.parse import urlsplit
 
 from polar.runtime.base import RuntimeFailure, RuntimeSpec
 from polar.runtime.bridge import UnixBridge
-from polar.runtime.local import Keep, LocalRuntime
-from polar.runtime.procs import OUTPUT_CAP, TERM_GRACE_S
+from polar.runtime.local import Keep, LocalRuntime, RuntimeOptions
 
 _FWD = Path(__file__).with_name("fwd_inside.py")
 
@@ -44,25 +44,15 @@ class BwrapRuntime(LocalRuntime):
         spec: RuntimeSpec,
         session_id: str,
         *,
-        gateway_url: str | None = None,
-        keep: Keep = "nothing",
-        term_grace_s: float = TERM_GRACE_S,
-        output_cap: int = OUTPUT_CAP,
         bwrap: str = "bwrap",
+        **options: Unpack[RuntimeOptions],
     ) -> None:
-        super().__init__(
-            spec,
-            session_id,
-            gateway_url=gateway_url,
-            keep=keep,
-            term_grace_s=term_grace_s,
-            output_cap=output_cap,
-        )
+        super().__init__(spec, session_id, **options)
         self.bwrap = bwrap
         self._bridge: UnixBridge | None = None
         self._target: tuple[str, int] | None = None
-        if spec.network == "gateway" and gateway_url is not None:
-            host, port, self.gateway_url = _gateway_address(gateway_url)
+        if spec.network == "gateway" and self.gateway_url is not None:
+            host, port, self.gateway_url = _gateway_address(self.gateway_url)
             self._target = (host, port)
         elif spec.network == "none":
             self.gateway_url = None  # nothing answers inside

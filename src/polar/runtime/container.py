@@ -17,17 +17,11 @@ import signal
 import time
 from abc import abstractmethod
 from pathlib import Path
+from typing import Unpack
 
 from polar.runtime.base import ExecResult, RuntimeFailure, RuntimeSpec
-from polar.runtime.local import Keep, LocalRuntime, _copy
-from polar.runtime.procs import (
-    OUTPUT_CAP,
-    TERM_GRACE_S,
-    GroupTracker,
-    group_alive,
-    run_process,
-    signal_group,
-)
+from polar.runtime.local import Keep, LocalRuntime, RuntimeOptions, _copy
+from polar.runtime.procs import GroupTracker, group_alive, run_process, signal_group
 
 ENGINE_TIMEOUT_S = 600.0  # `docker run` may pull an image first
 
@@ -42,20 +36,10 @@ class ContainerRuntime(LocalRuntime):
         spec: RuntimeSpec,
         session_id: str,
         *,
-        gateway_url: str | None = None,
-        keep: Keep = "nothing",
-        term_grace_s: float = TERM_GRACE_S,
-        output_cap: int = OUTPUT_CAP,
         binary: str | None = None,
+        **options: Unpack[RuntimeOptions],
     ) -> None:
-        super().__init__(
-            spec,
-            session_id,
-            gateway_url=gateway_url,
-            keep=keep,
-            term_grace_s=term_grace_s,
-            output_cap=output_cap,
-        )
+        super().__init__(spec, session_id, **options)
         if not spec.image:
             raise RuntimeFailure(f"runtime {spec.backend!r} needs runtime.image")
         self.image = spec.image
@@ -118,13 +102,9 @@ class ContainerRuntime(LocalRuntime):
     async def start(self) -> None:
         if self._state != "new":
             return
-        try:
-            for path in (self.home, self.artifacts, self.control):
-                path.mkdir(parents=True, exist_ok=True)
-            if self.workdir.is_relative_to(self.session_dir):
-                self.workdir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise RuntimeFailure(f"cannot create session directory {self.session_dir}: {exc}") from exc
+        # An absolute workdir lives in the image, not in the session directory
+        shared = (self.workdir,) if self.workdir.is_relative_to(self.session_dir) else ()
+        self._make_dirs(self.home, self.artifacts, self.control, *shared, exist_ok=True)
         try:
             await self.engine(self.start_argv())
         except RuntimeFailure:
@@ -175,20 +155,15 @@ class ContainerRuntime(LocalRuntime):
             await self.engine(self.exec_argv(["kill", "-KILL", "--", f"-{pgid}"], Path("/"), {}), check=False)
         signal_group(client_pgid, signal.SIGKILL)
 
-    async def exec(
+    async def _run(
         self,
-        argv: list[str] | str,
+        command: list[str],
+        env: dict[str, str],
+        cwd: str | None,
         *,
-        timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
+        stdin: bytes | None,
+        timeout_s: float | None,
     ) -> ExecResult:
-        self._check_running()
-        command = self._command(argv)
-        if not command:
-            raise RuntimeFailure("empty command")
-        full_env = self._env(env)
         pidfile = self.control / f"exec-{next(self._counter)}.pid"
 
         async def kill(pgid: int, grace_s: float) -> None:
@@ -196,8 +171,8 @@ class ContainerRuntime(LocalRuntime):
 
         try:
             return await run_process(
-                self.exec_argv(self.wrapped(command, pidfile), self._cwd(cwd), full_env),
-                env=dict(os.environ) | self.client_env(full_env),
+                self.exec_argv(self.wrapped(command, pidfile), self._cwd(cwd), env),
+                env=dict(os.environ) | self.client_env(env),
                 cwd=None,
                 stdin=stdin,
                 timeout_s=timeout_s,

@@ -16,12 +16,23 @@ import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict
 
 from polar.runtime.base import ExecResult, RuntimeFailure, RuntimeSpec
 from polar.runtime.procs import OUTPUT_CAP, TERM_GRACE_S, GroupTracker, run_process
 
 Keep = Literal["nothing", "artifacts", "all"]
+
+
+class RuntimeOptions(TypedDict, total=False):
+    """`LocalRuntime`'s keyword options, which the sandboxes built on it take as `**options`, so an
+    option added here reaches every backend."""
+
+    gateway_url: str | None
+    keep: Keep
+    term_grace_s: float
+    output_cap: int
+
 
 # Variables inherited from the node's environment; everything else comes from the spec and the call, so
 # a harness never sees the node's credentials by accident.
@@ -85,15 +96,19 @@ class LocalRuntime:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        if self._state != "new":
-            return
+    def _make_dirs(self, *paths: Path, exist_ok: bool) -> None:
+        """Create the session directory (refused if it exists, unless `exist_ok`) and `paths` in it."""
         try:
-            self.session_dir.mkdir(parents=True, exist_ok=False)
-            for path in (self.home, self.artifacts, self.workdir):
+            self.session_dir.mkdir(parents=True, exist_ok=exist_ok)
+            for path in paths:
                 path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise RuntimeFailure(f"cannot create session directory {self.session_dir}: {exc}") from exc
+
+    async def start(self) -> None:
+        if self._state != "new":
+            return
+        self._make_dirs(self.home, self.artifacts, self.workdir, exist_ok=False)
         self._state = "started"
 
     async def cancel(self) -> None:
@@ -166,11 +181,22 @@ class LocalRuntime:
         command = self._command(argv)
         if not command:
             raise RuntimeFailure("empty command")
-        full_env = self._env(env)
-        host_argv, host_cwd = self._wrap(command, self._cwd(cwd), full_env)
+        return await self._run(command, self._env(env), cwd, stdin=stdin, timeout_s=timeout_s)
+
+    async def _run(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        *,
+        stdin: bytes | None,
+        timeout_s: float | None,
+    ) -> ExecResult:
+        """Run a checked command with its full environment; container runtimes override this."""
+        host_argv, host_cwd = self._wrap(command, self._cwd(cwd), env)
         return await run_process(
             host_argv,
-            env=full_env,
+            env=env,
             cwd=host_cwd,
             stdin=stdin,
             timeout_s=timeout_s,
