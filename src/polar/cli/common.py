@@ -1,10 +1,19 @@
-"""Helpers shared by CLI commands."""
+"""Helpers shared by CLI commands: logging, and the options every command that serves a gateway takes."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import click
 from rich.logging import RichHandler
+
+if TYPE_CHECKING:
+    from polar.gateway.config import GatewayConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def setup_logging(level: str = "info") -> None:
@@ -16,3 +25,111 @@ def setup_logging(level: str = "info") -> None:
         handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
         force=True,
     )
+
+
+def _apply(f: F, options: list[Callable[[F], F]]) -> F:
+    # click lists options in the order their decorators are written, i.e. applied last to first
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def log_level_option(f: F) -> F:
+    """`--log-level`, passed to `setup_logging` and uvicorn."""
+    return click.option(
+        "--log-level",
+        default="info",
+        show_default=True,
+        type=click.Choice(["debug", "info", "warning", "error"]),
+    )(f)
+
+
+def host_port_options(port: int) -> Callable[[F], F]:
+    """`--host` (loopback by default) and `--port` with this command's default."""
+
+    def decorate(f: F) -> F:
+        return _apply(
+            f,
+            [
+                click.option("--host", default="127.0.0.1", show_default=True),
+                click.option("--port", default=port, show_default=True, type=int),
+            ],
+        )
+
+    return decorate
+
+
+def gateway_options(*, port: int, control_token_help: str) -> Callable[[F], F]:
+    """The gateway's options, shared by `polar gateway` and `polar node` (which serves one), so an option
+    added here reaches both; `build_gateway_config` turns them into a `GatewayConfig`."""
+
+    def decorate(f: F) -> F:
+        return _apply(
+            f,
+            [
+                click.option(
+                    "--backend",
+                    "backend_url",
+                    required=True,
+                    metavar="URL",
+                    help="Base URL of the policy's inference server, e.g. http://127.0.0.1:8000.",
+                ),
+                click.option(
+                    "--backend-kind",
+                    type=click.Choice(["vllm", "sglang", "openai"]),
+                    default="vllm",
+                    show_default=True,
+                    help="vllm/sglang return token ids and logprobs (trainable); openai is any compatible "
+                    "endpoint without token data (recorded as not trainable).",
+                ),
+                click.option(
+                    "--model",
+                    "served_model",
+                    metavar="NAME",
+                    help="Model name the backend serves (default: the first one it lists).",
+                ),
+                host_port_options(port),
+                click.option(
+                    "--store",
+                    "store_path",
+                    default="polar.db",
+                    show_default=True,
+                    type=click.Path(path_type=Path),
+                    help="SQLite file where every call is recorded.",
+                ),
+                click.option(
+                    "--control-token", envvar="POLAR_CONTROL_TOKEN", metavar="TOKEN", help=control_token_help
+                ),
+            ],
+        )
+
+    return decorate
+
+
+def build_gateway_config(
+    *,
+    backend_url: str,
+    backend_kind: str,
+    served_model: str | None,
+    host: str,
+    port: int,
+    store_path: Path,
+    control_token: str | None,
+    **extra: Any,
+) -> GatewayConfig:
+    """A `GatewayConfig` from `gateway_options` (plus `extra` fields); a bad value is a usage error."""
+    from polar.gateway.config import GatewayConfig
+
+    try:
+        return GatewayConfig(
+            backend_url=backend_url,
+            backend_kind=backend_kind,  # type: ignore[arg-type]
+            served_model=served_model,
+            store_path=store_path,
+            control_token=control_token,
+            host=host,
+            port=port,
+            **extra,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None

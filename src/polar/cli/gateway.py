@@ -7,40 +7,13 @@ from pathlib import Path
 
 import click
 
-from polar.cli.common import setup_logging
+from polar.cli.common import build_gateway_config, gateway_options, log_level_option, setup_logging
 
 
 @click.command("gateway")
-@click.option(
-    "--backend",
-    "backend_url",
-    required=True,
-    metavar="URL",
-    help="Base URL of the policy's inference server, e.g. http://127.0.0.1:8000.",
-)
-@click.option(
-    "--backend-kind",
-    type=click.Choice(["vllm", "sglang", "openai"]),
-    default="vllm",
-    show_default=True,
-    help="vllm/sglang return token ids and logprobs (trainable); openai is any compatible endpoint "
-    "without token data (recorded as not trainable).",
-)
-@click.option(
-    "--model",
-    "served_model",
-    metavar="NAME",
-    help="Model name the backend serves (default: the first one it lists).",
-)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8100, show_default=True, type=int)
-@click.option(
-    "--store",
-    "store_path",
-    default="polar.db",
-    show_default=True,
-    type=click.Path(path_type=Path),
-    help="SQLite file where every call is recorded.",
+@gateway_options(
+    port=8100,
+    control_token_help="Require this Bearer token on /sessions and /admin routes (env POLAR_CONTROL_TOKEN).",
 )
 @click.option(
     "--durability",
@@ -48,12 +21,6 @@ from polar.cli.common import setup_logging
     default="normal",
     show_default=True,
     help="normal survives a killed process; full also survives power loss (fsync per commit).",
-)
-@click.option(
-    "--control-token",
-    envvar="POLAR_CONTROL_TOKEN",
-    metavar="TOKEN",
-    help="Require this Bearer token on /sessions and /admin routes (env POLAR_CONTROL_TOKEN).",
 )
 @click.option("--max-body-mb", default=32, show_default=True, type=int, help="Refuse larger bodies with 413.")
 @click.option(
@@ -74,9 +41,7 @@ from polar.cli.common import setup_logging
 @click.option(
     "--max-connections", default=512, show_default=True, type=int, help="Upstream connection pool size."
 )
-@click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
-)
+@log_level_option
 def gateway(
     backend_url: str,
     backend_kind: str,
@@ -107,24 +72,20 @@ def gateway(
 
     from polar.gateway.app import create_app
     from polar.gateway.backends.base import BackendOptions
-    from polar.gateway.config import GatewayConfig
 
     setup_logging(log_level)
-    try:
-        config = GatewayConfig(
-            backend_url=backend_url,
-            backend_kind=backend_kind,  # type: ignore[arg-type]
-            served_model=served_model,
-            store_path=store_path,
-            durability=durability,  # type: ignore[arg-type]
-            control_token=control_token,
-            max_body_bytes=max_body_mb << 20,
-            backend=BackendOptions(timeout_s=timeout_s, retries=retries, max_connections=max_connections),
-            host=host,
-            port=port,
-        )
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+    config = build_gateway_config(
+        backend_url=backend_url,
+        backend_kind=backend_kind,
+        served_model=served_model,
+        host=host,
+        port=port,
+        store_path=store_path,
+        control_token=control_token,
+        durability=durability,
+        max_body_bytes=max_body_mb << 20,
+        backend=BackendOptions(timeout_s=timeout_s, retries=retries, max_connections=max_connections),
+    )
     logging.getLogger("polar").info("store: %s", store_path.resolve())
     # No proxy-headers middleware: nothing sits in front of a gateway, and it costs time on every call.
     uvicorn.run(

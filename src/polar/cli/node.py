@@ -9,22 +9,14 @@ from pathlib import Path
 
 import click
 
-from polar.cli.common import setup_logging
+from polar.cli.common import build_gateway_config, gateway_options, log_level_option, setup_logging
 
 
 @click.command("node")
 @click.option(
     "--server", "server_url", metavar="URL", help="Rollout server to register with (omit: standalone)."
 )
-@click.option("--backend", "backend_url", required=True, metavar="URL", help="The policy's inference server.")
-@click.option(
-    "--backend-kind", type=click.Choice(["vllm", "sglang", "openai"]), default="vllm", show_default=True
-)
-@click.option(
-    "--model", "served_model", metavar="NAME", help="Model the backend serves (default: its first)."
-)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8200, show_default=True, type=int)
+@gateway_options(port=8200, control_token_help="Bearer token for /node.")
 @click.option("--advertise-url", metavar="URL", help="How the server reaches this node (default: host:port).")
 @click.option(
     "--runtime-gateway-url", metavar="URL", help="The gateway as runtimes reach it (default: the node's URL)."
@@ -38,14 +30,6 @@ from polar.cli.common import setup_logging
     "--ready-buffer", default=4, show_default=True, type=int, help="Prepared runtimes kept waiting."
 )
 @click.option(
-    "--store",
-    "store_path",
-    default="polar.db",
-    show_default=True,
-    type=click.Path(path_type=Path),
-    help="SQLite file where every call is recorded.",
-)
-@click.option(
     "--runtime-root",
     type=click.Path(path_type=Path),
     help="Where session directories are made (default: the system temp dir).",
@@ -57,13 +41,8 @@ from polar.cli.common import setup_logging
     show_default=True,
     help="What of a session's directory survives it (artifacts: the harness's logs and transcripts).",
 )
-@click.option(
-    "--control-token", envvar="POLAR_CONTROL_TOKEN", metavar="TOKEN", help="Bearer token for /node."
-)
 @click.option("--heartbeat", "heartbeat_s", default=5.0, show_default=True, type=float, help="Seconds.")
-@click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
-)
+@log_level_option
 def node(
     server_url: str | None,
     backend_url: str,
@@ -95,19 +74,18 @@ def node(
     Example:
       polar node --server http://127.0.0.1:8300 --backend http://127.0.0.1:8000 --port 8200
     """
-    from polar.gateway.config import GatewayConfig
     from polar.rollout.node import Node, NodeConfig
 
     setup_logging(log_level)
     try:
-        gateway = GatewayConfig(
+        gateway = build_gateway_config(
             backend_url=backend_url,
-            backend_kind=backend_kind,  # type: ignore[arg-type]
+            backend_kind=backend_kind,
             served_model=served_model,
-            store_path=store_path,
-            control_token=control_token,
             host=host,
             port=port,
+            store_path=store_path,
+            control_token=control_token,
         )
         extra = {"node_id": node_id} if node_id else {}
         config = NodeConfig(

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import click
 
-from polar.cli.common import setup_logging
+from polar.cli.common import host_port_options, log_level_option, setup_logging
 
 
 @click.command("serve")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8300, show_default=True, type=int)
+@host_port_options(8300)
 @click.option(
     "--db",
     "db_path",
@@ -45,9 +44,7 @@ from polar.cli.common import setup_logging
 @click.option(
     "--callback-attempts", default=8, show_default=True, type=int, help="Tries per trainer callback."
 )
-@click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
-)
+@log_level_option
 def serve(
     host: str,
     port: int,
