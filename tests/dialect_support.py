@@ -16,6 +16,7 @@ from polar.gateway.canonical import Completion
 from polar.gateway.dialects.base import Dialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
+from tests.json_strategies import json_values
 
 
 def refusal(parse: Callable[[Any], object], body: Any) -> GatewayError:
@@ -53,18 +54,7 @@ def sse_response(frames: list[bytes]) -> httpx2.Response:
 
 
 # Integers stay in the range orjson (the gateway's JSON decoder) can produce.
-JSON_LEAF = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**63), 2**64 - 1),
-    st.floats(allow_nan=False),
-    st.text(max_size=8),
-)
-JSON = st.recursive(
-    JSON_LEAF,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-    max_leaves=10,
-)
+JSON = json_values(int_max=2**64 - 1, allow_infinity=True, text_size=8, key_size=8, size=3, max_leaves=10)
 
 
 def mutate(node: Any, data: st.DataObject, depth: int = 0) -> Any:

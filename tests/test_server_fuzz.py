@@ -12,20 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar.serving import ServerThread
+from tests.json_strategies import json_value
 from tests.server_support import start_server
-
-json_leaf = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**63), 2**63),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20),
-)
-json_value = st.recursive(
-    json_leaf,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=25,
-)
 
 VALID: dict[str, dict[str, Any]] = {
     "/rollout/task/submit": {
