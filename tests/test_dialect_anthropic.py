@@ -311,7 +311,7 @@ def _user(*blocks: Any) -> dict[str, Any]:
         ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}, "model", "missing"),
         ({"model": "m", "max_tokens": 5, "messages": []}, "messages", ""),
         (
-            {"model": "m", "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]},
+            {"model": "m", "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
             "messages[0].role",
             "",
         ),

@@ -2,7 +2,9 @@ r"""Anthropic Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`), 
 
 Conversion choices the chat template forces on us (each is deterministic, so the same history always
 yields the same upstream prompt):
-- `system` blocks are joined with "\n" into one system message.
+- `system` blocks are joined with "\n" into one system message. A `role: "system"` message inside
+  `messages` (Claude Code 2.1.197 sends one after the first user turn) stays a system message at its
+  position, its text blocks joined the same way: Qwen-style templates render it in place.
 - A user turn's `tool_result` blocks become `tool` messages, in order, followed by one user message with
   the turn's remaining text and image blocks (images inside tool results join that user message too: Chat
   tool messages carry text only).
@@ -110,6 +112,8 @@ class AnthropicDialect:
         for i, msg in enumerate(req["messages"]):
             if msg["role"] == "user":
                 _user_turn(msg["content"], i, messages)
+            elif msg["role"] == "system":
+                messages.append({"role": "system", "content": _system_turn(msg["content"], i)})
             else:
                 messages.append(_assistant_turn(msg["content"], i, codec))
 
@@ -207,6 +211,18 @@ def _system_text(system: str | list[s.TextBlock] | None) -> str | None:
     if system is None or isinstance(system, str):
         return system or None
     return "\n".join(b["text"] for b in system) or None
+
+
+def _system_turn(content: str | list[s.ContentBlock], i: int) -> str:
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    for j, block in enumerate(content):
+        if block["type"] != "text":
+            path = f"messages[{i}].content[{j}].type"
+            raise invalid(f"{path}: a system message carries text blocks only, not {block['type']!r}", path)
+        texts.append(block["text"])
+    return "\n".join(texts)
 
 
 def _user_turn(content: str | list[s.ContentBlock], i: int, out: list[dict[str, Any]]) -> None:

@@ -74,7 +74,10 @@ ContentBlock = Annotated[
 
 
 class Message(TypedDict):
-    role: Literal["user", "assistant"]
+    # Claude Code 2.1.197 sends a mid-conversation `role: "system"` message (its agent-type and skill
+    # listing, right after the first user turn) under the beta `mid-conversation-system-2026-04-07`.
+    # Only text belongs in one, which the dialect checks so a refusal names the block.
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
