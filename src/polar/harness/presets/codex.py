@@ -1,0 +1,159 @@
+"""The `codex` preset: OpenAI's Codex CLI, headless (`codex exec`), against the gateway's Responses API.
+
+    agent: {harness: codex, settings: {context_window: 32768}}
+
+Codex 0.171.0 speaks only OpenAI Responses to a custom provider: `OPENAI_BASE_URL` is ignored and
+`wire_api = "chat"` is refused, so the preset writes `$CODEX_HOME/config.toml` (in the session's home) with
+a `polar` provider whose key is read from `POLAR_SESSION_ID`. Every model Codex uses (the main loop,
+sub-agents, compaction) goes through that one provider. Settings: `binary` (an installed `codex` to use
+instead of the pinned npm package), `context_window` (Codex has no metadata for our model names and
+otherwise falls back to its defaults, which decide when it compacts).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.install import npm_bin_async
+from polar.harness.shell import instruction_path, write_instruction
+from polar.runtime.base import Runtime, RuntimeFailure
+from polar.store.records import CompletionRecord
+
+PACKAGE = "@openai/codex"
+VERSION = "0.171.0"
+BINARY = "codex"
+DIALECT = "responses"
+CONFIGURES = (
+    "$CODEX_HOME/config.toml: a `polar` provider (wire_api=responses, base_url=<gateway>/v1, key from "
+    "POLAR_SESSION_ID) and the model; analytics, plugins, web search, OTel export and update checks off"
+)
+LIMITS = (
+    "Codex's sub-agent tools come as a Responses `namespace` tool, which the gateway drops, so the policy "
+    "cannot spawn sub-agents; the binary runs from the host's tool cache (local and bwrap runtimes)"
+)
+
+PROVIDER = "polar"
+KEY_VARIABLE = "POLAR_SESSION_ID"  # set by gateway_env; Codex reads the provider's key from `env_key`
+CODEX_DIR = ".codex"
+LAST_MESSAGE = "codex-last-message.md"
+SESSIONS_COPY = "codex-sessions"
+# Codex 0.171.0 compacts a long history by asking the model for a hand-off summary with this prompt.
+COMPACTION_MARKER = "CONTEXT CHECKPOINT COMPACTION"
+_SETTINGS = ("binary", "context_window")
+
+
+def _toml(value: str | int | bool) -> str:
+    """A TOML scalar. JSON's string escapes are a subset of TOML basic strings'."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, int) else json.dumps(value)
+
+
+def config_toml(ctx: HarnessContext, context_window: int | None = None) -> str:
+    """`$CODEX_HOME/config.toml` for this session."""
+    top: dict[str, str | int | bool] = {
+        "model": ctx.model,
+        "model_provider": PROVIDER,
+        "check_for_update_on_startup": False,
+        # 0.171.0 sends a hosted `web_search` tool by default; the policy cannot run it.
+        "web_search": "disabled",
+    }
+    if context_window is not None:
+        top["model_context_window"] = context_window
+    tables: dict[str, dict[str, str | int | bool]] = {
+        f"model_providers.{PROVIDER}": {
+            "name": PROVIDER,
+            "base_url": f"{ctx.gateway_url.rstrip('/')}/v1",
+            "env_key": KEY_VARIABLE,
+            "wire_api": "responses",
+        },
+        # 0.171.0: these two are all its other traffic (the facts sheet measured it in an empty netns).
+        "analytics": {"enabled": False},
+        "features": {"plugins": False},
+        "otel": {"exporter": "none"},
+    }
+    lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
+    for name, table in tables.items():
+        lines += ["", f"[{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return []
+
+
+async def write_file(runtime: Runtime, path: str, text: str) -> None:
+    """Write `text` at `path` inside the runtime (through exec, so it works in any sandbox)."""
+    script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+    result = await runtime.exec(["sh", "-c", script, "sh", path], stdin=text.encode(), timeout_s=60)
+    if result.exit_code != 0:
+        raise RuntimeFailure(f"could not write {path}: {result.stderr.strip()}")
+
+
+class CodexHarness:
+    name = "codex"
+
+    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+        settings = dict(settings or {})
+        unknown = sorted(set(settings) - set(_SETTINGS))
+        if unknown:
+            raise ValueError(f"codex harness: unknown settings {unknown}; known: {list(_SETTINGS)}")
+        binary = settings.get("binary")
+        if binary is not None and (not isinstance(binary, str) or not binary.startswith("/")):
+            raise ValueError(f"codex harness: settings.binary must be an absolute path, not {binary!r}")
+        window = settings.get("context_window")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+            raise ValueError(
+                f"codex harness: settings.context_window must be a positive integer, not {window!r}"
+            )
+        self.binary: str | None = binary
+        self.context_window: int | None = window
+
+    def codex_home(self, ctx: HarnessContext) -> str:
+        return f"{ctx.home.rstrip('/')}/{CODEX_DIR}"
+
+    async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
+        if self.binary is None:
+            self.binary = str(await npm_bin_async(PACKAGE, VERSION, BINARY))
+        await write_file(
+            runtime, f"{self.codex_home(ctx)}/config.toml", config_toml(ctx, self.context_window)
+        )
+        await write_instruction(runtime, ctx)
+
+    def command(self, ctx: HarnessContext) -> str:
+        if self.binary is None:
+            raise RuntimeError("codex harness: command() before setup() (the binary is not installed yet)")
+        argv = [self.binary, "exec", "--skip-git-repo-check"]
+        # 0.171.0: its own sandbox helper fails when CODEX_HOME is under /tmp, and approvals would block a
+        # headless run; our runtime is the sandbox.
+        argv += ["--dangerously-bypass-approvals-and-sandbox", "--color", "never"]
+        argv += ["-C", ctx.workdir, "-m", ctx.model, "-o", f"{ctx.artifacts.rstrip('/')}/{LAST_MESSAGE}"]
+        # `-` reads the prompt from stdin: any instruction text, even one starting with a dash.
+        return f"{shlex.join([*argv, '-'])} < {shlex.quote(instruction_path(ctx))}"
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        return {**gateway_env(ctx), "CODEX_HOME": self.codex_home(ctx), "NO_COLOR": "1", **ctx.env}
+
+    async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
+        """Copy Codex's own rollout transcripts (`$CODEX_HOME/sessions/**/rollout-*.jsonl`) to artifacts."""
+        script = 'mkdir -p -- "$2" && cp -r -- "$1/sessions/." "$2/" && find "$2" -name "*.jsonl" | wc -l'
+        dst = f"{ctx.artifacts.rstrip('/')}/{SESSIONS_COPY}"
+        result = await runtime.exec(["sh", "-c", script, "sh", self.codex_home(ctx), dst], timeout_s=120)
+        transcripts = int(result.stdout.strip() or 0) if result.exit_code == 0 else 0
+        return {"transcripts": transcripts, "last_message": LAST_MESSAGE}
+
+    def classify(self, record: CompletionRecord) -> tuple[str, ...]:
+        messages = record.upstream_request.get("messages") or []
+        if messages and any(COMPACTION_MARKER in t for t in _texts(messages[-1].get("content"))):
+            return ("side_call", "compaction")  # the summary prompt is the request's last message
+        return () if record.tools else ("side_call",)
+
+
+PRESET = CodexHarness

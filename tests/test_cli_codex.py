@@ -1,0 +1,123 @@
+"""The `codex` preset runs the real Codex CLI (npm @openai/codex, pinned) on a node, in the local runtime and
+in bubblewrap with no network but the gateway, against the scripted fake policy behind a real gateway."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from polar.harness import HarnessContext, get_harness
+from polar.harness.presets import codex
+from polar.store.records import CompletionRecord
+from tests.cli_support_codex_pi import check_run, jsonl_lines, needs_bwrap, needs_npm, run_cli, streamed
+
+# Codex 0.171.0's shell tool is `exec_command` with a `cmd` string (it runs it with `bash -lc`).
+TOOL = "exec_command"
+ARGS = '{"cmd":"printf \'hello from codex\\\\n\' > hello.txt"}'
+EXPECT = "'hello from codex\\n'"
+
+
+def ctx(tmp_path: Path, **kw: object) -> HarnessContext:
+    fields: dict[str, object] = {
+        "session_id": "sess-x",
+        "gateway_url": "http://127.0.0.1:9999/",
+        "model": "served-model",
+        "instruction": "-do it",
+        "home": str(tmp_path / "home"),
+        "workdir": str(tmp_path / "work"),
+        "artifacts": str(tmp_path / "art"),
+    }
+    return HarnessContext(**{**fields, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.cli
+@needs_npm
+@pytest.mark.parametrize("backend", ["local", pytest.param("bwrap", marks=needs_bwrap)])
+async def test_codex_writes_the_file_through_the_gateway(tmp_path: Path, backend: str) -> None:
+    run = await run_cli(tmp_path, "codex", TOOL, ARGS, EXPECT, backend=backend)
+    check_run(run, dialect="responses", tool=TOOL, paths={"/v1/responses"})
+    assert all(streamed(r, run.seen) for r in run.records)
+    assert all(s.headers.get("authorization") == "Bearer sess-cli" for s in run.seen if s.method == "POST")
+    first, last = run.records[0], run.records[-1]
+    # The request shape Codex 0.171.0 sends: stateless Responses with encrypted reasoning asked back.
+    assert first.request["store"] is False
+    assert first.request["include"] == ["reasoning.encrypted_content"]
+    assert first.model_requested == "fake-policy"
+    assert not any(t.get("type") == "web_search" for t in first.request["tools"])  # disabled by config
+    # It echoes its function_call byte for byte and sends the tool's output back.
+    kinds = [i.get("type") for i in last.request["input"]]
+    assert "function_call" in kinds and "function_call_output" in kinds
+    call = next(i for i in last.request["input"] if i.get("type") == "function_call")
+    assert call["arguments"] == ARGS
+    # Its own transcript and last message are in the artifacts.
+    events = jsonl_lines(run.artifacts / codex.SESSIONS_COPY)
+    assert any(e.get("type") == "response_item" for e in events)
+    assert "Done" in (run.artifacts / codex.LAST_MESSAGE).read_text()
+    assert run.result.metadata["harness"]["transcripts"] >= 1
+
+
+def test_config_points_codex_at_the_gateway(tmp_path: Path) -> None:
+    c = ctx(tmp_path)
+    config = tomllib.loads(codex.config_toml(c, context_window=4096))
+    assert config["model"] == "served-model" and config["model_provider"] == "polar"
+    assert config["model_providers"]["polar"] == {
+        "name": "polar",
+        "base_url": "http://127.0.0.1:9999/v1",
+        "env_key": "POLAR_SESSION_ID",
+        "wire_api": "responses",
+    }
+    assert config["model_context_window"] == 4096
+    assert config["analytics"] == {"enabled": False} and config["features"] == {"plugins": False}
+    harness = get_harness("codex", {"binary": "/opt/codex"})
+    env = harness.env(c)
+    assert env["POLAR_SESSION_ID"] == "sess-x" and env["CODEX_HOME"] == f"{tmp_path}/home/.codex"
+    assert get_harness("codex", {}).env(ctx(tmp_path, env={"CODEX_HOME": "/mine"}))["CODEX_HOME"] == "/mine"
+    command = harness.command(c)
+    assert isinstance(command, str)
+    assert command.startswith(
+        "/opt/codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox"
+    )
+    assert command.endswith(f" - < {tmp_path}/home/.polar/instruction.md")  # "-do it" never parsed as a flag
+
+
+def test_model_names_with_quotes_stay_one_toml_string(tmp_path: Path) -> None:
+    config = tomllib.loads(codex.config_toml(ctx(tmp_path, model='we"ird\\name\n')))
+    assert config["model"] == 'we"ird\\name\n'
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"binary": "codex"}, "settings.binary"),
+        ({"context_window": 0}, "settings.context_window"),
+        ({"context_window": True}, "settings.context_window"),
+        ({"sandbox": "none"}, "unknown settings"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(settings: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        get_harness("codex", settings)
+
+
+def test_command_needs_setup_first(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="before setup"):
+        get_harness("codex").command(ctx(tmp_path))
+
+
+def _record(tools: list[dict[str, object]] | None, last: str) -> CompletionRecord:
+    messages = [{"role": "developer", "content": "be good"}, {"role": "user", "content": last}]
+    return CompletionRecord(
+        "s", 0, "c", "responses", 0.0, {}, {"messages": messages}, [1], [2], [-0.1], "stop",
+        {"role": "assistant", "content": "x"}, tools, {}, "m", "m",
+    )  # fmt: skip
+
+
+def test_classify_tags_compaction_and_tool_less_calls() -> None:
+    harness = get_harness("codex")
+    tool = [{"type": "function", "function": {"name": TOOL, "parameters": {}}}]
+    assert harness.classify(_record(tool, "fix the bug")) == ()
+    assert harness.classify(_record(None, "fix the bug")) == ("side_call",)
+    prompt = "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary"
+    assert harness.classify(_record(tool, prompt)) == ("side_call", "compaction")
