@@ -1,0 +1,127 @@
+"""The `pi` preset runs the real Pi coding agent (npm @mariozechner/pi-coding-agent, pinned) on a node in each
+of its four selectable dialects, in the local runtime and in bubblewrap with no network but the gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from polar.harness import HarnessContext, get_harness
+from polar.harness.presets import pi
+from polar.store.records import CompletionRecord
+from tests.cli_support_codex_pi import check_run, jsonl_lines, needs_bwrap, needs_npm, run_cli, streamed
+
+# Pi 0.73.1's tools are read, bash, edit and write; bash takes {"command": ...}.
+TOOL = "bash"
+ARGS = '{"command":"printf \'hello from pi\\\\n\' > hello.txt"}'
+EXPECT = "'hello from pi\\n'"
+ROUTES = {
+    "chat": {"/v1/chat/completions"},
+    "responses": {"/v1/responses"},
+    "anthropic": {"/v1/messages"},
+    "gemini": {"/v1beta/models/fake-policy:streamGenerateContent"},
+}
+
+
+def ctx(tmp_path: Path, **kw: object) -> HarnessContext:
+    fields: dict[str, object] = {
+        "session_id": "sess-x",
+        "gateway_url": "http://127.0.0.1:9999/",
+        "model": "org/served:model",
+        "instruction": "@file -x",
+        "home": str(tmp_path / "home"),
+        "workdir": str(tmp_path / "work"),
+        "artifacts": str(tmp_path / "art"),
+    }
+    return HarnessContext(**{**fields, **kw})  # type: ignore[arg-type]
+
+
+@pytest.mark.cli
+@needs_npm
+@pytest.mark.parametrize("dialect", list(pi.APIS))
+@pytest.mark.parametrize("backend", ["local", pytest.param("bwrap", marks=needs_bwrap)])
+async def test_pi_writes_the_file_in_each_dialect(tmp_path: Path, backend: str, dialect: str) -> None:
+    settings = {} if dialect == "chat" else {"dialect": dialect}  # chat is the default
+    run = await run_cli(tmp_path, "pi", TOOL, ARGS, EXPECT, settings=settings, backend=backend)
+    check_run(run, dialect=dialect, tool=TOOL, paths=ROUTES[dialect])
+    assert all(streamed(r, run.seen) for r in run.records)
+    assert all(r.model_requested == "fake-policy" for r in run.records)
+    # The key is the session id, sent in each dialect's own header.
+    header = {"anthropic": "x-api-key", "gemini": "x-goog-api-key"}.get(dialect, "authorization")
+    for s in (s for s in run.seen if s.method == "POST"):
+        assert s.headers[header].removeprefix("Bearer ") == "sess-cli", s.headers
+    # Pi re-serializes the call it sends back; the policy's arguments survive as the same JSON value.
+    call = run.records[-1].upstream_request["messages"][-2]["tool_calls"][0]["function"]
+    assert call["name"] == TOOL and call["arguments"] == ARGS
+    # Its own transcript is in the artifacts, with the tool's result.
+    entries = jsonl_lines(run.artifacts / pi.SESSIONS)
+    assert any(e.get("message", {}).get("role") == "toolResult" for e in entries), entries[-3:]
+    assert run.result.metadata["harness"] == {"transcripts": 1, "dialect": dialect}
+
+
+def test_models_json_per_dialect(tmp_path: Path) -> None:
+    c = ctx(tmp_path)
+    expected = {
+        "chat": ("openai-completions", "http://127.0.0.1:9999/v1"),
+        "responses": ("openai-responses", "http://127.0.0.1:9999/v1"),
+        "anthropic": ("anthropic-messages", "http://127.0.0.1:9999"),
+        "gemini": ("google-generative-ai", "http://127.0.0.1:9999/v1beta"),
+    }
+    for dialect, (api, base) in expected.items():
+        harness = pi.PiHarness({"dialect": dialect, "context_window": 8192, "max_tokens": 512})
+        provider = harness.models_json(c)["providers"]["polar"]
+        assert provider == {
+            "baseUrl": base,
+            "api": api,
+            "apiKey": "POLAR_SESSION_ID",
+            "models": [{"id": "org/served:model", "contextWindow": 8192, "maxTokens": 512}],
+        }
+    assert pi.PiHarness({}).dialect == "chat"
+
+
+def test_command_and_env(tmp_path: Path) -> None:
+    c = ctx(tmp_path, env={"PI_OFFLINE": "0"})
+    harness = get_harness("pi", {"binary": "/opt/pi"})
+    command = harness.command(c)
+    assert isinstance(command, str)
+    assert command.startswith("/opt/pi --provider polar --model org/served:model --session-dir ")
+    assert command.endswith(f" -p < {tmp_path}/home/.polar/instruction.md")  # "@file -x" stays text
+    env = harness.env(c)
+    assert env["PI_CODING_AGENT_DIR"] == f"{tmp_path}/home/.pi/agent"
+    assert env["POLAR_SESSION_ID"] == "sess-x" and env["PI_SKIP_VERSION_CHECK"] == "1"
+    assert env["PI_OFFLINE"] == "0"  # the task's own env wins
+    with pytest.raises(RuntimeError, match="before setup"):
+        get_harness("pi").command(c)
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"dialect": "openai"}, "settings.dialect"),
+        ({"binary": 3}, "settings.binary"),
+        ({"context_window": -1}, "settings.context_window"),
+        ({"max_tokens": "9"}, "settings.max_tokens"),
+        ({"thinking": "high"}, "unknown settings"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(settings: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        get_harness("pi", settings)
+
+
+def _record(tools: list[dict[str, object]] | None, system: str) -> CompletionRecord:
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "hi"}]
+    return CompletionRecord(
+        "s", 0, "c", "anthropic", 0.0, {}, {"messages": messages}, [1], [2], [-0.1], "stop",
+        {"role": "assistant", "content": "x"}, tools, {}, "m", "m",
+    )  # fmt: skip
+
+
+def test_classify_tags_compaction_and_tool_less_calls() -> None:
+    harness = get_harness("pi")
+    tool = [{"type": "function", "function": {"name": TOOL, "parameters": {}}}]
+    assert harness.classify(_record(tool, "You are an expert coding assistant")) == ()
+    assert harness.classify(_record(None, "You are an expert coding assistant")) == ("side_call",)
+    summary = "You are a context summarization assistant. Your task is to read a conversation"
+    assert harness.classify(_record(None, summary)) == ("side_call", "compaction")
