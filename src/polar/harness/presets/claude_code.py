@@ -1,0 +1,194 @@
+"""The `claude_code` preset: Anthropic's Claude Code CLI, unmodified, against the gateway.
+
+    agent: {harness: claude_code, settings: {allowed_tools: [Bash, Edit, Write, Read], small_model: null}}
+
+Claude Code 2.1.197 speaks Anthropic Messages (`HEAD /`, then `POST /v1/messages?beta=true`, always SSE) to
+`ANTHROPIC_BASE_URL` with `ANTHROPIC_API_KEY` as `x-api-key`. Every model tier it may ask for (main, the
+small/fast "haiku" tier its Explore subagent and title calls use, sonnet/opus/fable aliases) is pointed at
+the served model name; `settings.small_model` gives the small tier its own name instead, so its calls can be
+routed or filtered by model. The config goes into `<home>/.claude` (`CLAUDE_CONFIG_DIR`), never the user's.
+
+Settings: `allowed_tools` (tool names the run may use without asking; `-p` denies the rest), `small_model`
+(see above), `binary` (a preinstalled `claude` to run instead of installing the pinned version).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.install import npm_bin_async
+from polar.runtime.base import Runtime, RuntimeFailure
+from polar.store.records import CompletionRecord
+
+PACKAGE = "@anthropic-ai/claude-code"
+VERSION = "2.1.197"
+BINARY = "claude"
+DIALECT = "anthropic"
+CONFIGURES = (
+    "CLAUDE_CONFIG_DIR=<home>/.claude with settings.json (model, every model tier, allowed tools, env); "
+    "ANTHROPIC_BASE_URL/API_KEY/MODEL and the small/fast, haiku, sonnet, opus, fable models; "
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC, DISABLE_AUTOUPDATER, DISABLE_TELEMETRY, DISABLE_ERROR_REPORTING; "
+    "claude -p --allowedTools ... -- <instruction>"
+)
+LIMITS = (
+    "as root --dangerously-skip-permissions is refused, so only `allowed_tools` run; tool search "
+    "(ENABLE_TOOL_SEARCH, off for non-Anthropic hosts) is left off; the title side call (only with "
+    "non-essential traffic on) asks for JSON output the gateway does not constrain"
+)
+
+DEFAULT_TOOLS = ("Bash", "Edit", "Write", "Read")
+CONFIG_DIR = ".claude"  # under ctx.home
+PROJECTS = "claude-projects"  # under ctx.artifacts: Claude Code's own session transcripts
+DEBUG_LOG = "claude-debug.log"  # under ctx.artifacts
+
+# Claude Code 2.1.197 starts every system prompt with a billing line; a subagent's (Agent tool: Explore,
+# general-purpose, ...) ends in `cc_is_subagent=true;`. The gateway strips the line upstream (quirk
+# `claude_code_billing_header`), but the record keeps the harness's original request, so it is readable.
+_SUBAGENT_MARK = "cc_is_subagent=true"
+_BILLING_MARK = "x-anthropic-billing-header:"
+# 2.1.197's session-title call (querySource generate_session_title): no tools, this system prompt, a JSON
+# schema in `output_config.format`. Sent only with non-essential traffic on (this preset turns it off).
+_TITLE_MARK = "Generate a concise, sentence-case title"
+_SETTINGS = ("allowed_tools", "small_model", "binary")
+
+
+def _name_list(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ValueError("claude_code harness: settings.allowed_tools must be a non-empty list of tool names")
+    if any("," in v for v in value):
+        raise ValueError("claude_code harness: settings.allowed_tools: one tool name per entry, no commas")
+    return [v.strip() for v in value]
+
+
+def _optional_str(settings: dict[str, Any], name: str) -> str | None:
+    value = settings.get(name)
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"claude_code harness: settings.{name} must be a non-empty string")
+    return value
+
+
+def _system_texts(request: dict[str, Any]) -> list[str]:
+    """The text of the request's top-level `system` (a string or text blocks), tolerating any shape."""
+    system = request.get("system")
+    if isinstance(system, str):
+        return [system]
+    if isinstance(system, list):
+        return [b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str)]
+    return []
+
+
+class ClaudeCodeHarness:
+    """Runs `claude -p` headless; see the module docstring."""
+
+    name = "claude_code"
+
+    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+        settings = dict(settings or {})
+        unknown = sorted(set(settings) - set(_SETTINGS))
+        if unknown:
+            raise ValueError(
+                f"claude_code harness: unknown settings {unknown}; known: {', '.join(_SETTINGS)}"
+            )
+        self.allowed_tools = _name_list(settings.get("allowed_tools", list(DEFAULT_TOOLS)))
+        self.small_model = _optional_str(settings, "small_model")
+        self.binary = _optional_str(settings, "binary")
+        self._program = self.binary  # the `claude` to run, once setup has installed it
+        self._model: str | None = None  # the session's main model, once setup has seen the context
+
+    def config_dir(self, ctx: HarnessContext) -> str:
+        return f"{ctx.home.rstrip('/')}/{CONFIG_DIR}"
+
+    def _cli_env(self, ctx: HarnessContext) -> dict[str, str]:
+        """Claude Code's own switches: every model tier at the gateway's model, no other traffic."""
+        small = self.small_model or ctx.model
+        return {
+            "CLAUDE_CONFIG_DIR": self.config_dir(ctx),
+            "ANTHROPIC_MODEL": ctx.model,
+            "ANTHROPIC_SMALL_FAST_MODEL": small,
+            # 2.1.197's Explore subagent asks for `claude-haiku-4-5-20251001` unless the haiku tier is set:
+            # ANTHROPIC_SMALL_FAST_MODEL alone does not cover it (seen on the wire).
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": small,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": ctx.model,
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": ctx.model,
+            "ANTHROPIC_DEFAULT_FABLE_MODEL": ctx.model,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+        }
+
+    async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
+        self._model = ctx.model
+        if self._program is None:
+            self._program = str(await npm_bin_async(PACKAGE, VERSION, BINARY))
+        settings = {
+            "model": ctx.model,
+            "env": {
+                "ANTHROPIC_BASE_URL": ctx.gateway_url.rstrip("/"),
+                "ANTHROPIC_API_KEY": ctx.session_id,
+                **self._cli_env(ctx),
+                **ctx.env,  # settings.json's env wins over the process's: the task's keeps the last word
+            },
+            "permissions": {"allow": self.allowed_tools},
+        }
+        path = f"{self.config_dir(ctx)}/settings.json"
+        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+        data = json.dumps(settings, indent=2).encode()
+        result = await runtime.exec(["sh", "-c", script, "sh", path], stdin=data, timeout_s=60)
+        if result.exit_code != 0:
+            raise RuntimeFailure(f"could not write {path}: {result.stderr.strip()}")
+
+    def command(self, ctx: HarnessContext) -> list[str]:
+        # `--allowedTools` takes a variadic list: `--` ends it and lets an instruction that starts with
+        # "-" arrive as the prompt (2.1.197's option parser honours it).
+        return [
+            self._program or BINARY,
+            "-p",
+            "--allowedTools",
+            ",".join(self.allowed_tools),
+            "--debug-file",
+            f"{ctx.artifacts.rstrip('/')}/{DEBUG_LOG}",
+            "--",
+            ctx.instruction,
+        ]
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        return {**gateway_env(ctx), **self._cli_env(ctx), **ctx.env}
+
+    async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
+        """Copy Claude Code's session transcripts (`<config>/projects/<cwd>/<session>.jsonl`, subagents
+        under `<session>/subagents/`) into the artifacts; list the ones copied."""
+        src = f"{self.config_dir(ctx)}/projects"
+        dst = f"{ctx.artifacts.rstrip('/')}/{PROJECTS}"
+        script = (
+            '[ -d "$1" ] || exit 0; mkdir -p -- "$2" && cp -r -- "$1"/. "$2"/ && '
+            "cd -- \"$2\" && find . -name '*.jsonl' -type f | sort"
+        )
+        result = await runtime.exec(["sh", "-c", script, "sh", src, dst], timeout_s=120)
+        if result.exit_code != 0:
+            return {"transcripts": [], "error": f"copying {shlex.quote(src)}: {result.stderr.strip()}"}
+        transcripts = [line.removeprefix("./") for line in result.stdout.splitlines() if line.strip()]
+        return {"transcripts": transcripts}
+
+    def classify(self, record: CompletionRecord) -> tuple[str, ...]:
+        """("side_call", kind) for calls that are not the main loop, read from the request as sent:
+        a subagent (its billing line says so), a call without tools (the session title, or other
+        small-model work), or any call for `settings.small_model` when it has its own name."""
+        request = record.request if isinstance(record.request, dict) else {}
+        texts = _system_texts(request)
+        billing = next((t for t in texts if t.startswith(_BILLING_MARK)), "")
+        if _SUBAGENT_MARK in billing:
+            return ("side_call", "subagent")
+        if not request.get("tools"):
+            title = any(_TITLE_MARK in t for t in texts)
+            return ("side_call", "title" if title else "small_model")
+        small = self.small_model
+        if small is not None and small != self._model and record.model_requested == small:
+            return ("side_call", "small_model")
+        return ()
+
+
+PRESET = ClaudeCodeHarness
