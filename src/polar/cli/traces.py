@@ -154,6 +154,8 @@ def _built(
 ) -> Iterator[tuple[SessionInfo, Trajectory, list[CompletionRecord]]]:
     from polar.store.sqlite import SQLiteStore
 
+    if not store_path.is_file():
+        raise click.BadParameter(f"Path '{store_path}' does not exist.", param_hint="'--store'")
     store = SQLiteStore(store_path)
     try:
         for info in _sessions(store, session_ids, task_id):
@@ -183,8 +185,9 @@ def _build_options(f: Any) -> Any:
     f = click.option("--strategy", default="prefix_merging", show_default=True,
                      help="per_request, prefix_merging, a registered builder, or pkg.mod:func.")(f)  # fmt: skip
     f = click.option("--task", "task_id", default=None, help="Every session of this task.")(f)
+    # Existence is checked when the store is opened, so `export --results` works without one.
     f = click.option("--store", "store_path", envvar="POLAR_STORE", default="polar.db", show_default=True,
-                     type=click.Path(exists=True, dir_okay=False, path_type=Path), help="The gateway's SQLite store (env POLAR_STORE).")(f)  # fmt: skip
+                     type=click.Path(dir_okay=False, path_type=Path), help="The gateway's SQLite store (env POLAR_STORE).")(f)  # fmt: skip
     return click.argument("session_ids", metavar="[SESSION_ID]...", nargs=-1)(f)
 
 
@@ -227,24 +230,65 @@ def show(
             show_session(console, trajectory, traces=not stats_only)
 
 
+def _result_rows(
+    results_path: Path, session_ids: tuple[str, ...], task_id: str | None
+) -> Iterator[dict[str, Any]]:
+    """Rows from a rollout results file (`polar run`/`generate`): the node's trajectories, with rewards."""
+    from polar.train.export import ResultsError, read_results, result_rows
+
+    if session_ids and task_id:
+        raise click.UsageError("name sessions or --task, not both")
+    try:
+        results = list(read_results(results_path))
+    except ResultsError as e:
+        raise click.BadParameter(str(e), param_hint="--results") from None
+    wanted = set(session_ids)
+    missing = wanted - {r.session_id for r in results}
+    if missing:
+        raise click.BadParameter(f"no such session: {', '.join(sorted(missing))}", param_hint="SESSION_ID")
+    chosen = [
+        r
+        for r in results
+        if (not wanted or r.session_id in wanted) and (task_id is None or r.task_id == task_id)
+    ]
+    if task_id is not None and not chosen:
+        raise click.UsageError(f"no sessions for task {task_id!r}")
+    return result_rows(chosen)
+
+
 @traces.command("export")
 @_build_options
 @click.option("--out", "out_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="File to write; .jsonl or .parquet picks the format unless --format says.")  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), default=None)
+@click.option("--results", "results_path", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Export the trajectories of a rollout results file (polar run/generate) instead of "
+                   "rebuilding them from the store: these carry the evaluator's rewards.")  # fmt: skip
 def export(
     session_ids: tuple[str, ...], store_path: Path, task_id: str | None, strategy: str, on_drift: str,
     eot_id: int | None, train_without_logprobs: bool, out_path: Path, fmt: str | None,
+    results_path: Path | None,
 ) -> None:  # fmt: skip
-    """Write one row per trace as JSON Lines or Parquet (loadable with `datasets.load_dataset`)."""
+    """Write one row per trace as JSON Lines or Parquet (loadable with `datasets.load_dataset`).
+
+    Columns: ids, loss mask, behaviour logprobs, reward, advantage, group, task, trajectory (session) and
+    trace ids, policy version, status (docs/training.md maps them onto verl, slime, NeMo RL and TRL).
+    Trajectories rebuilt from the store have no reward (the store holds calls, not evaluations); export
+    --results for rewarded trajectories.
+    """
     fmt = fmt or {".jsonl": "jsonl", ".parquet": "parquet"}.get(out_path.suffix)
     if fmt is None:
         raise click.BadParameter(
             "cannot tell the format from the file name; pass --format", param_hint="--format"
         )
-    options = _options(strategy, on_drift, eot_id, train_without_logprobs)
-    built = _built(store_path, session_ids, task_id, strategy, options)
-    every = (row for info, t, _ in built for row in rows(t, info.metadata.get("task_id")))
+    every: Iterator[dict[str, Any]]
+    if results_path is not None:
+        every = _result_rows(results_path, session_ids, task_id)
+    else:
+        options = _options(strategy, on_drift, eot_id, train_without_logprobs)
+        built = _built(store_path, session_ids, task_id, strategy, options)
+        every = (row for info, t, _ in built for row in rows(t, context=info.metadata))
     n = write_parquet(every, out_path) if fmt == "parquet" else write_jsonl(every, out_path)
     click.echo(f"wrote {n} traces to {out_path}")
 
