@@ -9,12 +9,24 @@ from pathlib import Path
 from polar.rollout.protocol import SessionStatus
 from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE
 from polar.trajectory import Trajectory
-from tests.node_support import PY, alive, fake_policy, running_node, shell_task, spec, write_caller
+from tests.node_support import PY, alive, fake_policy, running_node, shell_task, spec
+
+# One chat call with the standard library: starts in ~50 ms, so the call lands well inside a 1 s budget even
+# on a loaded machine (the openai SDK alone takes about a second to import there).
+_QUICK_CALL = """
+import json, os, urllib.request
+body = json.dumps({"model": os.environ["OPENAI_MODEL"], "messages": [{"role": "user", "content": "hi"}]})
+req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", body.encode(),
+                             {"authorization": "Bearer " + os.environ["OPENAI_API_KEY"],
+                              "content-type": "application/json"})
+urllib.request.urlopen(req).read()
+"""
 
 
 def _hang_after_call(tmp_path: Path) -> str:
     """One call to the policy, then a hang with a child process (the tree must die on timeout)."""
-    caller = write_caller(tmp_path)
+    caller = tmp_path / "quick_call.py"
+    caller.write_text(_QUICK_CALL)
     return f"{PY} {caller} && (sleep 60 & echo $! > {tmp_path}/child.pid; wait)"
 
 

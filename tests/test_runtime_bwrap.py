@@ -192,3 +192,26 @@ def test_factory_refuses_when_bwrap_is_missing(monkeypatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeFailure, match="apt-get install bubblewrap"):
         make_runtime(RuntimeSpec(backend="bwrap"), "x")
+
+
+async def test_an_environment_under_tmp_stays_visible(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A virtualenv or checkout made under /tmp (CI's fresh clones, pytest's tmp dirs) is hidden by the
+    sandbox's private /tmp unless it is bound back: the sandbox could not even find its python."""
+    prefix = tmp_path / "venv"
+    (prefix / "bin").mkdir(parents=True)
+    tool = prefix / "bin" / "tool"
+    tool.write_text("#!/bin/sh\necho from-the-prefix\n")
+    tool.chmod(0o755)
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    spec = RuntimeSpec(backend="bwrap", network="none", root=tmp_path / "runtimes")
+    runtime = make_runtime(spec, "under-tmp")
+    await runtime.start()
+    try:
+        ok = await runtime.exec([str(tool)])
+        assert (ok.exit_code, ok.stdout.strip()) == (0, "from-the-prefix"), ok.stderr
+        denied = await runtime.exec(f"echo x > {prefix}/bin/written")  # bound back read-only
+        assert denied.exit_code != 0 and "Read-only file system" in denied.stderr
+    finally:
+        await runtime.stop()

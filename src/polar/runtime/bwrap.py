@@ -14,6 +14,7 @@ sandbox's 127.0.0.1 at the gateway's port and splices to that socket. The harnes
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -89,8 +90,10 @@ class BwrapRuntime(LocalRuntime):
             "--dev", "/dev",
             "--proc", "/proc",
             "--tmpfs", "/tmp",
-            "--bind", session, session,
         ]  # fmt: skip
+        for path in _needed_under_tmp():  # before the session bind, which may lie inside one of them
+            cmd += ["--ro-bind", path, path]
+        cmd += ["--bind", session, session]
         for path in self.spec.read_only_paths:
             cmd += ["--ro-bind", path, path]
         cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
@@ -106,3 +109,19 @@ class BwrapRuntime(LocalRuntime):
 
     def _wrap(self, argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[list[str], str | None]:
         return self.bwrap_argv(argv, cwd), None
+
+
+def _needed_under_tmp() -> list[str]:
+    """Host paths under /tmp that sandboxed programs need and `--tmpfs /tmp` would hide: the Python
+    environment and the polar checkout, when a virtualenv or a fresh clone was made under /tmp (as CI's and
+    many test runners' are). Bound read-only; nested paths are covered by their outermost one."""
+    import polar
+
+    candidates = {
+        sys.prefix,
+        sys.base_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        str(Path(polar.__file__).resolve().parents[2]),  # src/polar/__init__.py -> the checkout
+    }
+    under = sorted(p for p in candidates if p.startswith("/tmp/") and os.path.isdir(p))
+    return [p for p in under if not any(p.startswith(q + "/") for q in under if q != p)]
