@@ -15,6 +15,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "gateway",
         "Serve the capturing gateway in front of an inference server.",
     ),
+    "generate": (
+        "polar.cli.generate",
+        "generate",
+        "Run a task file and keep the sessions that pass a filter as SFT/RL training data.",
+    ),
     "node": (
         "polar.cli.node",
         "node",
