@@ -8,6 +8,10 @@ yields the same upstream prompt):
 - A user turn's `tool_result` blocks become `tool` messages, in order, followed by one user message with
   the turn's remaining text and image blocks (images inside tool results join that user message too: Chat
   tool messages carry text only).
+- A `tool_reference` inside a tool result (Claude Code's ToolSearch) becomes the text its tool's own
+  description promises the model: `<functions>` holding one `<function>{"description", "name",
+  "parameters"}</function>` line per referenced tool, taken from the request's `tools` (the name alone when
+  the request does not define it).
 - `is_error` has no place in the chat template, so a failed tool result reaches the model as text that
   says so: "Error: " + the content, unless the content is already marked `<tool_use_error>` (Claude Code
   2.x wraps its tool failures that way).
@@ -106,18 +110,19 @@ class AnthropicDialect:
     ) -> CanonicalRequest:
         render: dict[str, Any] = {}
         messages: list[dict[str, Any]] = []
+        tools, dropped = _tools(req.get("tools"))
+        defs = {t["function"]["name"]: t["function"] for t in tools}
         system = _system_text(req.get("system"))
         if system is not None:
             messages.append({"role": "system", "content": system})
         for i, msg in enumerate(req["messages"]):
             if msg["role"] == "user":
-                _user_turn(msg["content"], i, messages)
+                _user_turn(msg["content"], i, messages, defs)
             elif msg["role"] == "system":
                 messages.append({"role": "system", "content": _system_turn(msg["content"], i)})
             else:
                 messages.append(_assistant_turn(msg["content"], i, codec))
 
-        tools, dropped = _tools(req.get("tools"))
         if dropped:
             render["dropped_tools"] = dropped
         tool_choice = None
@@ -225,7 +230,9 @@ def _system_turn(content: str | list[s.ContentBlock], i: int) -> str:
     return "\n".join(texts)
 
 
-def _user_turn(content: str | list[s.ContentBlock], i: int, out: list[dict[str, Any]]) -> None:
+def _user_turn(
+    content: str | list[s.ContentBlock], i: int, out: list[dict[str, Any]], defs: dict[str, dict[str, Any]]
+) -> None:
     if isinstance(content, str):
         out.append({"role": "user", "content": content})
         return
@@ -238,7 +245,7 @@ def _user_turn(content: str | list[s.ContentBlock], i: int, out: list[dict[str, 
         elif block["type"] == "image":
             parts.append(_image_part(block))
         elif block["type"] == "tool_result":
-            text = _tool_result_text(block, parts)
+            text = _tool_result_text(block, parts, defs)
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
         else:
             path = f"messages[{i}].content[{j}].type"
@@ -247,21 +254,44 @@ def _user_turn(content: str | list[s.ContentBlock], i: int, out: list[dict[str, 
         out.append({"role": "user", "content": parts})
 
 
-def _tool_result_text(block: s.ToolResultBlock, images: list[dict[str, Any]]) -> str:
+def _tool_result_text(
+    block: s.ToolResultBlock, images: list[dict[str, Any]], defs: dict[str, dict[str, Any]]
+) -> str:
     content = block.get("content", "")
     if isinstance(content, str):
         text = content
     else:
-        texts = []
+        texts: list[str] = []
+        refs: list[str] = []  # a run of tool references, one <functions> block
         for part in content:
+            if part["type"] == "tool_reference":
+                refs.append(_function_line(part["tool_name"], defs))
+                continue
+            if refs:
+                texts.append(_functions_block(refs))
+                refs = []
             if part["type"] == "text":
                 texts.append(part["text"])
             else:
                 images.append(_image_part(part))
+        if refs:
+            texts.append(_functions_block(refs))
         text = "\n".join(texts)
     if block.get("is_error") and not text.startswith(_TOOL_ERROR_MARK):
         return f"Error: {text}" if text else "Error"
     return text
+
+
+def _function_line(name: str, defs: dict[str, dict[str, Any]]) -> str:
+    fn = defs.get(name)
+    shown = (
+        {"name": name} if fn is None else {k: fn[k] for k in ("description", "name", "parameters") if k in fn}
+    )
+    return f"<function>{orjson.dumps(shown).decode()}</function>"
+
+
+def _functions_block(lines: list[str]) -> str:
+    return "<functions>\n" + "\n".join(lines) + "\n</functions>"
 
 
 def _image_part(block: s.ImageBlock) -> dict[str, Any]:

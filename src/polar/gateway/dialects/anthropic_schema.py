@@ -46,7 +46,15 @@ class ToolUseBlock(TypedDict):
     input: dict[str, Any]
 
 
-ToolResultContent = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+class ToolReferenceBlock(TypedDict):
+    """Claude Code 2.1.197's ToolSearch result (with ENABLE_TOOL_SEARCH on): "this deferred tool is now
+    loaded"; its definition arrives in the same request's `tools`."""
+
+    type: Literal["tool_reference"]
+    tool_name: str
+
+
+ToolResultContent = Annotated[TextBlock | ImageBlock | ToolReferenceBlock, Field(discriminator="type")]
 
 
 class ToolResultBlock(TypedDict):
