@@ -38,6 +38,8 @@ WRITE = json.dumps(
 )
 EXPLORE = '{"description":"look around","prompt":"List the files here.","subagent_type":"Explore"}'
 ASK_AGENT = "Use an Explore agent first"
+ASK_SEARCH = "Load the TaskCreate tool first"
+SEARCH = '{"query":"select:TaskCreate","max_results":3}'
 MAIN_MARK = "You are an interactive agent"  # 2.1.197's main-loop system prompt (subagents have their own)
 
 
@@ -187,8 +189,12 @@ def script(body: dict[str, Any]) -> Reply:
         return Reply(content="Only hello.txt may be here.")
     assert "Bash" in tools, tools
     results = sum(1 for m in msgs if m["role"] == "tool")
-    wants_agent = ASK_AGENT in str(msgs) and "Agent" in tools
-    plan = ([("Agent", EXPLORE)] if wants_agent else []) + [("Bash", WRITE)]
+    first: list[tuple[str, str]] = []
+    if ASK_AGENT in str(msgs) and "Agent" in tools:
+        first = [("Agent", EXPLORE)]
+    elif ASK_SEARCH in str(msgs) and "ToolSearch" in tools:
+        first = [("ToolSearch", SEARCH)]
+    plan = [*first, ("Bash", WRITE)]
     if results < len(plan):
         return Reply(content="On it.", reasoning="Use the tool.", tool_calls=[plan[results]])
     return Reply(content="Created hello.txt.")
@@ -286,6 +292,31 @@ async def test_claude_code_side_calls_are_tagged_and_the_main_loop_stays_one_tra
     # All calls together: the subagent and the title are traces of their own.
     everything = build(records, strategy="prefix_merging")
     assert len(everything.traces) == 3 and audit(everything, records).ok
+
+
+@pytest.mark.cli
+async def test_claude_code_tool_search_reaches_the_policy_as_text(tmp_path: Path) -> None:
+    """ENABLE_TOOL_SEARCH=true: the ToolSearch result's `tool_reference` block gets through the gateway as
+    the loaded tool's definition (it used to be a 400 that ended the run)."""
+    task = cli_task(
+        "local", f"{ASK_SEARCH}, then create hello.txt with a greeting.", env={"ENABLE_TOOL_SEARCH": "true"}
+    )
+    result, records, _ = await run_cli(tmp_path, task, "sess-cc-search")
+    assert result.status == SessionStatus.COMPLETED and result.reward == 1.0, result.reason
+    assert len(records) == 3 and all(r.trainable for r in records)
+    after_search = records[1].upstream_request["messages"]
+    (loaded,) = [m for m in after_search if m["role"] == "tool"]
+    assert (
+        loaded["content"].startswith('<functions>\n<function>{"description":')
+        and "TaskCreate" in loaded["content"]
+    )
+    # The loaded tool joins `tools` from then on, so the tool list rendered into the prompt changes: the
+    # main loop splits where it did (one trace before, one after), and the audit still passes.
+    assert "TaskCreate" not in str(records[0].tools) and "TaskCreate" in str(records[1].tools)
+    trajectory = build(records, strategy="prefix_merging")
+    report = audit(trajectory, records)
+    assert report.ok, report.errors
+    assert [t.metadata["seqs"] for t in trajectory.traces] == [[0], [1, 2]]
 
 
 _INET_CONNECT = re.compile(r"connect\(\d+, \{sa_family=AF_INET6?, (?P<addr>[^}]*)\}")

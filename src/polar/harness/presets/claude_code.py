@@ -35,8 +35,9 @@ CONFIGURES = (
 )
 LIMITS = (
     "as root --dangerously-skip-permissions is refused, so only `allowed_tools` run; tool search "
-    "(ENABLE_TOOL_SEARCH, off for non-Anthropic hosts) is left off; the title side call (only with "
-    "non-essential traffic on) asks for JSON output the gateway does not constrain"
+    "(ENABLE_TOOL_SEARCH, off by default for non-Anthropic hosts) works but each ToolSearch changes `tools`, "
+    "splitting the main loop into a new trace; the title side call (only with non-essential traffic on) "
+    "asks for JSON output the gateway does not constrain"
 )
 
 DEFAULT_TOOLS = ("Bash", "Edit", "Write", "Read")
