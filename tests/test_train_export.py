@@ -239,3 +239,33 @@ def test_non_text_parts_are_kept_as_they_are() -> None:
     image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
     t = build([_rec("s0", 0, P1, A1, [image], DONE)])
     assert conversation(t.traces[0])[0] == image
+
+
+@pytest.mark.parametrize(("estimator", "expected"), [("grpo", 2**-0.5), ("rloo", 1.0), ("dr_grpo", 0.5)])
+def test_export_fills_advantages_and_weights_per_group(
+    results_file: Path, tmp_path: Path, estimator: str, expected: float
+) -> None:
+    out = tmp_path / "t.parquet"
+    code, text = export("--results", str(results_file), "--advantages", estimator, "--out", str(out))
+    assert code == 0 and "over 1 groups (2 sessions, 1 masked)" in text, text
+    ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    got = {(r["session_id"], r["trace_index"]): (r["advantage"], r["weight"]) for r in ds}
+    # s0 (reward 1) and s1 (reward 0) form group g-t1; each has two trainable traces, one unit together.
+    for i in (0, 1):
+        assert got[("s0", i)] == pytest.approx((expected, 0.5), rel=1e-5)
+        assert got[("s1", i)] == pytest.approx((-expected, 0.5), rel=1e-5)
+        assert got[("s2", i)] == (0.0, 0.0)  # the masked ERROR session moves nothing
+
+
+def test_advantages_need_rewards(results_file: Path, tmp_path: Path) -> None:
+    out = str(tmp_path / "t.jsonl")
+    code, text = export("--store", str(tmp_path / "x.db"), "--advantages", "grpo", "--out", out)
+    assert code == 2 and "export --results" in text
+    unrewarded = SessionResult(
+        session_id="s5", task_id="t1", status=SessionStatus.COMPLETED,
+        trajectory=build(agent_session("s5")).model_dump(mode="json"), metadata={"group_id": "g"},
+    )  # fmt: skip
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(orjson.dumps(unrewarded.model_dump(mode="json")) + b"\n")
+    code, text = export("--results", str(path), "--advantages", "grpo", "--out", out)
+    assert code == 2 and "no reward" in text and "--advantages" in text

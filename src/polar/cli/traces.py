@@ -231,10 +231,11 @@ def show(
 
 
 def _result_rows(
-    results_path: Path, session_ids: tuple[str, ...], task_id: str | None
+    results_path: Path, session_ids: tuple[str, ...], task_id: str | None, estimator: str | None
 ) -> Iterator[dict[str, Any]]:
-    """Rows from a rollout results file (`polar run`/`generate`): the node's trajectories, with rewards."""
-    from polar.train.export import ResultsError, read_results, result_rows
+    """Rows from a rollout results file (`polar run`/`generate`): the node's trajectories, with rewards,
+    and with `estimator` their group-relative advantages and per-trajectory weights."""
+    from polar.train.export import ResultsError, advantage_maps, read_results, result_rows, trajectory_of
 
     if session_ids and task_id:
         raise click.UsageError("name sessions or --task, not both")
@@ -253,7 +254,18 @@ def _result_rows(
     ]
     if task_id is not None and not chosen:
         raise click.UsageError(f"no sessions for task {task_id!r}")
-    return result_rows(chosen)
+    if estimator is None:
+        return result_rows(chosen)
+    trajectories = [t for r in chosen if (t := trajectory_of(r)) is not None]
+    try:
+        advantages, weights, stats = advantage_maps(trajectories, estimator)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--advantages") from None
+    click.echo(
+        f"{estimator} advantages over {stats.groups} groups ({stats.samples} sessions, {stats.masked} masked): "
+        f"{stats.zero_variance_groups} groups without variance give no gradient"
+    )
+    return result_rows(chosen, advantages, weights)
 
 
 @traces.command("export")
@@ -265,10 +277,13 @@ def _result_rows(
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Export the trajectories of a rollout results file (polar run/generate) instead of "
                    "rebuilding them from the store: these carry the evaluator's rewards.")  # fmt: skip
+@click.option("--advantages", "estimator", type=click.Choice(["grpo", "rloo", "dr_grpo"]), default=None,
+              help="Fill the advantage and weight columns, grouping sessions by group id (needs --results: "
+                   "advantages need rewards). Export whole groups: a partial group gives other baselines.")  # fmt: skip
 def export(
     session_ids: tuple[str, ...], store_path: Path, task_id: str | None, strategy: str, on_drift: str,
     eot_id: int | None, train_without_logprobs: bool, out_path: Path, fmt: str | None,
-    results_path: Path | None,
+    results_path: Path | None, estimator: str | None,
 ) -> None:  # fmt: skip
     """Write one row per trace as JSON Lines or Parquet (loadable with `datasets.load_dataset`).
 
@@ -284,7 +299,12 @@ def export(
         )
     every: Iterator[dict[str, Any]]
     if results_path is not None:
-        every = _result_rows(results_path, session_ids, task_id)
+        every = _result_rows(results_path, session_ids, task_id, estimator)
+    elif estimator is not None:
+        raise click.BadParameter(
+            "advantages need rewards, which the store does not hold: export --results",
+            param_hint="--advantages",
+        )
     else:
         options = _options(strategy, on_drift, eot_id, train_without_logprobs)
         built = _built(store_path, session_ids, task_id, strategy, options)

@@ -12,7 +12,7 @@ pass a `Filter`, and turns them into
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import orjson
 from pydantic import ValidationError
 
 from polar.rollout.protocol import SessionResult
+from polar.train.advantages import Estimator, GroupStats, trajectory_advantages
 from polar.trajectory.export import PerTrace, rows
 from polar.trajectory.models import Trace, Trajectory
 
@@ -81,6 +82,22 @@ def result_rows(
         t = trajectory_of(r)
         if t is not None:
             yield from rows(t, r.task_id, advantages=advantages, weights=weights)
+
+
+def advantage_maps(
+    trajectories: Sequence[Trajectory], estimator: Estimator = "grpo"
+) -> tuple[dict[tuple[str, int], float], dict[tuple[str, int], float], GroupStats]:
+    """Advantages and per-trajectory weights of every trace, keyed (session id, trace index) for `rows`.
+
+    Groups are formed over `trajectories` only, so pass whole groups (every sample of a task). Raises
+    ValueError naming the trajectory when one has no reward or no group."""
+    per_trace, stats = trajectory_advantages(trajectories, estimator)
+    advantages: dict[tuple[str, int], float] = {}
+    weights: dict[tuple[str, int], float] = {}
+    for a in per_trace:
+        key = (str(trajectories[a.trajectory].metadata.get("session_id")), a.trace)
+        advantages[key], weights[key] = a.advantage, a.weight
+    return advantages, weights, stats
 
 
 # -- conversations ----------------------------------------------------------------------------------------
