@@ -1,0 +1,165 @@
+"""The `gemini_cli` preset: Google's Gemini CLI, unmodified, speaking the Gemini API to the gateway.
+
+    agent: {harness: gemini_cli, settings: {extra_args: [], config: {model: {maxSessionTurns: 40}}}}
+
+Setup writes `$HOME/.gemini/settings.json` in the session's home; `config` is deep-merged over what the preset
+writes (the CLI's own settings schema). The CLI's session transcripts and logs (`.gemini/tmp`) are copied into
+the artifacts after the run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.install import npm_bin_async
+from polar.runtime.base import Runtime, RuntimeFailure
+from polar.store.records import CompletionRecord
+
+PACKAGE = "@google/gemini-cli"
+VERSION = "0.61.0"
+BINARY = "gemini"
+DIALECT = "gemini"
+CONFIGURES = (
+    "~/.gemini/settings.json (API-key auth, every model alias routed to the served model, no usage "
+    "statistics/telemetry/auto-update); GOOGLE_GEMINI_BASE_URL, GEMINI_API_KEY; `-m M --yolo -p`"
+)
+LIMITS = (
+    "side calls (tool-output summarizer, loop detection, compression) go to the same model and are tagged; "
+    "subagents (invoke_agent) are tagged `subagent`"
+)
+
+# 0.61.0: the main loop's system instruction starts so; a call with tools and another system text is a
+# subagent (codebase_investigator & co, started through `invoke_agent`).
+MAIN_PROMPT = "You are Gemini CLI, an autonomous CLI agent"
+# 0.61.0: side calls carry no tools; known ones are named by a marker in their last user message.
+SIDE_CALLS = {"Summarize the following tool output": "summarizer"}
+# 0.61.0: every utility alias of `modelConfigs` (summarizer, loop detection, classifier, edit corrector, web
+# fetch, ...) extends `base` and names its own model (`flash-lite`, `gemini-3-flash-preview`); compression
+# aliases set a model without extending anything. An override at each root sends all of them to the served
+# model instead (verified: the summarizer asked for `gemini-3.5-flash-lite` before, the served model after).
+ALIAS_ROOTS = (
+    "base",
+    "chat-compression-3-pro",
+    "chat-compression-3-flash",
+    "chat-compression-3.1-flash-lite",
+    "chat-compression-2.5-pro",
+    "chat-compression-2.5-flash",
+    "chat-compression-2.5-flash-lite",
+    "chat-compression-default",
+    "agent-history-provider-summarizer",
+)
+
+
+_SETTINGS = ("extra_args", "config")
+# Copies the listed paths (relative to $HOME) that exist into the artifacts, then counts the files copied.
+_COLLECT = (
+    'dst="$1"; home="$2"; shift 2; mkdir -p -- "$dst"; cd -- "$home" || exit 1; '
+    'for p in "$@"; do [ -e "$p" ] && mkdir -p -- "$dst/$(dirname -- "$p")" '
+    '&& cp -r -- "$p" "$dst/$(dirname -- "$p")/"; done; find "$dst" -type f | wc -l'
+)
+
+
+def parse_settings(name: str, settings: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
+    """(extra_args, config) from the task's `agent.settings`, or ValueError naming the bad setting."""
+    settings = dict(settings or {})
+    unknown = sorted(set(settings) - set(_SETTINGS))
+    if unknown:
+        raise ValueError(f"{name} harness: unknown settings {unknown}; known: {list(_SETTINGS)}")
+    extra = settings.get("extra_args", [])
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise ValueError(f"{name} harness: settings.extra_args must be a list of strings, not {extra!r}")
+    config = settings.get("config", {})
+    if not isinstance(config, dict):
+        raise ValueError(f"{name} harness: settings.config must be a mapping, not {config!r}")
+    return list(extra), dict(config)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = deep_merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
+
+
+async def write_json(runtime: Runtime, path: str, data: dict[str, Any]) -> None:
+    """Write a config file through the runtime (so it lands in the sandbox's home, whatever the sandbox)."""
+    script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+    body = json.dumps(data, indent=2).encode()
+    result = await runtime.exec(["sh", "-c", script, "sh", path], stdin=body, timeout_s=60)
+    if result.exit_code != 0:
+        raise RuntimeFailure(f"could not write {path}: {result.stderr.strip()}")
+
+
+async def collect(runtime: Runtime, ctx: HarnessContext, into: str, paths: list[str]) -> dict[str, Any]:
+    """Copy the CLI's own transcripts/logs (paths relative to its home) into `artifacts/<into>`."""
+    dst = f"{ctx.artifacts.rstrip('/')}/{into}"
+    result = await runtime.exec(["sh", "-c", _COLLECT, "sh", dst, ctx.home, *paths], timeout_s=120)
+    count = result.stdout.strip()
+    if result.exit_code != 0 or not count.isdigit():
+        return {"transcript_files": 0, "collect_error": result.stderr.strip()[-500:]}
+    return {"transcript_files": int(count)}
+
+
+def _texts(parts: Any) -> str:
+    if not isinstance(parts, list):
+        return ""
+    return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+
+
+def cli_settings(model: str) -> dict[str, Any]:
+    """The preset's `settings.json` for 0.61.0."""
+    return {
+        # Without it the CLI exits 41 "Invalid auth method selected" in headless mode.
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "privacy": {"usageStatisticsEnabled": False},  # Clearcut usage statistics
+        "telemetry": {"enabled": False},
+        "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+        "modelConfigs": {
+            "customOverrides": [{"match": {"model": a}, "modelConfig": {"model": model}} for a in ALIAS_ROOTS]
+        },
+    }
+
+
+class GeminiCliHarness:
+    name = "gemini_cli"
+
+    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+        self.extra_args, self.config = parse_settings(self.name, settings)
+        self.binary: Path | None = None
+
+    async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
+        self.binary = await npm_bin_async(PACKAGE, VERSION, BINARY)
+        config = deep_merge(cli_settings(ctx.model), self.config)
+        await write_json(runtime, f"{ctx.home.rstrip('/')}/.gemini/settings.json", config)
+
+    def command(self, ctx: HarnessContext) -> list[str]:
+        # Always `-m`: without it 0.61.0 first asks a router model which model to use (an extra call).
+        if self.binary is None:
+            raise RuntimeError(f"{self.name} harness: command() before setup() installed the CLI")
+        return [str(self.binary), "-m", ctx.model, "--yolo", *self.extra_args, "-p", ctx.instruction]
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        # GEMINI_CLI_TRUST_WORKSPACE: 0.61.0 refuses to run headless in an untrusted folder otherwise.
+        return {**gateway_env(ctx), "GEMINI_CLI_TRUST_WORKSPACE": "true", **ctx.env}
+
+    async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
+        return await collect(runtime, ctx, "gemini", [".gemini/tmp"])
+
+    def classify(self, record: CompletionRecord) -> tuple[str, ...]:
+        body = record.request if isinstance(record.request, dict) else {}
+        if record.tools:
+            system = body.get("systemInstruction")
+            text = _texts(system.get("parts")) if isinstance(system, dict) else ""
+            return () if text.startswith(MAIN_PROMPT) else ("subagent",)
+        contents = body.get("contents")
+        last = contents[-1] if isinstance(contents, list) and contents else None
+        said = _texts(last.get("parts")) if isinstance(last, dict) else ""
+        kind = next((k for marker, k in SIDE_CALLS.items() if marker in said), "no_tools")
+        return ("side_call", kind)
+
+
+PRESET = GeminiCliHarness

@@ -1,0 +1,115 @@
+"""The `qwen_code` preset: Qwen Code, unmodified, speaking OpenAI Chat (streamed) to the gateway.
+
+    agent: {harness: qwen_code, settings: {extra_args: [], config: {memory: {enableManagedAutoMemory: true}}}}
+
+Qwen Code reads its provider from OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL (set by `gateway_env`), and
+every background agent (memory extraction, dream, title, recap) uses the main model unless `fastModel` is set,
+which the preset leaves empty. Setup writes `$HOME/.qwen/settings.json` in the session's home; `config` is
+deep-merged over it. The CLI's chat transcripts and debug logs are copied into the artifacts after the run.
+
+Qwen re-serializes tool-call arguments compactly and sends tool results as arrays of text parts when it
+replays history, so its history is not the model's text token for token: trajectories rely on the server's
+prompt ids and the recorded sampled ids, never on re-rendering these messages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.install import npm_bin_async
+
+# The settings parsing and file plumbing are the same for every JS CLI preset (see gemini_cli).
+from polar.harness.presets.gemini_cli import collect, deep_merge, parse_settings, write_json
+from polar.runtime.base import Runtime
+from polar.store.records import CompletionRecord
+
+PACKAGE = "@qwen-code/qwen-code"
+VERSION = "0.15.10"
+BINARY = "qwen"
+DIALECT = "chat"
+CONFIGURES = (
+    "~/.qwen/settings.json (no usage statistics/telemetry/auto-update, managed auto-memory off); "
+    "OPENAI_BASE_URL=<gateway>/v1, OPENAI_API_KEY, OPENAI_MODEL; `--yolo -p`"
+)
+LIMITS = (
+    "background agents (memory extraction when re-enabled, dream, title, recap) use the main model and "
+    "are tagged side calls; subagents (the `agent` tool) are tagged `subagent`"
+)
+
+# 0.15.10: the main loop's system prompt starts so; a call with tools and another system prompt is a
+# subagent (the `agent` tool) unless it is one of the background agents below.
+MAIN_PROMPT = "You are Qwen Code, an interactive CLI agent"
+# 0.15.10: the system prompts of its background calls. Memory extraction runs after a turn that ends without
+# tool calls, with tools (read_file, write_file, ...), so tools alone do not tell it from the main loop.
+SIDE_CALLS = {
+    "You are now acting as the managed memory extraction subagent": "memory_extraction",
+    "You are performing a managed memory dream": "memory_dream",
+    "You are selecting memories that will be useful": "memory_recall",
+    "You are reviewing this conversation to extract reusable skills": "skill_review",
+    "Generate a concise, sentence-case title": "title",
+    "You generate session recaps": "recap",
+    "Write a short summary label describing what these tool calls accomplished": "tool_summary",
+}
+
+
+def cli_settings() -> dict[str, Any]:
+    """The preset's `settings.json` for 0.15.10 (it adds `$version` itself on first start)."""
+    return {
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "general": {"enableAutoUpdate": False},
+        # Else a background "memory extraction" agent call follows every turn that ends the run.
+        "memory": {"enableManagedAutoMemory": False},
+    }
+
+
+def _system_text(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    first = messages[0] if isinstance(messages, list) and messages else None
+    if not isinstance(first, dict) or first.get("role") != "system":
+        return ""
+    content = first.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # 0.15.10 sends text as arrays of parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+class QwenCodeHarness:
+    name = "qwen_code"
+
+    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+        self.extra_args, self.config = parse_settings(self.name, settings)
+        self.binary: Path | None = None
+
+    async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
+        self.binary = await npm_bin_async(PACKAGE, VERSION, BINARY)
+        config = deep_merge(cli_settings(), self.config)
+        await write_json(runtime, f"{ctx.home.rstrip('/')}/.qwen/settings.json", config)
+
+    def command(self, ctx: HarnessContext) -> list[str]:
+        if self.binary is None:
+            raise RuntimeError(f"{self.name} harness: command() before setup() installed the CLI")
+        # --yolo: headless 0.15.10 has no one to approve its shell and write tools.
+        return [str(self.binary), "--yolo", *self.extra_args, "-p", ctx.instruction]
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        return {**gateway_env(ctx), **ctx.env}
+
+    async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
+        return await collect(runtime, ctx, "qwen", [".qwen/projects", ".qwen/debug"])
+
+    def classify(self, record: CompletionRecord) -> tuple[str, ...]:
+        system = _system_text(record.request if isinstance(record.request, dict) else {})
+        kind = next((k for marker, k in SIDE_CALLS.items() if marker in system[:400]), None)
+        if kind is not None:
+            return ("side_call", kind)
+        if not record.tools:
+            return ("side_call", "no_tools")
+        return () if system.startswith(MAIN_PROMPT) else ("subagent",)
+
+
+PRESET = QwenCodeHarness

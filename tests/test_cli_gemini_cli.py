@@ -1,0 +1,152 @@
+"""Gemini CLI 0.61.0 (the pinned npm package, unmodified) on a real node against the gateway's Gemini API.
+
+The fake vLLM plays the model and makes the CLI call its own `run_shell_command` tool to write hello.txt,
+then answers. Run in the `local` runtime (through a route recorder, to see the stream route the CLI chose)
+and in `bwrap` with only the gateway reachable (the proof that it needs no other connection).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar.harness import HarnessContext, get_harness
+from polar.harness.presets import gemini_cli
+from polar.store.records import CompletionRecord
+from tests.cli_support_gemini_qwen import SIDE_ANSWER, check_capture, run_cli, tool_script
+
+pytestmark = pytest.mark.cli
+
+CONTENT = "hello from gemini"
+# Compact JSON: the CLI re-serializes arguments when it replays history.
+WRITE = '{"command":"printf \'hello from gemini\' > hello.txt"}'
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def _gemini_tools(record: CompletionRecord) -> list[str]:
+    return [d["name"] for t in record.request.get("tools", []) for d in t.get("functionDeclarations", [])]
+
+
+async def test_gemini_cli_local_streams_and_captures_one_trace(tmp_path: Path) -> None:
+    run = await run_cli(
+        tmp_path, "gemini_cli", tool_script("run_shell_command", WRITE, "Done."), expect=CONTENT, watch=True
+    )
+    main = check_capture(run, "gemini_cli", {}, "gemini")
+    assert len(main) == len(run.records) == 2  # no router, no side call: `-m` and the settings hold
+    assert {r.model_requested for r in run.records} == {"fake-policy"}
+    assert "run_shell_command" in _gemini_tools(main[0])
+    # Streaming in its own dialect: Gemini says so in the path (the body has no `stream` key).
+    posts = [(path, query) for method, path, query in run.routes if method == "POST"]
+    assert posts == [("/v1beta/models/fake-policy:streamGenerateContent", "alt=sse")] * 2, run.routes
+    # The CLI echoed the gateway's call id and answered with a functionResponse.
+    replay = main[1].request["contents"]
+    call = next(p["functionCall"] for c in replay for p in c["parts"] if "functionCall" in p)
+    answer = next(p["functionResponse"] for c in replay for p in c["parts"] if "functionResponse" in p)
+    assert call["id"] == answer["id"] == main[0].response_message["tool_calls"][0]["id"]
+    # Its own session transcript is in the artifacts.
+    assert run.result.metadata["harness"]["transcript_files"] >= 1
+    chats = list((run.artifacts / "gemini").rglob("chats/*.jsonl"))
+    assert chats and CONTENT in chats[0].read_text()
+
+
+@needs_bwrap
+async def test_gemini_cli_in_bwrap_reaches_only_the_gateway(tmp_path: Path) -> None:
+    run = await run_cli(
+        tmp_path,
+        "gemini_cli",
+        tool_script("run_shell_command", WRITE, "Done."),
+        expect=CONTENT,
+        backend="bwrap",
+    )
+    main = check_capture(run, "gemini_cli", {}, "gemini")
+    assert len(main) == 2
+
+
+async def test_gemini_cli_side_call_goes_to_the_served_model_and_is_tagged(tmp_path: Path) -> None:
+    """A tool-output summarizer (0.61.0's `summarizer-shell` alias, normally `gemini-3.5-flash-lite`) runs
+    when the task enables it: it must ask for the served model and be tagged a side call."""
+    write = json.dumps(
+        {"command": "seq 1 1000; printf 'hello from gemini' > hello.txt"}, separators=(",", ":")
+    )
+    settings: dict[str, Any] = {"config": {"model": {"summarizeToolOutput": {"run_shell_command": {}}}}}
+    run = await run_cli(
+        tmp_path,
+        "gemini_cli",
+        tool_script("run_shell_command", write, "Done."),
+        expect=CONTENT,
+        settings=settings,
+    )
+    main = check_capture(run, "gemini_cli", settings, "gemini")
+    harness = get_harness("gemini_cli", settings)
+    tags = [harness.classify(r) for r in run.records]
+    assert tags == [(), ("side_call", "summarizer"), ()]
+    assert len(main) == 2
+    assert {r.model_requested for r in run.records} == {"fake-policy"}
+    assert run.records[1].response_message["content"] == SIDE_ANSWER
+
+
+def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:
+    return CompletionRecord(
+        session_id="s",
+        seq=0,
+        completion_id="c",
+        dialect="gemini",
+        created_at=0.0,
+        request=request,
+        upstream_request={},
+        prompt_ids=[1],
+        response_ids=[2],
+        response_logprobs=[-0.1],
+        finish_reason="stop",
+        response_message={"role": "assistant", "content": "x"},
+        tools=[{"type": "function", "function": {"name": "t", "parameters": {}}}] if tools else None,
+        usage={},
+        model_requested="m",
+        model_served="m",
+    )
+
+
+def test_classify_main_loop_subagent_and_unknown_side_call() -> None:
+    harness = get_harness("gemini_cli")
+    main = {"systemInstruction": {"parts": [{"text": gemini_cli.MAIN_PROMPT + " specializing in ..."}]}}
+    sub = {"systemInstruction": {"parts": [{"text": "You are Codebase Investigator, ..."}]}}
+    other = {"contents": [{"role": "user", "parts": [{"text": "Is this a loop?"}]}]}
+    assert harness.classify(_record(main, tools=True)) == ()
+    assert harness.classify(_record(sub, tools=True)) == ("subagent",)
+    assert harness.classify(_record(other, tools=False)) == ("side_call", "no_tools")
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"extra_args": "--debug"}, "settings.extra_args"),
+        ({"extra_args": [1]}, "settings.extra_args"),
+        ({"config": []}, "settings.config"),
+        ({"model": "x"}, "unknown settings ['model']"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_setting(settings: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=r"gemini_cli harness: .*") as err:
+        get_harness("gemini_cli", settings)
+    assert field in str(err.value)
+
+
+def test_command_and_env_point_at_the_session() -> None:
+    harness = gemini_cli.GeminiCliHarness({"extra_args": ["--debug"]})
+    ctx = HarnessContext("sid-1", "http://127.0.0.1:9", "served", "do it", "/h", "/w", "/a", env={"X": "1"})
+    with pytest.raises(RuntimeError, match="before setup"):
+        harness.command(ctx)
+    harness.binary = Path("/tools/gemini")
+    assert harness.command(ctx) == ["/tools/gemini", "-m", "served", "--yolo", "--debug", "-p", "do it"]
+    env = harness.env(ctx)
+    assert env["GOOGLE_GEMINI_BASE_URL"] == "http://127.0.0.1:9" and env["GEMINI_API_KEY"] == "sid-1"
+    assert env["GEMINI_CLI_TRUST_WORKSPACE"] == "true" and env["X"] == "1" and env["HOME"] == "/h"
+    config = gemini_cli.deep_merge(gemini_cli.cli_settings("served"), {"privacy": {"extra": 1}})
+    assert config["privacy"] == {"usageStatisticsEnabled": False, "extra": 1}
+    overrides = config["modelConfigs"]["customOverrides"]
+    assert {o["match"]["model"] for o in overrides} >= {"base", "chat-compression-default"}
+    assert {o["modelConfig"]["model"] for o in overrides} == {"served"}

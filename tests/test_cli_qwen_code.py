@@ -1,0 +1,150 @@
+"""Qwen Code 0.15.10 (the pinned npm package, unmodified) on a real node against the gateway's OpenAI Chat.
+
+The fake vLLM plays the model and makes the CLI call its own `run_shell_command` tool to write hello.txt,
+then answers. Run in the `local` runtime and in `bwrap` with only the gateway reachable (the proof that it
+needs no other connection); one run re-enables managed auto-memory to see its background call tagged.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar.harness import HarnessContext, get_harness
+from polar.harness.presets import qwen_code
+from polar.rollout.protocol import SessionStatus
+from polar.store.records import CompletionRecord
+from polar.trajectory import audit, build
+from tests.cli_support_gemini_qwen import check_capture, run_cli, tool_script
+from tests.fakes.fake_vllm import Reply
+
+pytestmark = pytest.mark.cli
+
+CONTENT = "hello from qwen"
+# Compact JSON: 0.15.10 re-serializes tool-call arguments (spaces removed) when it replays history.
+WRITE = '{"command":"printf \'hello from qwen\' > hello.txt"}'
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+
+
+def _streamed(record: CompletionRecord) -> bool:
+    return record.request.get("stream") is True and record.request["stream_options"] == {
+        "include_usage": True
+    }
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("bwrap", marks=needs_bwrap)])
+async def test_qwen_code_writes_the_file_and_captures_one_trace(tmp_path: Path, backend: str) -> None:
+    run = await run_cli(
+        tmp_path,
+        "qwen_code",
+        tool_script("run_shell_command", WRITE, "Done."),
+        expect=CONTENT,
+        backend=backend,
+    )
+    main = check_capture(run, "qwen_code", {}, "chat")
+    assert len(main) == len(run.records) == 2  # auto-memory off: no background call
+    assert all(_streamed(r) for r in run.records)  # SSE with usage, in its own dialect
+    assert {r.model_requested for r in run.records} == {"fake-policy"}
+    # What 0.15.10 replays: the call with compact arguments, the result as an array of text parts.
+    replay = main[1].request["messages"]
+    call = next(m for m in replay if m["role"] == "assistant" and m.get("tool_calls"))
+    assert call["tool_calls"][0]["function"]["arguments"] == WRITE
+    result = next(m for m in replay if m["role"] == "tool")
+    assert result["tool_call_id"] == main[0].response_message["tool_calls"][0]["id"]
+    assert isinstance(result["content"], list) and result["content"][0]["type"] == "text"
+    assert run.result.metadata["harness"]["transcript_files"] >= 1
+    chats = list((run.artifacts / "qwen").rglob("chats/*.jsonl"))
+    assert chats and CONTENT in chats[0].read_text()
+
+
+@pytest.mark.parametrize("memory", [False, True])
+async def test_qwen_code_memory_extraction_is_off_or_a_tagged_side_call(tmp_path: Path, memory: bool) -> None:
+    """0.15.10 runs a memory extraction agent (with tools) after a user turn that ends without tool calls.
+    The preset turns it off; a task that turns it back on gets it captured, asked of the served model and
+    tagged, and the main loop stays its own trace."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        system = body["messages"][0]["content"]
+        return Reply(content="Nothing durable." if "memory extraction" in system else "Nothing to do.")
+
+    settings: dict[str, Any] = {"config": {"memory": {"enableManagedAutoMemory": True}}} if memory else {}
+    run = await run_cli(tmp_path, "qwen_code", script, expect=None, settings=settings)
+    assert run.result.status == SessionStatus.COMPLETED and run.result.reason is None, run.result.reason
+    assert len(run.records) == len(run.fake.requests) == (2 if memory else 1)
+    assert all(r.trainable and _streamed(r) for r in run.records)
+    harness = get_harness("qwen_code", settings)
+    expected = [(), ("side_call", "memory_extraction")] if memory else [()]
+    assert [harness.classify(r) for r in run.records] == expected
+    assert all(r.tools for r in run.records)  # only its system prompt tells the extraction from the main loop
+    assert {r.model_requested for r in run.records} == {"fake-policy"}
+    trajectory = build(run.records[:1], strategy="prefix_merging")
+    assert len(trajectory.traces) == 1 and audit(trajectory, run.records[:1]).ok
+
+
+def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:
+    return CompletionRecord(
+        session_id="s",
+        seq=0,
+        completion_id="c",
+        dialect="chat",
+        created_at=0.0,
+        request=request,
+        upstream_request={},
+        prompt_ids=[1],
+        response_ids=[2],
+        response_logprobs=[-0.1],
+        finish_reason="stop",
+        response_message={"role": "assistant", "content": "x"},
+        tools=[{"type": "function", "function": {"name": "t", "parameters": {}}}] if tools else None,
+        usage={},
+        model_requested="m",
+        model_served="m",
+    )
+
+
+def _system(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "system", "content": text}, {"role": "user", "content": "hi"}]}
+
+
+def test_classify_background_agents_subagents_and_untooled_calls() -> None:
+    harness = get_harness("qwen_code")
+    assert harness.classify(_record(_system(qwen_code.MAIN_PROMPT + ". Be brief."), tools=True)) == ()
+    parts = {"messages": [{"role": "system", "content": [{"type": "text", "text": qwen_code.MAIN_PROMPT}]}]}
+    assert harness.classify(_record(parts, tools=True)) == ()
+    title = _system("Generate a concise, sentence-case title (3-7 words) that captures ...")
+    assert harness.classify(_record(title, tools=False)) == ("side_call", "title")
+    assert harness.classify(_record(_system("You are a test-fixing agent."), tools=True)) == ("subagent",)
+    assert harness.classify(_record({"messages": []}, tools=False)) == ("side_call", "no_tools")
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"extra_args": "--debug"}, "settings.extra_args"),
+        ({"config": "x"}, "settings.config"),
+        ({"yolo": False}, "unknown settings ['yolo']"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_setting(settings: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=r"qwen_code harness: .*") as err:
+        get_harness("qwen_code", settings)
+    assert field in str(err.value)
+
+
+def test_command_env_and_settings_file() -> None:
+    harness = qwen_code.QwenCodeHarness({"config": {"general": {"vimMode": True}}})
+    ctx = HarnessContext("sid-2", "http://127.0.0.1:9", "served", "do it", "/h", "/w", "/a", env={"X": "1"})
+    with pytest.raises(RuntimeError, match="before setup"):
+        harness.command(ctx)
+    harness.binary = Path("/tools/qwen")
+    assert harness.command(ctx) == ["/tools/qwen", "--yolo", "-p", "do it"]
+    env = harness.env(ctx)
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:9/v1" and env["OPENAI_API_KEY"] == "sid-2"
+    assert env["OPENAI_MODEL"] == "served" and env["X"] == "1"
+    merged = qwen_code.deep_merge(qwen_code.cli_settings(), harness.config)
+    assert merged["general"] == {"enableAutoUpdate": False, "vimMode": True}
+    assert json.loads(json.dumps(merged))["memory"] == {"enableManagedAutoMemory": False}
