@@ -27,7 +27,7 @@ from polar.train.export import (
     result_rows,
 )
 from polar.trajectory import Trajectory, build
-from polar.trajectory.export import COLUMNS, _schema, rows
+from polar.trajectory.export import COLUMNS, row_schema, rows
 
 EOT = 2
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
@@ -119,7 +119,7 @@ def export(*args: str) -> tuple[int, str]:
 def test_schema_row_keys_and_columns_agree() -> None:
     t = build(agent_session("s0"))
     (row, *_) = rows(t)
-    assert tuple(row) == COLUMNS == tuple(_schema().names)
+    assert tuple(row) == COLUMNS == tuple(row_schema().names)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])

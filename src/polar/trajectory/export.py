@@ -86,7 +86,7 @@ def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> int:
     return n
 
 
-def _schema() -> Any:
+def row_schema() -> Any:
     import pyarrow as pa
 
     ids = pa.list_(pa.int64())
@@ -144,7 +144,7 @@ def write_parquet(
         import pyarrow.parquet as pq
     except ImportError as e:  # pyarrow is the `export` extra
         raise RuntimeError("Parquet export needs pyarrow: pip install 'polar[export]'") from e
-    schema = schema if schema is not None else _schema()
+    schema = schema if schema is not None else row_schema()
     n = 0
     with pq.ParquetWriter(str(path), schema) as writer:
         batch: list[dict[str, Any]] = []
