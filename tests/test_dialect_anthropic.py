@@ -320,7 +320,7 @@ def _user(*blocks: Any) -> dict[str, Any]:
             "messages[0].content",
             "",
         ),
-        (_user({"type": "document", "source": {}}), "messages[0].content[0].type", "'document'"),
+        (_user({"type": "search_result", "source": "s"}), "messages[0].content[0].type", "'search_result'"),
         (_user({"type": "text"}), "messages[0].content[0].text", "missing"),
         (_user({"type": "text", "text": 5}), "messages[0].content[0].text", "string"),
         (
@@ -447,8 +447,10 @@ def test_error_reaches_sdk_as_bad_request() -> None:
                     "role": "user",
                     "content": [
                         {
-                            "type": "document",
-                            "source": {"type": "text", "media_type": "text/plain", "data": "x"},
+                            "type": "search_result",
+                            "source": "https://example.com",
+                            "title": "t",
+                            "content": [{"type": "text", "text": "x"}],
                         }
                     ],
                 }

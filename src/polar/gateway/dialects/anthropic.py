@@ -12,6 +12,10 @@ yields the same upstream prompt):
   description promises the model: `<functions>` holding one `<function>{"description", "name",
   "parameters"}</function>` line per referenced tool, taken from the request's `tools` (the name alone when
   the request does not define it).
+- A `document` block becomes text: a text or content source verbatim inside `<document title="...">`
+  tags; a base64 or URL source (Claude Code's Read sends PDFs as base64) as a tag naming its media type
+  and size or URL, saying the content is not shown, so the policy knows it is there and can read the file
+  another way. Nothing is silently dropped; no PDF is parsed here.
 - `is_error` has no place in the chat template, so a failed tool result reaches the model as text that
   says so: "Error: " + the content, unless the content is already marked `<tool_use_error>` (Claude Code
   2.x wraps its tool failures that way).
@@ -34,6 +38,7 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import anthropic_schema as s
+from polar.gateway.dialects.anthropic_blocks import document_text, function_line, functions_block
 from polar.gateway.dialects.anthropic_stream import MessageStream
 from polar.gateway.dialects.base import sse
 from polar.gateway.dialects.validation import validate
@@ -244,6 +249,8 @@ def _user_turn(
             parts.append({"type": "text", "text": block["text"]})
         elif block["type"] == "image":
             parts.append(_image_part(block))
+        elif block["type"] == "document":
+            parts.append({"type": "text", "text": document_text(block)})
         elif block["type"] == "tool_result":
             text = _tool_result_text(block, parts, defs)
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
@@ -265,33 +272,23 @@ def _tool_result_text(
         refs: list[str] = []  # a run of tool references, one <functions> block
         for part in content:
             if part["type"] == "tool_reference":
-                refs.append(_function_line(part["tool_name"], defs))
+                refs.append(function_line(part["tool_name"], defs))
                 continue
             if refs:
-                texts.append(_functions_block(refs))
+                texts.append(functions_block(refs))
                 refs = []
             if part["type"] == "text":
                 texts.append(part["text"])
+            elif part["type"] == "document":
+                texts.append(document_text(part))
             else:
                 images.append(_image_part(part))
         if refs:
-            texts.append(_functions_block(refs))
+            texts.append(functions_block(refs))
         text = "\n".join(texts)
     if block.get("is_error") and not text.startswith(_TOOL_ERROR_MARK):
         return f"Error: {text}" if text else "Error"
     return text
-
-
-def _function_line(name: str, defs: dict[str, dict[str, Any]]) -> str:
-    fn = defs.get(name)
-    shown = (
-        {"name": name} if fn is None else {k: fn[k] for k in ("description", "name", "parameters") if k in fn}
-    )
-    return f"<function>{orjson.dumps(shown).decode()}</function>"
-
-
-def _functions_block(lines: list[str]) -> str:
-    return "<functions>\n" + "\n".join(lines) + "\n</functions>"
 
 
 def _image_part(block: s.ImageBlock) -> dict[str, Any]:

@@ -6,8 +6,9 @@ Claude Code call re-sends its whole history (hundreds of blocks) every turn.
 
 Only what the gateway reads is declared; everything else (`cache_control` on any block, `metadata`,
 `context_management`, `output_config`, `service_tier`, `container`, `mcp_servers`, ...) is accepted and
-dropped. Block types the policy cannot consume (`document`, `search_result`, server-tool results, ...) are
-absent from the unions, so validation refuses them with a 400 naming the block.
+dropped. Block types the policy cannot consume (`search_result`, server-tool results, ...) are absent from
+the unions, so validation refuses them with a 400 naming the block; `document` and `tool_reference`, which
+Claude Code sends, are accepted and become text.
 """
 
 from __future__ import annotations
@@ -39,6 +40,29 @@ class ImageBlock(TypedDict):
     source: Annotated[Base64ImageSource | UrlImageSource, Field(discriminator="type")]
 
 
+class PlainTextSource(TypedDict):
+    type: Literal["text"]
+    data: str
+    media_type: NotRequired[str | None]
+
+
+class ContentSource(TypedDict):
+    type: Literal["content"]
+    content: str | list[TextBlock]
+
+
+class DocumentBlock(TypedDict):
+    """A document: Claude Code 2.1.197's Read tool sends a PDF as a base64 `document` block next to its
+    `tool_result`. The policy reads text only, so the dialect turns it into text (see anthropic.py)."""
+
+    type: Literal["document"]
+    source: Annotated[
+        Base64ImageSource | UrlImageSource | PlainTextSource | ContentSource, Field(discriminator="type")
+    ]
+    title: NotRequired[str | None]
+    context: NotRequired[str | None]
+
+
 class ToolUseBlock(TypedDict):
     type: Literal["tool_use"]
     id: str
@@ -54,7 +78,9 @@ class ToolReferenceBlock(TypedDict):
     tool_name: str
 
 
-ToolResultContent = Annotated[TextBlock | ImageBlock | ToolReferenceBlock, Field(discriminator="type")]
+ToolResultContent = Annotated[
+    TextBlock | ImageBlock | DocumentBlock | ToolReferenceBlock, Field(discriminator="type")
+]
 
 
 class ToolResultBlock(TypedDict):
@@ -76,7 +102,13 @@ class RedactedThinkingBlock(TypedDict):
 
 
 ContentBlock = Annotated[
-    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
 
