@@ -21,6 +21,7 @@ from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import claude_code
 from polar.harness.presets.claude_code import ClaudeCodeHarness
 from polar.rollout.protocol import SessionResult, SessionStatus
+from polar.rollout.task import UploadAction
 from polar.runtime import LocalRuntime, RuntimeSpec, make_runtime
 from polar.runtime.base import ExecResult
 from polar.store.records import CompletionRecord
@@ -40,6 +41,7 @@ EXPLORE = '{"description":"look around","prompt":"List the files here.","subagen
 ASK_AGENT = "Use an Explore agent first"
 ASK_SEARCH = "Load the TaskCreate tool first"
 SEARCH = '{"query":"select:TaskCreate","max_results":3}'
+ASK_PDF = "Read doc.pdf first"
 MAIN_MARK = "You are an interactive agent"  # 2.1.197's main-loop system prompt (subagents have their own)
 
 
@@ -194,6 +196,10 @@ def script(body: dict[str, Any]) -> Reply:
         first = [("Agent", EXPLORE)]
     elif ASK_SEARCH in str(msgs) and "ToolSearch" in tools:
         first = [("ToolSearch", SEARCH)]
+    elif ASK_PDF in str(msgs):
+        cwd = re.search(r"Primary working directory: (\S+)", str(msgs[0]["content"]))
+        assert cwd, "2.1.197 names its working directory in the system prompt"
+        first = [("Read", json.dumps({"file_path": f"{cwd[1]}/doc.pdf"}, separators=(",", ":")))]
     plan = [*first, ("Bash", WRITE)]
     if results < len(plan):
         return Reply(content="On it.", reasoning="Use the tool.", tool_calls=[plan[results]])
@@ -317,6 +323,49 @@ async def test_claude_code_tool_search_reaches_the_policy_as_text(tmp_path: Path
     report = audit(trajectory, records)
     assert report.ok, report.errors
     assert [t.metadata["seqs"] for t in trajectory.traces] == [[0], [1, 2]]
+
+
+def tiny_pdf() -> bytes:
+    """A valid one-page PDF saying "hello pdf" (hand-built: no PDF library needed)."""
+    stream = b"BT /F1 12 Tf 20 100 Td (hello pdf) Tj ET"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 200] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream),
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out, offsets = b"%PDF-1.4\n", []
+    for i, obj in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (i, obj)
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    return out + b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+
+
+@pytest.mark.cli
+async def test_claude_code_reads_a_pdf_through_the_gateway(tmp_path: Path) -> None:
+    """Read on a PDF sends a base64 `document` block (it used to be a 400 that ended the run): the policy
+    gets a text note that the document is there, and the main loop stays one trace."""
+    pdf = tmp_path / "doc.pdf"
+    pdf.write_bytes(tiny_pdf())
+    task = cli_task("local", f"{ASK_PDF}, then create hello.txt with a greeting.")
+    task = task.model_copy(
+        update={
+            "runtime": task.runtime.model_copy(
+                update={"prepare": [UploadAction(src=str(pdf), dst="doc.pdf")]}
+            )
+        }
+    )
+    result, records, _ = await run_cli(tmp_path, task, "sess-cc-pdf")
+    assert result.status == SessionStatus.COMPLETED and result.reward == 1.0, result.reason
+    assert len(records) == 3
+    note = f'<document media_type="application/pdf" bytes="{len(tiny_pdf())}">(binary content not shown)</document>'
+    assert note in str(records[1].upstream_request["messages"][-1])
+    assert_main_loop_is_one_trace(records, ClaudeCodeHarness({}))
 
 
 _INET_CONNECT = re.compile(r"connect\(\d+, \{sa_family=AF_INET6?, (?P<addr>[^}]*)\}")
