@@ -90,9 +90,11 @@ def test_generate_keeps_rewarded_sessions_as_messages_and_tokens(tmp_path: Path)
     passed = {r["session_id"] for r in every if r["task_id"] == "pass"}
 
     for name in ("messages.jsonl", "messages.parquet"):
-        ds = datasets.load_dataset(name.split(".")[1].replace("jsonl", "json"), data_files=str(out / name))[
-            "train"
-        ]
+        ds = datasets.load_dataset(
+            name.split(".")[1].replace("jsonl", "json"),
+            data_files=str(out / name),
+            cache_dir=str(tmp_path / "hf"),
+        )["train"]
         assert set(ds["session_id"]) == passed and ds.num_rows == 2, name
         for row in ds:
             messages = row["messages"] if name.endswith("jsonl") else json.loads(row["messages"])
@@ -105,7 +107,9 @@ def test_generate_keeps_rewarded_sessions_as_messages_and_tokens(tmp_path: Path)
             assert row["reward"] == 1.0 and row["task_id"] == "pass" and row["assistant_turns"] == 2
             assert json.loads(row["tools"])[0]["function"]["name"] == "shell"
 
-    tokens = datasets.load_dataset("parquet", data_files=str(out / "tokens.parquet"))["train"]
+    tokens = datasets.load_dataset(
+        "parquet", data_files=str(out / "tokens.parquet"), cache_dir=str(tmp_path / "hf")
+    )["train"]
     assert set(tokens["session_id"]) == passed and tokens.num_rows == 2  # one merged trace per session
     jsonl = [orjson.loads(line) for line in (out / "tokens.jsonl").read_bytes().splitlines()]
     for row, same in zip(tokens, jsonl, strict=True):

@@ -127,7 +127,12 @@ def test_results_export_loads_with_datasets(results_file: Path, tmp_path: Path, 
     out = tmp_path / f"traces.{fmt}"
     code, text = export("--results", str(results_file), "--out", str(out))
     assert code == 0 and "wrote 6 traces" in text, text
-    ds = datasets.load_dataset("json" if fmt == "jsonl" else "parquet", data_files=str(out), split="train")
+    ds = datasets.load_dataset(
+        "json" if fmt == "jsonl" else "parquet",
+        data_files=str(out),
+        split="train",
+        cache_dir=str(tmp_path / "hf"),
+    )
     assert ds.num_rows == 6 and set(COLUMNS) <= set(ds.column_names)
     expected = [r for res in read_results(results_file) for r in result_rows([res])]
     for got, want in zip(ds, expected, strict=True):
@@ -248,7 +253,7 @@ def test_export_fills_advantages_and_weights_per_group(
     out = tmp_path / "t.parquet"
     code, text = export("--results", str(results_file), "--advantages", estimator, "--out", str(out))
     assert code == 0 and "over 1 groups (2 sessions, 1 masked)" in text, text
-    ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
+    ds = datasets.load_dataset("parquet", data_files=str(out), split="train", cache_dir=str(tmp_path / "hf"))
     got = {(r["session_id"], r["trace_index"]): (r["advantage"], r["weight"]) for r in ds}
     # s0 (reward 1) and s1 (reward 0) form group g-t1; each has two trainable traces, one unit together.
     for i in (0, 1):
