@@ -45,7 +45,7 @@ def check_run(run: PresetRun, settings: dict[str, Any], dialect: str, *, title_c
     harness = get_harness("opencode", settings)
     side = [r for r in run.records if harness.classify(r)]
     assert [harness.classify(r) for r in side] == ([("side_call", "title")] if title_call else [])
-    assert len(main) == 2  # the tool call, then the answer after its result
+    assert len(main) == 2 and all(r.tools for r in main)  # the tool call, then the answer after its result
     assert all(r.request.get("stream") is True for r in run.records)  # OpenCode streams in every dialect
     assert {r.model_requested for r in run.records} == {"fake-policy"}
     meta = run.result.metadata["harness"]
