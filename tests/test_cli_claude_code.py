@@ -103,6 +103,8 @@ def test_registry_and_docs_constants() -> None:
         ({"allowed_tools": []}, "settings.allowed_tools"),
         ({"allowed_tools": ["Bash,Edit"]}, "no commas"),
         ({"small_model": ""}, "settings.small_model"),
+        ({"skip_permissions": "yes"}, "settings.skip_permissions"),
+        ({"skip_permissions": True, "allowed_tools": ["Bash"]}, "no effect with skip_permissions"),
         ({"binary": 3}, "settings.binary"),
     ],
 )
@@ -125,6 +127,15 @@ def test_command_passes_the_instruction_after_double_dash() -> None:
         "--",
         nasty,
     ]
+
+
+def test_skip_permissions_replaces_the_allowed_list() -> None:
+    harness = ClaudeCodeHarness({"skip_permissions": True, "binary": "/opt/claude"})
+    command = harness.command(ctx())
+    assert command[:3] == ["/opt/claude", "-p", "--dangerously-skip-permissions"]
+    assert "--allowedTools" not in command
+    assert harness.env(ctx())["IS_SANDBOX"] == "1"  # 2.1.197 refuses the flag as root without it
+    assert "IS_SANDBOX" not in ClaudeCodeHarness({}).env(ctx())
 
 
 def test_env_points_every_model_tier_at_the_gateway() -> None:
@@ -274,6 +285,16 @@ async def test_claude_code_writes_the_file_through_the_gateway(tmp_path: Path, b
     lines = (artifacts / claude_code.PROJECTS / transcript).read_text().splitlines()
     assert any(WRITE[:20] in line or "hello.txt" in line for line in lines)
     assert (artifacts / claude_code.DEBUG_LOG).stat().st_size > 0
+
+
+@pytest.mark.cli
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+async def test_claude_code_skip_permissions_runs_as_root_in_bwrap(tmp_path: Path) -> None:
+    """`skip_permissions` in a sandbox: 2.1.197 takes --dangerously-skip-permissions as root (IS_SANDBOX)."""
+    task = cli_task("bwrap", "Create hello.txt with a greeting.", settings={"skip_permissions": True})
+    result, records, _ = await run_cli(tmp_path, task, "sess-cc-skip")
+    assert result.status == SessionStatus.COMPLETED and result.reward == 1.0, result.reason
+    assert len(records) == 2 and all(r.trainable for r in records)
 
 
 @pytest.mark.cli

@@ -1,6 +1,7 @@
 """The `claude_code` preset: Anthropic's Claude Code CLI, unmodified, against the gateway.
 
     agent: {harness: claude_code, settings: {allowed_tools: [Bash, Edit, Write, Read], small_model: null}}
+    agent: {harness: claude_code, settings: {skip_permissions: true}}  # every tool, no permission checks
 
 Claude Code 2.1.197 speaks Anthropic Messages (`HEAD /`, then `POST /v1/messages?beta=true`, always SSE) to
 `ANTHROPIC_BASE_URL` with `ANTHROPIC_API_KEY` as `x-api-key`. Every model tier it may ask for (main, the
@@ -8,8 +9,10 @@ small/fast "haiku" tier its Explore subagent and title calls use, sonnet/opus/fa
 the served model name; `settings.small_model` gives the small tier its own name instead, so its calls can be
 routed or filtered by model. The config goes into `<home>/.claude` (`CLAUDE_CONFIG_DIR`), never the user's.
 
-Settings: `allowed_tools` (tool names the run may use without asking; `-p` denies the rest), `small_model`
-(see above), `binary` (a preinstalled `claude` to run instead of installing the pinned version).
+Settings: `allowed_tools` (tool names the run may use without asking; `-p` denies the rest),
+`skip_permissions` (`--dangerously-skip-permissions` instead: every tool, no checks; as root 2.1.197
+refuses the flag unless `IS_SANDBOX=1`, which the preset then sets, so use it in a sandboxed runtime),
+`small_model` (see above), `binary` (a preinstalled `claude` to run instead of installing the pinned one).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ CONFIGURES = (
     "claude -p --allowedTools ... -- <instruction>"
 )
 LIMITS = (
-    "as root --dangerously-skip-permissions is refused, so only `allowed_tools` run; tool search "
+    "only `allowed_tools` run unless `skip_permissions` (which sets IS_SANDBOX=1: as root 2.1.197 refuses "
+    "--dangerously-skip-permissions otherwise); tool search "
     "(ENABLE_TOOL_SEARCH, off by default for non-Anthropic hosts) works but each ToolSearch changes `tools`, "
     "splitting the main loop into a new trace; the title side call (only with non-essential traffic on) "
     "asks for JSON output the gateway does not constrain"
@@ -53,7 +57,7 @@ _BILLING_MARK = "x-anthropic-billing-header:"
 # 2.1.197's session-title call (querySource generate_session_title): no tools, this system prompt, a JSON
 # schema in `output_config.format`. Sent only with non-essential traffic on (this preset turns it off).
 _TITLE_MARK = "Generate a concise, sentence-case title"
-_SETTINGS = ("allowed_tools", "small_model", "binary")
+_SETTINGS = ("allowed_tools", "skip_permissions", "small_model", "binary")
 
 
 def _name_list(value: Any) -> list[str]:
@@ -94,6 +98,13 @@ class ClaudeCodeHarness:
                 f"claude_code harness: unknown settings {unknown}; known: {', '.join(_SETTINGS)}"
             )
         self.allowed_tools = _name_list(settings.get("allowed_tools", list(DEFAULT_TOOLS)))
+        self.skip_permissions = settings.get("skip_permissions", False)
+        if not isinstance(self.skip_permissions, bool):
+            raise ValueError("claude_code harness: settings.skip_permissions must be true or false")
+        if self.skip_permissions and "allowed_tools" in settings:
+            raise ValueError(
+                "claude_code harness: settings.allowed_tools has no effect with skip_permissions"
+            )
         self.small_model = _optional_str(settings, "small_model")
         self.binary = _optional_str(settings, "binary")
         self._program = self.binary  # the `claude` to run, once setup has installed it
@@ -119,6 +130,7 @@ class ClaudeCodeHarness:
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
+            **({"IS_SANDBOX": "1"} if self.skip_permissions else {}),
         }
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
@@ -133,7 +145,11 @@ class ClaudeCodeHarness:
                 **self._cli_env(ctx),
                 **ctx.env,  # settings.json's env wins over the process's: the task's keeps the last word
             },
-            "permissions": {"allow": self.allowed_tools},
+            "permissions": (
+                {"defaultMode": "bypassPermissions"}
+                if self.skip_permissions
+                else {"allow": self.allowed_tools}
+            ),
         }
         path = f"{self.config_dir(ctx)}/settings.json"
         script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
@@ -145,11 +161,14 @@ class ClaudeCodeHarness:
     def command(self, ctx: HarnessContext) -> list[str]:
         # `--allowedTools` takes a variadic list: `--` ends it and lets an instruction that starts with
         # "-" arrive as the prompt (2.1.197's option parser honours it).
+        if self.skip_permissions:
+            permissions = ["--dangerously-skip-permissions"]
+        else:
+            permissions = ["--allowedTools", ",".join(self.allowed_tools)]
         return [
             self._program or BINARY,
             "-p",
-            "--allowedTools",
-            ",".join(self.allowed_tools),
+            *permissions,
             "--debug-file",
             f"{ctx.artifacts.rstrip('/')}/{DEBUG_LOG}",
             "--",
