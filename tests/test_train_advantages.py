@@ -66,6 +66,11 @@ def test_zero_variance_group_gives_exactly_zero(estimator: str) -> None:
     assert stats.zero_variance_groups == 1
 
 
+def test_rewards_equal_up_to_float_noise_are_zero_variance() -> None:
+    adv, stats = group_advantages([("a", 0.1 + 0.2), ("a", 0.3)], "grpo")
+    assert adv == [0.0, 0.0] and stats.zero_variance_groups == 1
+
+
 def test_bad_rows_and_estimator_are_rejected() -> None:
     with pytest.raises(ValueError, match=r"rows\[1\]: reward must be a finite number"):
         group_advantages([("a", 1.0), ("a", float("nan"))])

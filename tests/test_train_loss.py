@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
+from polar.train.advantages import trajectory_advantages
 from polar.train.loss import LossConfig, policy_loss
-from polar.train.packing import PackedBatch, pack, response_logits, token_logprobs
+from polar.train.packing import PackedBatch, pack, response_logits, response_logprobs, token_logprobs
+from polar.trajectory import Trace, Trajectory
 
 LN = math.log
 
@@ -271,3 +273,73 @@ def test_config_is_validated() -> None:
         LossConfig(tis_cap=0.0)
     with pytest.raises(ValueError, match="aggregation"):
         LossConfig(aggregation="sum")  # type: ignore[arg-type]
+
+
+# ---- the pieces together: trajectories -> advantages -> packed logprobs -> loss ------------------------
+
+
+def batch_loss(
+    model: torch.nn.Module, trajectories: list[Trajectory], cfg: LossConfig = LossConfig()
+) -> torch.Tensor:
+    advs, _ = trajectory_advantages(trajectories, "rloo")
+    traces = [tr for t in trajectories for tr in t.traces]
+    batch = pack([(tr.prompt_ids, tr.response_ids) for tr in traces], max_len=64)
+    logp = response_logprobs(model, batch)
+    loss, _ = policy_loss(
+        logp,
+        batch.flat([tr.response_logprobs or [] for tr in traces], logp.dtype),
+        batch.flat([a.advantage for a in advs], logp.dtype),
+        batch.flat([tr.loss_mask for tr in traces], logp.dtype),
+        cfg,
+        old_logprobs=logp.detach(),
+        seq_index=batch.seq_index,
+        seq_weights=torch.tensor([a.weight for a in advs]),
+    )
+    return loss
+
+
+def test_per_request_and_prefix_merging_traces_of_a_session_give_one_token_mean_loss() -> None:
+    """One session as one merged trace (tool output masked) or as one trace per call: same loss, same
+    gradient, because every sampled token is counted once with its trajectory's advantage."""
+    model = tiny_lm()
+    prompt, first, tool, second = [5, 9, 11], [20, 21], [33, 34], [22, 23, 24]
+    with torch.no_grad():  # behaviour logprobs: the model's own, nudged so TIS weights are not all 1
+        solo = pack([(prompt, [*first, *tool, *second]), ([7, 8], [30, 31, 32])], max_len=64)
+        lp = (response_logprobs(model, solo) - 0.1).tolist()
+    beh_session, beh_other = lp[:7], lp[7:]
+    meta = {"task_id": "t", "masked": False}
+
+    def trace(p: list[int], r: list[int], mask: list[int], beh: list[float], reward: float) -> Trace:
+        return Trace(
+            prompt_ids=p,
+            response_ids=r,
+            loss_mask=mask,
+            response_logprobs=[b if m else 0.0 for b, m in zip(beh, mask, strict=True)],
+            reward=reward,
+        )
+
+    other = Trajectory(
+        traces=[trace([7, 8], [30, 31, 32], [1, 1, 1], beh_other, 0.0)], metadata={**meta, "reward": 0.0}
+    )
+    merged = Trajectory(
+        traces=[trace(prompt, [*first, *tool, *second], [1, 1, 0, 0, 1, 1, 1], beh_session, 1.0)],
+        metadata={**meta, "reward": 1.0},
+    )
+    split = Trajectory(
+        traces=[
+            trace(prompt, first, [1, 1], beh_session[:2], 1.0),
+            trace([*prompt, *first, *tool], second, [1, 1, 1], beh_session[4:], 1.0),
+        ],
+        metadata={**meta, "reward": 1.0},
+    )
+    params = list(model.parameters())
+    a = batch_loss(model, [merged, other])
+    ga = torch.autograd.grad(a, params)
+    b = batch_loss(model, [split, other])
+    gb = torch.autograd.grad(b, params)
+    assert a.item() == pytest.approx(b.item(), rel=1e-5)
+    assert a.item() != 0.0
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-7)
+    # sequence_mean weights the split session's two traces 1/2 each: still finite, one unit
+    assert torch.isfinite(batch_loss(model, [split, other], LossConfig(aggregation="sequence_mean")))

@@ -72,7 +72,8 @@ def _baselines(rewards: Sequence[float], estimator: Estimator, eps: float) -> li
     """One baseline per sample of a group (RLOO's differs per sample: it leaves that sample out)."""
     n = len(rewards)
     mu = sum(rewards) / n
-    zero = n < 2 or max(rewards) - min(rewards) == 0.0
+    # Equal up to float noise (0.1 + 0.2 vs 0.3): GRPO would blow such a difference up to +-0.7.
+    zero = n < 2 or math.isclose(max(rewards), min(rewards), rel_tol=1e-9, abs_tol=1e-12)
     if estimator == "grpo":
         sigma = math.sqrt(sum((r - mu) ** 2 for r in rewards) / (n - 1)) if n > 1 else 0.0
         return [_Baseline(mu, sigma + eps, zero)] * n

@@ -125,8 +125,9 @@ def policy_loss(
 ) -> tuple[Tensor, LossMetrics]:
     """The scalar loss to minimize and its metrics; see the module doc for the formulas.
 
-    `advantages` is per token (a trace's advantage repeated over its tokens); `seq_index` gives each
-    token's sequence (0..S-1) and `seq_weights` (S,) each sequence's weight, both used by sequence_mean.
+    `mask` is 0/1 per token. `advantages` is per token (a trace's advantage repeated over its tokens);
+    `seq_index` gives each token's sequence (0..S-1) and `seq_weights` (S,) each sequence's weight, both
+    used by sequence_mean only (token_mean already counts each sampled token once).
     Masked positions contribute exactly nothing: their values are replaced before any exp, so a -inf or
     garbage logprob there yields neither NaN nor gradient.
     """
