@@ -16,7 +16,8 @@ Trajectories, not traces, are the samples. A session rebuilt as k traces (per_re
 with breaks) shares its trajectory's baseline and counts as ONE unit: each trace gets weight 1/k (k = the
 trajectory's traces with any trainable token), so splitting a session never pays its reward k times. A
 trace whose own reward differs from its trajectory's (the fail-closed rules zero the reward of a trace with
-an unparseable tool call) is scored against the same group baseline with its own reward.
+an unparseable tool call) is scored against the same group baseline with its own reward (in a
+zero-variance group it too gets 0: the group as a whole has no signal).
 
 Masked trajectories (metadata `masked`: the session failed for reasons the policy does not own) are left out
 of the group statistics and get advantage 0 and weight 0.
