@@ -126,7 +126,7 @@ def check_run(run: CliRun, *, dialect: str, tool: str, paths: set[str]) -> Traje
     assert main and all(tool in [t["function"]["name"] for t in r.tools or []] for r in main)
     assert main[0].response_message["tool_calls"][0]["function"]["name"] == tool
     # Only generation routes (and nothing but the gateway: bwrap has no other network) were asked for.
-    asked = {s.path for s in run.seen if s.method == "POST"}
+    asked = {s.path for s in run.seen}
     assert asked <= paths, asked
     # prefix_merging: the main loop is one trace, the tool output masked, every sampled token trainable.
     traj = Trajectory.model_validate(result.trajectory)

@@ -60,6 +60,21 @@ async def test_pi_writes_the_file_in_each_dialect(tmp_path: Path, backend: str, 
     assert run.result.metadata["harness"] == {"transcripts": 1, "dialect": dialect}
 
 
+@pytest.mark.cli
+@needs_npm
+async def test_compaction_is_a_tagged_side_call(tmp_path: Path) -> None:
+    """A context window smaller than Pi's reserve (16384) makes Pi 0.73.1 compact after the run: a call
+    with its summarization prompt and no tools, tagged, and a trace of its own beside the main loop's."""
+    settings = {"context_window": 8000}
+    run = await run_cli(tmp_path, "pi", TOOL, ARGS, EXPECT, settings=settings)
+    traj = check_run(run, dialect="chat", tool=TOOL, paths=ROUTES["chat"])
+    tags = [run.harness.classify(r) for r in run.records]
+    assert tags == [(), (), ("side_call", "compaction")]
+    side = run.records[-1]
+    assert side.tools is None and side.trainable
+    assert len(traj.traces) == 2 and traj.traces[1].metadata["completion_ids"] == [side.completion_id]
+
+
 def test_models_json_per_dialect(tmp_path: Path) -> None:
     c = ctx(tmp_path)
     expected = {
