@@ -90,7 +90,7 @@ def test_import_path() -> None:
     [
         (
             "codex-cli",
-            r"unknown harness 'codex-cli': expected one of \['builtin', 'shell'\] or 'pkg.mod:Class'",
+            r"unknown harness 'codex-cli': expected one of \['builtin', .*'shell'.*\] or 'pkg.mod:Class'",
         ),
         ("no.such.module:Harness", "cannot load harness 'no.such.module:Harness'"),
         ("tests.test_harness_registry:Missing", "cannot load harness .*has no attribute 'Missing'"),
