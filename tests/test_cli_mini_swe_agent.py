@@ -48,6 +48,8 @@ def check_run(run: PresetRun, settings: dict[str, Any]) -> None:
     # mini-swe-agent never streams: LiteLLM's completion() is called without `stream`.
     assert all(not r.request.get("stream") for r in run.records)
     assert {r.model_requested for r in run.records} == {"fake-policy"}
+    first_user = next(m for m in run.records[0].request["messages"] if m["role"] == "user")
+    assert "Please solve this issue: Create the file hello.txt.\n" in str(first_user["content"])
     meta = run.result.metadata["harness"]
     assert meta["exit_status"] == "Submitted" and meta["api_calls"] == 2
     trajectory = json.loads((run.artifacts / mini_swe_agent.TRAJECTORY).read_text())
@@ -107,7 +109,7 @@ def test_config_command_and_env(tmp_path: Path) -> None:
     assert kwargs["temperature"] == 0.5
     assert config["agent"]["mode"] == "yolo" and config["agent"]["confirm_exit"] is False
     command = harness.command(ctx(tmp_path))
-    assert command[command.index("-t") + 1] == "fix it; $(rm -rf /)"  # one argument, never a shell
+    assert config["run"]["task"] == "fix it; $(rm -rf /)" and "-t" not in command  # in the file, verbatim
     assert command[command.index("-c") + 1] == "mini_textbased.yaml"
     env = harness.env(ctx(tmp_path))
     assert env["MSWEA_CONFIGURED"] == "true" and env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"

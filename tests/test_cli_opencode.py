@@ -23,6 +23,7 @@ from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import PresetRun, check_capture, run_preset, traced_connections
 
 HELLO = "hello from opencode"
+INSTRUCTION = "Create the file hello.txt."  # what run_preset's task says
 # Compact JSON: OpenCode re-serializes arguments without spaces when it sends the history back.
 WRITE = json.dumps(
     {"command": f"printf '{HELLO}' > hello.txt", "description": "Write hello.txt"}, separators=(",", ":")
@@ -40,6 +41,11 @@ def script(body: dict[str, Any]) -> Reply:
     return Reply(tool_calls=[("bash", WRITE)])
 
 
+def _parts(message: dict[str, Any]) -> list[Any]:
+    content = message["content"]
+    return [content] if isinstance(content, str) else [p for p in content if p.get("type") == "text"]
+
+
 def check_run(run: PresetRun, settings: dict[str, Any], dialect: str, *, title_call: bool = True) -> None:
     main = check_capture(run, "opencode", settings, dialect)
     harness = get_harness("opencode", settings)
@@ -48,6 +54,9 @@ def check_run(run: PresetRun, settings: dict[str, Any], dialect: str, *, title_c
     assert len(main) == 2 and all(r.tools for r in main)  # the tool call, then the answer after its result
     assert all(r.request.get("stream") is True for r in run.records)  # OpenCode streams in every dialect
     assert {r.model_requested for r in run.records} == {"fake-policy"}
+    # The instruction arrives verbatim (on stdin; an argument would arrive wrapped in literal quotes).
+    user = [m for m in main[0].upstream_request["messages"] if m["role"] == "user"]
+    assert "".join(p["text"] if isinstance(p, dict) else p for p in _parts(user[-1])) == INSTRUCTION
     meta = run.result.metadata["harness"]
     assert meta["tool_calls"] == 1 and meta["steps"] == 2 and "errors" not in meta
     events = (run.artifacts / opencode.EVENTS).read_text().splitlines()

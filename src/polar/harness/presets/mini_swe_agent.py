@@ -89,6 +89,8 @@ class MiniSweAgentHarness:
     def config(self, ctx: HarnessContext) -> dict[str, Any]:
         """The overlay merged over mini-swe-agent's own config for the mode."""
         return {
+            # The task in the config, not `-t`: no argument-length limit, and not visible in `ps`.
+            "run": {"task": ctx.instruction},
             "model": {
                 "model_name": f"openai/{ctx.model}",  # LiteLLM's OpenAI-compatible Chat client
                 "model_class": MODES[self.mode][1],
@@ -118,7 +120,7 @@ class MiniSweAgentHarness:
 
     def command(self, ctx: HarnessContext) -> list[str]:
         argv = [sys.executable, "-m", "minisweagent.run.mini", "-c", MODES[self.mode][0]]
-        argv += ["-c", self.config_path(ctx), "-t", ctx.instruction, "-y", "--exit-immediately"]
+        argv += ["-c", self.config_path(ctx), "-y", "--exit-immediately"]
         return [*argv, "-o", f"{ctx.artifacts.rstrip('/')}/{TRAJECTORY}"]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
