@@ -22,6 +22,7 @@ from tests.node_support import fake_policy, running_node, shell_task, spec
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 needs_npm = pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed")
 FINAL = "Done: hello.txt is written."
+INSTRUCTION = "-Create the file hello.txt as asked, then say you are done. @not-a-file"  # as text, not flags
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,16 @@ class Recorder:
         await self.app(scope, receive, send)
 
 
-def tool_script(tool: str, arguments: str) -> Any:
-    """The policy: call `tool` with `arguments` (compact JSON) once, then answer FINAL. Calls without that
-    tool (side calls) get a plain answer."""
+def tool_script(tool: str, arguments: str, reasoning: str | None = None) -> Any:
+    """The policy: call `tool` with `arguments` (compact JSON) once, then answer FINAL, each turn thinking
+    `reasoning` first when given. Calls without that tool (side calls) get a plain answer."""
 
     def script(body: dict[str, Any]) -> Reply:
         names = [t["function"]["name"] for t in body.get("tools") or []]
         answered = any(m.get("role") == "tool" for m in body.get("messages") or [])
         if tool in names and not answered:
-            return Reply(content="Creating the file.", tool_calls=[(tool, arguments)])
-        return Reply(content=FINAL)
+            return Reply("Creating the file.", reasoning, tool_calls=[(tool, arguments)])
+        return Reply(FINAL, reasoning)
 
     return script
 
@@ -82,12 +83,13 @@ async def run_cli(
     settings: dict[str, Any] | None = None,
     backend: str = "local",
     session_id: str = "sess-cli",
+    reasoning: str | None = None,
 ) -> CliRun:
     """Run `harness` on a node (runtime `backend`, network "gateway") with the policy scripted to call `tool`;
     the evaluator checks hello.txt's exact bytes (their Python repr) against `expect`."""
     task = shell_task(
         "unused",
-        instruction="Create the file hello.txt as asked, then say you are done.",
+        instruction=INSTRUCTION,
         timeout_seconds=150,
         runtime={"backend": backend, "network": "gateway"},
         agent={"harness": harness, "settings": dict(settings or {})},
@@ -96,7 +98,7 @@ async def run_cli(
             "config": {"command": "python3 -c \"print(repr(open('hello.txt').read()))\"", "expect": expect},
         },
     )
-    with fake_policy(tool_script(tool, arguments)) as (url, fake):
+    with fake_policy(tool_script(tool, arguments, reasoning)) as (url, fake):
         async with running_node(url, tmp_path, keep="artifacts") as node:
             recorder = Recorder(node.asgi.gateway)
             node.asgi.gateway = recorder
@@ -118,6 +120,9 @@ def check_run(run: CliRun, *, dialect: str, tool: str, paths: set[str]) -> Traje
     # Every model call the CLI made reached the policy and was captured, with token ids and logprobs.
     assert len(records) == len(run.backend_requests) >= 2
     assert all(r.dialect == dialect for r in records)
+    # The instruction reached the model verbatim (never parsed as the CLI's flags or file references).
+    users = [m for m in records[0].upstream_request["messages"] if m["role"] == "user"]
+    assert any(t.strip() == INSTRUCTION for m in users for t in _texts(m["content"])), users
     for r in records:
         assert r.trainable, (r.seq, r.flags)
         assert r.prompt_ids and r.response_ids
@@ -140,6 +145,12 @@ def check_run(run: CliRun, *, dialect: str, tool: str, paths: set[str]) -> Traje
     report = audit(traj, records)
     assert report.ok, report
     return traj
+
+
+def _texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    return [p.get("text", "") for p in content if isinstance(p, dict)]
 
 
 def streamed(record: CompletionRecord, seen: list[Seen]) -> bool:

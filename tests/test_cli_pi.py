@@ -75,6 +75,33 @@ async def test_compaction_is_a_tagged_side_call(tmp_path: Path) -> None:
     assert len(traj.traces) == 2 and traj.traces[1].metadata["completion_ids"] == [side.completion_id]
 
 
+THINKS = {
+    "chat": ("reasoning_effort", "high"),
+    "responses": ("reasoning", {"effort": "high", "summary": "auto"}),
+    "anthropic": ("thinking", {"type": "enabled", "budget_tokens": 15360, "display": "summarized"}),
+}
+
+
+@pytest.mark.cli
+@needs_npm
+@pytest.mark.parametrize("dialect", list(pi.APIS))
+async def test_thinking_round_trips_in_each_dialect(tmp_path: Path, dialect: str) -> None:
+    """With `thinking`, Pi 0.73.1 asks for reasoning in the dialect's own words and sends the policy's
+    reasoning back (a thinking block, a reasoning item, a thought part), which reaches the policy as it was."""
+    settings = {"dialect": dialect, "thinking": "high"}
+    run = await run_cli(tmp_path, "pi", TOOL, ARGS, EXPECT, settings=settings, reasoning="Plan: use printf.")
+    check_run(run, dialect=dialect, tool=TOOL, paths=ROUTES[dialect])
+    first = run.records[0].request
+    if dialect == "gemini":
+        assert first["generationConfig"]["thinkingConfig"]["includeThoughts"] is True
+    else:
+        key, value = THINKS[dialect]
+        assert first[key] == value
+    history = run.records[1].upstream_request["messages"]
+    (assistant,) = [m for m in history if m["role"] == "assistant"]
+    assert assistant["reasoning_content"] == "Plan: use printf."
+
+
 def test_models_json_per_dialect(tmp_path: Path) -> None:
     c = ctx(tmp_path)
     expected = {
@@ -108,6 +135,11 @@ def test_command_and_env(tmp_path: Path) -> None:
     assert env["PI_OFFLINE"] == "0"  # the task's own env wins
     with pytest.raises(RuntimeError, match="before setup"):
         get_harness("pi").command(c)
+    thinking = pi.PiHarness({"binary": "/opt/pi", "thinking": "low"})
+    assert " --thinking low -p < " in thinking.command(c)
+    assert thinking.models_json(c)["providers"]["polar"]["models"] == [
+        {"id": "org/served:model", "reasoning": True}
+    ]
 
 
 @pytest.mark.parametrize(
@@ -117,7 +149,8 @@ def test_command_and_env(tmp_path: Path) -> None:
         ({"binary": 3}, "settings.binary"),
         ({"context_window": -1}, "settings.context_window"),
         ({"max_tokens": "9"}, "settings.max_tokens"),
-        ({"thinking": "high"}, "unknown settings"),
+        ({"thinking": "max"}, "settings.thinking"),
+        ({"reasoning": True}, "unknown settings"),
     ],
 )
 def test_bad_settings_are_refused_by_name(settings: dict[str, object], field: str) -> None:

@@ -7,7 +7,9 @@ whose `api` is the chosen dialect's (`openai-completions` for chat, the default;
 `anthropic-messages`, `google-generative-ai`), whose key is read from `POLAR_SESSION_ID`, and whose one
 model is the served model. Pi has no small or title model: every call (the loop, compaction) uses it.
 Settings: `dialect`, `binary` (an installed `pi` instead of the pinned npm package), `context_window` and
-`max_tokens` (Pi's defaults for unknown models are 128000 and 16384; the window decides when it compacts).
+`max_tokens` (Pi's defaults for unknown models are 128000 and 16384; the window decides when it compacts),
+`thinking` (one of Pi's levels: marks the model as reasoning and passes `--thinking`; each dialect then asks
+in its own way: `reasoning_effort`, `reasoning.effort`, `thinking.budget_tokens`, `thinkingConfig`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ APIS = {
 }
 # Pi 0.73.1 compacts (and summarizes branches) with this system prompt and no tools.
 COMPACTION_MARKER = "You are a context summarization assistant"
-_SETTINGS = ("dialect", "binary", "context_window", "max_tokens")
+THINKING = ("off", "minimal", "low", "medium", "high", "xhigh")  # Pi 0.73.1's --thinking levels
+_SETTINGS = ("dialect", "binary", "context_window", "max_tokens", "thinking")
 
 
 def _positive(name: str, value: Any) -> int | None:
@@ -86,7 +89,13 @@ class PiHarness:
         binary = settings.get("binary")
         if binary is not None and (not isinstance(binary, str) or not binary.startswith("/")):
             raise ValueError(f"pi harness: settings.binary must be an absolute path, not {binary!r}")
+        thinking = settings.get("thinking")
+        if thinking is not None and thinking not in THINKING:
+            raise ValueError(
+                f"pi harness: settings.thinking must be one of {list(THINKING)}, not {thinking!r}"
+            )
         self.dialect: str = dialect
+        self.thinking: str | None = thinking
         self.binary: str | None = binary
         self.context_window = _positive("context_window", settings.get("context_window"))
         self.max_tokens = _positive("max_tokens", settings.get("max_tokens"))
@@ -101,6 +110,8 @@ class PiHarness:
             model["contextWindow"] = self.context_window
         if self.max_tokens is not None:
             model["maxTokens"] = self.max_tokens
+        if self.thinking is not None:
+            model["reasoning"] = True  # without it Pi 0.73.1 ignores --thinking for a custom model
         provider = {
             "baseUrl": ctx.gateway_url.rstrip("/") + path,
             "api": api,
@@ -122,7 +133,10 @@ class PiHarness:
         if self.binary is None:
             raise RuntimeError("pi harness: command() before setup() (the binary is not installed yet)")
         sessions = f"{ctx.artifacts.rstrip('/')}/{SESSIONS}"
-        argv = [self.binary, "--provider", PROVIDER, "--model", ctx.model, "--session-dir", sessions, "-p"]
+        argv = [self.binary, "--provider", PROVIDER, "--model", ctx.model, "--session-dir", sessions]
+        if self.thinking is not None:
+            argv += ["--thinking", self.thinking]
+        argv.append("-p")
         # Pi 0.73.1 takes an argument starting with "@" as a file to attach and one starting with "-" as a
         # flag; piped stdin becomes the prompt as it is (trimmed), so any instruction arrives intact.
         return f"{shlex.join(argv)} < {shlex.quote(instruction_path(ctx))}"
