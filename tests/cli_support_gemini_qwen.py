@@ -10,18 +10,23 @@ stream is chosen by the path, not the body). `check_capture` asserts what issue 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
+from polar.harness import HarnessContext
 from polar.harness.registry import get_harness
 from polar.rollout.protocol import SessionResult, SessionStatus
+from polar.runtime import LocalRuntime, RuntimeSpec, make_runtime
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
 from polar.trajectory import audit, build
+from tests.conftest import SERVED_MODEL, start_gateway
 from tests.fakes.fake_vllm import FakeInferenceServer, Reply, Script
 from tests.fakes.server import serve
 from tests.node_support import fake_policy, running_node, shell_task, spec
@@ -164,3 +169,41 @@ def check_capture(
     trace = trajectory.traces[0]
     assert 0 in trace.loss_mask and len(trace.response_ids) > sampled  # the tool output is in it, masked
     return main
+
+
+_INET = re.compile(r"connect\(\d+, \{sa_family=AF_INET6?, .*?htons\((\d+)\).*?\"([^\"]+)\"")
+
+
+async def traced_connections(
+    tmp_path: Path, harness_name: str, script: Script
+) -> tuple[int, list[tuple[str, int]], int]:
+    """Run the preset's command under `strace -f -e trace=connect` against a real gateway (local runtime):
+    (exit code, every (address, port) an internet socket was connected to, the gateway's port)."""
+    with fake_policy(script) as (url, _):
+        gateway = start_gateway(url, tmp_path)
+        runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), "traced")
+        assert isinstance(runtime, LocalRuntime)
+        await runtime.start()
+        try:
+            sid = gateway.new_session()
+            ctx = HarnessContext(
+                session_id=sid,
+                gateway_url=gateway.url,
+                model=SERVED_MODEL,
+                instruction="Create the file hello.txt.",
+                home=str(runtime.home),
+                workdir=str(runtime.workdir),
+                artifacts=str(runtime.artifacts),
+            )
+            harness = get_harness(harness_name)
+            await harness.setup(runtime, ctx)
+            command = harness.command(ctx)
+            assert isinstance(command, list)
+            trace = tmp_path / "connect.strace"
+            argv = ["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace), *command]
+            result = await runtime.exec(argv, env=harness.env(ctx), timeout_s=180)
+        finally:
+            await runtime.stop()
+            gateway.server.stop()
+    found = [(addr, int(port)) for port, addr in _INET.findall(trace.read_text())]
+    return result.exit_code, found, int(urlsplit(gateway.url).port or 0)

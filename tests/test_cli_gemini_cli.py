@@ -17,7 +17,7 @@ import pytest
 from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import gemini_cli
 from polar.store.records import CompletionRecord
-from tests.cli_support_gemini_qwen import SIDE_ANSWER, check_capture, run_cli, tool_script
+from tests.cli_support_gemini_qwen import SIDE_ANSWER, check_capture, run_cli, tool_script, traced_connections
 
 pytestmark = pytest.mark.cli
 
@@ -25,6 +25,7 @@ CONTENT = "hello from gemini"
 # Compact JSON: the CLI re-serializes arguments when it replays history.
 WRITE = '{"command":"printf \'hello from gemini\' > hello.txt"}'
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed")
 
 
 def _gemini_tools(record: CompletionRecord) -> list[str]:
@@ -40,8 +41,9 @@ async def test_gemini_cli_local_streams_and_captures_one_trace(tmp_path: Path) -
     assert {r.model_requested for r in run.records} == {"fake-policy"}
     assert "run_shell_command" in _gemini_tools(main[0])
     # Streaming in its own dialect: Gemini says so in the path (the body has no `stream` key).
-    posts = [(path, query) for method, path, query in run.routes if method == "POST"]
-    assert posts == [("/v1beta/models/fake-policy:streamGenerateContent", "alt=sse")] * 2, run.routes
+    # Nothing else reached the gateway either (no model listing, no countTokens).
+    stream = ("POST", "/v1beta/models/fake-policy:streamGenerateContent", "alt=sse")
+    assert run.routes == [stream] * 2, run.routes
     # The CLI echoed the gateway's call id and answered with a functionResponse.
     replay = main[1].request["contents"]
     call = next(p["functionCall"] for c in replay for p in c["parts"] if "functionCall" in p)
@@ -87,6 +89,17 @@ async def test_gemini_cli_side_call_goes_to_the_served_model_and_is_tagged(tmp_p
     assert len(main) == 2
     assert {r.model_requested for r in run.records} == {"fake-policy"}
     assert run.records[1].response_message["content"] == SIDE_ANSWER
+
+
+@needs_strace
+async def test_gemini_cli_connects_to_nothing_but_the_gateway(tmp_path: Path) -> None:
+    """Not just "works without a network" (bwrap): every internet socket the CLI and its children open, even
+    a failed attempt (DNS, telemetry, update check), goes to the gateway."""
+    exit_code, connections, port = await traced_connections(
+        tmp_path, "gemini_cli", tool_script("run_shell_command", WRITE, "Done.")
+    )
+    assert exit_code == 0
+    assert connections and set(connections) == {("127.0.0.1", port)}, connections
 
 
 def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:

@@ -19,7 +19,7 @@ from polar.harness.presets import qwen_code
 from polar.rollout.protocol import SessionStatus
 from polar.store.records import CompletionRecord
 from polar.trajectory import audit, build
-from tests.cli_support_gemini_qwen import check_capture, run_cli, tool_script
+from tests.cli_support_gemini_qwen import check_capture, run_cli, tool_script, traced_connections
 from tests.fakes.fake_vllm import Reply
 
 pytestmark = pytest.mark.cli
@@ -28,6 +28,7 @@ CONTENT = "hello from qwen"
 # Compact JSON: 0.15.10 re-serializes tool-call arguments (spaces removed) when it replays history.
 WRITE = '{"command":"printf \'hello from qwen\' > hello.txt"}'
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed")
 
 
 def _streamed(record: CompletionRecord) -> bool:
@@ -38,17 +39,15 @@ def _streamed(record: CompletionRecord) -> bool:
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("bwrap", marks=needs_bwrap)])
 async def test_qwen_code_writes_the_file_and_captures_one_trace(tmp_path: Path, backend: str) -> None:
-    run = await run_cli(
-        tmp_path,
-        "qwen_code",
-        tool_script("run_shell_command", WRITE, "Done."),
-        expect=CONTENT,
-        backend=backend,
-    )
+    script = tool_script("run_shell_command", WRITE, "Done.")
+    local = backend == "local"
+    run = await run_cli(tmp_path, "qwen_code", script, expect=CONTENT, backend=backend, watch=local)
     main = check_capture(run, "qwen_code", {}, "chat")
     assert len(main) == len(run.records) == 2  # auto-memory off: no background call
     assert all(_streamed(r) for r in run.records)  # SSE with usage, in its own dialect
     assert {r.model_requested for r in run.records} == {"fake-policy"}
+    if local:  # nothing else reached the gateway either (no model listing)
+        assert run.routes == [("POST", "/v1/chat/completions", "")] * 2, run.routes
     # What 0.15.10 replays: the call with compact arguments, the result as an array of text parts.
     replay = main[1].request["messages"]
     call = next(m for m in replay if m["role"] == "assistant" and m.get("tool_calls"))
@@ -83,6 +82,17 @@ async def test_qwen_code_memory_extraction_is_off_or_a_tagged_side_call(tmp_path
     assert {r.model_requested for r in run.records} == {"fake-policy"}
     trajectory = build(run.records[:1], strategy="prefix_merging")
     assert len(trajectory.traces) == 1 and audit(trajectory, run.records[:1]).ok
+
+
+@needs_strace
+async def test_qwen_code_connects_to_nothing_but_the_gateway(tmp_path: Path) -> None:
+    """Not just "works without a network" (bwrap): every internet socket the CLI and its children open, even
+    a failed attempt (DNS, telemetry, update check), goes to the gateway."""
+    exit_code, connections, port = await traced_connections(
+        tmp_path, "qwen_code", tool_script("run_shell_command", WRITE, "Done.")
+    )
+    assert exit_code == 0
+    assert connections and set(connections) == {("127.0.0.1", port)}, connections
 
 
 def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:
