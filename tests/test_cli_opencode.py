@@ -17,6 +17,7 @@ import pytest
 from polar.harness.base import HarnessContext
 from polar.harness.presets import opencode
 from polar.harness.registry import get_harness
+from polar.runtime import LocalRuntime, RuntimeSpec, make_runtime
 from polar.store.records import CompletionRecord
 from tests.conftest import FakeBackend, Gateway
 from tests.fakes.fake_vllm import Reply
@@ -208,3 +209,33 @@ async def test_opencode_connects_to_nothing_but_the_gateway(
     port = int(gateway.url.rsplit(":", 1)[1])
     assert addresses == {("127.0.0.1", port)}
     assert len(gateway.completions(sid)) == 3  # title, tool call, answer
+
+
+async def test_post_run_reads_events_without_logs(tmp_path: Path) -> None:
+    """A run that died before OpenCode wrote its log still has its events summarized; none at all: zeros."""
+    runtime = make_runtime(RuntimeSpec(root=tmp_path), "oc-post")
+    assert isinstance(runtime, LocalRuntime)
+    await runtime.start()
+    try:
+        context = HarnessContext(
+            session_id="s",
+            gateway_url="http://127.0.0.1:9",
+            model="m",
+            instruction="x",
+            home=str(runtime.home),
+            workdir=str(runtime.workdir),
+            artifacts=str(runtime.artifacts),
+        )
+        harness = get_harness("opencode")
+        assert await harness.post_run(runtime, context) == {
+            "opencode_session": None,
+            "steps": 0,
+            "tool_calls": 0,
+        }
+        (runtime.artifacts / opencode.EVENTS).write_text(
+            '{"type":"error","sessionID":"ses_2","error":"boom"}\n'
+        )
+        meta = await harness.post_run(runtime, context)
+        assert meta == {"opencode_session": "ses_2", "steps": 0, "tool_calls": 0, "errors": ['"boom"']}
+    finally:
+        await runtime.stop()

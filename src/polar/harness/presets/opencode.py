@@ -168,7 +168,8 @@ class OpenCodeHarness:
     async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
         """Copy OpenCode's own logs; summarize the JSON event stream (steps, tool calls, errors)."""
         logs = f"{ctx.home.rstrip('/')}/.local/share/opencode/log"
-        script = 'mkdir -p -- "$2/opencode-log" && cp -r -- "$1"/. "$2/opencode-log/" && cat -- "$3"'
+        # Each step on its own: a CLI that died before logging still has its events read.
+        script = 'mkdir -p -- "$2/opencode-log"; cp -r -- "$1"/. "$2/opencode-log/" 2>/dev/null; cat -- "$3"'
         events = f"{ctx.artifacts.rstrip('/')}/{EVENTS}"
         result = await runtime.exec(["sh", "-c", script, "sh", logs, ctx.artifacts, events], timeout_s=120)
         return summarize(result.stdout.splitlines())
