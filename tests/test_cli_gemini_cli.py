@@ -7,6 +7,7 @@ and in `bwrap` with only the gateway reachable (the proof that it needs no other
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -16,6 +17,8 @@ import pytest
 
 from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import gemini_cli
+from polar.runtime import RuntimeSpec, make_runtime
+from polar.runtime.base import RuntimeFailure
 from polar.store.records import CompletionRecord
 from tests.cli_support_gemini_qwen import SIDE_ANSWER, check_capture, run_cli, tool_script, traced_connections
 
@@ -163,3 +166,24 @@ def test_command_and_env_point_at_the_session() -> None:
     overrides = config["modelConfigs"]["customOverrides"]
     assert {o["match"]["model"] for o in overrides} >= {"base", "chat-compression-default"}
     assert {o["modelConfig"]["model"] for o in overrides} == {"served"}
+
+
+async def test_setup_and_post_run_failures_are_clear(tmp_path: Path) -> None:
+    """A home the runtime cannot write fails setup naming the file; a run that left no home collects nothing
+    and says why (the node records post-run metadata, it does not fail the session)."""
+    runtime = make_runtime(RuntimeSpec(root=tmp_path), "failing")
+    await runtime.start()
+    try:
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("a file where the home should be")
+        ctx = HarnessContext(
+            "sid", "http://127.0.0.1:9", "m", "x", str(blocker), str(tmp_path), str(tmp_path / "a")
+        )
+        harness = gemini_cli.GeminiCliHarness()
+        with pytest.raises(RuntimeFailure, match=r"could not write .*not-a-dir/\.gemini/settings\.json"):
+            await harness.setup(runtime, ctx)
+        gone = dataclasses.replace(ctx, home=str(tmp_path / "missing"))
+        meta = await harness.post_run(runtime, gone)
+        assert meta["transcript_files"] == 0 and "missing" in meta["collect_error"]
+    finally:
+        await runtime.stop()
