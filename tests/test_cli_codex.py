@@ -58,9 +58,28 @@ async def test_codex_writes_the_file_through_the_gateway(tmp_path: Path, backend
     assert run.result.metadata["harness"]["transcripts"] >= 1
 
 
+@pytest.mark.cli
+@needs_npm
+async def test_reasoning_round_trips_as_encrypted_content(tmp_path: Path) -> None:
+    """Codex 0.171.0 keeps reasoning as an opaque `encrypted_content` it sends back next turn; the gateway
+    decodes it, so the policy sees its own reasoning again."""
+    settings = {"reasoning_effort": "high"}
+    run = await run_cli(tmp_path, "codex", TOOL, ARGS, EXPECT, settings=settings, reasoning="Plan: printf.")
+    check_run(run, dialect="responses", tool=TOOL, paths={"/v1/responses"})
+    assert run.records[0].request["reasoning"] == {"effort": "high", "summary": "auto"}
+    assert run.records[0].upstream_request["reasoning_effort"] == "high"
+    (item,) = [i for i in run.records[1].request["input"] if i.get("type") == "reasoning"]
+    assert item["encrypted_content"] and item["summary"] == [
+        {"type": "summary_text", "text": "Plan: printf."}
+    ]
+    (assistant,) = [m for m in run.records[1].upstream_request["messages"] if m["role"] == "assistant"]
+    assert assistant["reasoning_content"] == "Plan: printf."
+
+
 def test_config_points_codex_at_the_gateway(tmp_path: Path) -> None:
     c = ctx(tmp_path)
-    config = tomllib.loads(codex.config_toml(c, context_window=4096))
+    config = tomllib.loads(codex.config_toml(c, context_window=4096, reasoning_effort="low"))
+    assert config["model_reasoning_effort"] == "low"
     assert config["model"] == "served-model" and config["model_provider"] == "polar"
     assert config["model_providers"]["polar"] == {
         "name": "polar",
@@ -93,6 +112,7 @@ def test_model_names_with_quotes_stay_one_toml_string(tmp_path: Path) -> None:
         ({"binary": "codex"}, "settings.binary"),
         ({"context_window": 0}, "settings.context_window"),
         ({"context_window": True}, "settings.context_window"),
+        ({"reasoning_effort": "max"}, "settings.reasoning_effort"),
         ({"sandbox": "none"}, "unknown settings"),
     ],
 )

@@ -7,7 +7,8 @@ Codex 0.171.0 speaks only OpenAI Responses to a custom provider: `OPENAI_BASE_UR
 a `polar` provider whose key is read from `POLAR_SESSION_ID`. Every model Codex uses (the main loop,
 sub-agents, compaction) goes through that one provider. Settings: `binary` (an installed `codex` to use
 instead of the pinned npm package), `context_window` (Codex has no metadata for our model names and
-otherwise falls back to its defaults, which decide when it compacts).
+otherwise falls back to its defaults, which decide when it compacts), `reasoning_effort` (sent as
+`reasoning.effort`; without it Codex asks only for a reasoning summary).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ LAST_MESSAGE = "codex-last-message.md"
 SESSIONS_COPY = "codex-sessions"
 # Codex 0.171.0 compacts a long history by asking the model for a hand-off summary with this prompt.
 COMPACTION_MARKER = "CONTEXT CHECKPOINT COMPACTION"
-_SETTINGS = ("binary", "context_window")
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # Codex 0.171.0's model_reasoning_effort
+_SETTINGS = ("binary", "context_window", "reasoning_effort")
 
 
 def _toml(value: str | int | bool) -> str:
@@ -52,7 +54,9 @@ def _toml(value: str | int | bool) -> str:
     return str(value) if isinstance(value, int) else json.dumps(value)
 
 
-def config_toml(ctx: HarnessContext, context_window: int | None = None) -> str:
+def config_toml(
+    ctx: HarnessContext, context_window: int | None = None, reasoning_effort: str | None = None
+) -> str:
     """`$CODEX_HOME/config.toml` for this session."""
     top: dict[str, str | int | bool] = {
         "model": ctx.model,
@@ -63,6 +67,8 @@ def config_toml(ctx: HarnessContext, context_window: int | None = None) -> str:
     }
     if context_window is not None:
         top["model_context_window"] = context_window
+    if reasoning_effort is not None:
+        top["model_reasoning_effort"] = reasoning_effort
     tables: dict[str, dict[str, str | int | bool]] = {
         f"model_providers.{PROVIDER}": {
             "name": PROVIDER,
@@ -113,7 +119,13 @@ class CodexHarness:
             raise ValueError(
                 f"codex harness: settings.context_window must be a positive integer, not {window!r}"
             )
+        effort = settings.get("reasoning_effort")
+        if effort is not None and effort not in EFFORTS:
+            raise ValueError(
+                f"codex harness: settings.reasoning_effort must be one of {list(EFFORTS)}, not {effort!r}"
+            )
         self.binary: str | None = binary
+        self.reasoning_effort: str | None = effort
         self.context_window: int | None = window
 
     def codex_home(self, ctx: HarnessContext) -> str:
@@ -123,7 +135,9 @@ class CodexHarness:
         if self.binary is None:
             self.binary = str(await npm_bin_async(PACKAGE, VERSION, BINARY))
         await write_file(
-            runtime, f"{self.codex_home(ctx)}/config.toml", config_toml(ctx, self.context_window)
+            runtime,
+            f"{self.codex_home(ctx)}/config.toml",
+            config_toml(ctx, self.context_window, self.reasoning_effort),
         )
         await write_instruction(runtime, ctx)
 
