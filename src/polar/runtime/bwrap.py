@@ -122,6 +122,7 @@ def _needed_under_tmp() -> list[str]:
         sys.base_prefix,
         os.path.dirname(os.path.realpath(sys.executable)),
         str(Path(polar.__file__).resolve().parents[2]),  # src/polar/__init__.py -> the checkout
+        os.environ.get("POLAR_HOME", ""),  # the harness tools cache, when a node keeps it under /tmp
     }
     under = sorted(p for p in candidates if p.startswith("/tmp/") and os.path.isdir(p))
     return [p for p in under if not any(p.startswith(q + "/") for q in under if q != p)]
