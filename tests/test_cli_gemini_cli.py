@@ -21,6 +21,7 @@ from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import RuntimeFailure
 from polar.store.records import CompletionRecord
 from tests.cli_support_gemini_qwen import SIDE_ANSWER, check_capture, run_cli, tool_script, traced_connections
+from tests.fakes.fake_vllm import Reply
 
 pytestmark = pytest.mark.cli
 
@@ -103,6 +104,18 @@ async def test_gemini_cli_connects_to_nothing_but_the_gateway(tmp_path: Path) ->
     )
     assert exit_code == 0
     assert connections and set(connections) == {("127.0.0.1", port)}, connections
+
+
+async def test_gemini_cli_resends_an_empty_answer(tmp_path: Path) -> None:
+    """LIMITS: 0.61.0 treats an answer with no text as invalid and resends the request with a nudge appended
+    to the last user turn, three times; every attempt is captured."""
+    run = await run_cli(tmp_path, "gemini_cli", lambda body: Reply(content=""), expect=None)
+    assert run.result.reason is None  # it still exits 0
+    assert len(run.records) == len(run.fake.requests) == 4
+    first, *retries = (r.request["contents"] for r in run.records)
+    for contents in retries:
+        assert contents[:-1] == first[:-1] and contents[-1]["parts"][:-1] == first[-1]["parts"]
+        assert "You previously returned an empty response" in contents[-1]["parts"][-1]["text"]
 
 
 def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:

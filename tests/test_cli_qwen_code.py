@@ -95,6 +95,20 @@ async def test_qwen_code_connects_to_nothing_but_the_gateway(tmp_path: Path) -> 
     assert connections and set(connections) == {("127.0.0.1", port)}, connections
 
 
+async def test_qwen_code_escalates_max_tokens_after_a_cut_answer(tmp_path: Path) -> None:
+    """LIMITS: after finish_reason=length 0.15.10 resends the same prompt with max_tokens 64000, then asks
+    the model to resume; every attempt is captured."""
+    cut = Reply(content="This answer is cut o", finish_reason="length")
+    run = await run_cli(tmp_path, "qwen_code", lambda body: cut, expect=None)
+    assert run.result.reason is None, run.result.reason
+    first, again, resume = run.records[:3]
+    assert [r.request["max_tokens"] for r in (first, again)] == [8000, 64000]
+    assert again.request["messages"] == first.request["messages"]
+    said = resume.request["messages"][-1]["content"][0]["text"]
+    assert said.startswith("Output token limit hit.")
+    assert all(r.finish_reason == "length" and r.trainable for r in run.records)
+
+
 def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:
     return CompletionRecord(
         session_id="s",

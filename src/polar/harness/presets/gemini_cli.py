@@ -27,8 +27,9 @@ CONFIGURES = (
     "statistics/telemetry/auto-update); GOOGLE_GEMINI_BASE_URL, GEMINI_API_KEY; `-m M --yolo -p`"
 )
 LIMITS = (
-    "side calls (tool-output summarizer, loop detection, compression) go to the same model and are tagged; "
-    "subagents (invoke_agent) are tagged `subagent`"
+    "side calls (tool-output summarizer, loop detection, compression) go to the served model, tagged; "
+    "subagents are tagged `subagent`; after an answer with no text 0.61.0 resends the request with a nudge "
+    "appended, up to 3 times"
 )
 
 # 0.61.0: the main loop's system instruction starts so; a call with tools and another system text is a

@@ -34,8 +34,9 @@ CONFIGURES = (
     "OPENAI_BASE_URL=<gateway>/v1, OPENAI_API_KEY, OPENAI_MODEL; `--yolo -p`"
 )
 LIMITS = (
-    "background agents (memory extraction when re-enabled, dream, title, recap) use the main model and "
-    "are tagged side calls; subagents (the `agent` tool) are tagged `subagent`"
+    "background agents (memory extraction if re-enabled, dream, title, recap) use the served model, tagged; "
+    "after finish_reason=length 0.15.10 resends the same prompt with max_tokens=64000 (the server's context "
+    "must allow it), then adds 'Output token limit hit' recovery turns"
 )
 
 # 0.15.10: the main loop's system prompt starts so; a call with tools and another system prompt is a
