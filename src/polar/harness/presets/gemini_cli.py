@@ -27,7 +27,7 @@ CONFIGURES = (
     "statistics/telemetry/auto-update); GOOGLE_GEMINI_BASE_URL, GEMINI_API_KEY; `-m M --yolo -p`"
 )
 LIMITS = (
-    "side calls (tool-output summarizer, loop detection, compression) go to the served model, tagged; "
+    "utility side calls are routed to the served model and tagged (observed: the tool-output summarizer); "
     "subagents are tagged `subagent`; after an answer with no text 0.61.0 resends the request with a nudge "
     "appended, up to 3 times"
 )
