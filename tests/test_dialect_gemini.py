@@ -665,9 +665,10 @@ def test_context_length_wording() -> None:
 
 
 def test_stream_error_frame() -> None:
+    """A bare JSON line: @google/genai (JS 1.52.0, Pi 0.73.1) reads a `data:` error event as an empty answer."""
     frame = D.stream_error(GatewayError("overloaded", "paused"))
-    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
-    assert orjson.loads(frame[6:]) == {"error": {"code": 503, "message": "paused", "status": "UNAVAILABLE"}}
+    assert not frame.startswith(b"data:") and frame.endswith(b"}\n")
+    assert orjson.loads(frame) == {"error": {"code": 503, "message": "paused", "status": "UNAVAILABLE"}}
 
 
 def test_parse_does_not_mutate_the_body() -> None:

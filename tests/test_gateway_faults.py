@@ -167,6 +167,10 @@ def sse_events(raw: bytes) -> list[tuple[str | None, Any]]:
 
 def stream_error_body(dialect: str, raw: bytes) -> dict[str, Any]:
     """The in-stream error of each dialect's grammar, checked for shape; returns its error envelope."""
+    if dialect == "gemini":
+        # One bare JSON line, no `data:` event (what @google/genai, JS, raises on).
+        assert raw.endswith(b"\n") and raw.count(b"\n") == 1 and not raw.startswith(b"data:")
+        return dict(json.loads(raw))
     events = sse_events(raw)
     if dialect == "chat":
         # A data frame with a top-level `error`, then [DONE]: what the openai SDK raises on.
@@ -181,10 +185,7 @@ def stream_error_body(dialect: str, raw: bytes) -> dict[str, Any]:
         assert failed["response"]["error"]["code"] == first["code"]
         assert [d["sequence_number"] for _, d in events] == [0, 1]
         return {"error": first["error"]}
-    if dialect == "anthropic":
-        assert [e for e, _ in events] == ["error"]
-        return dict(events[0][1])
-    assert [e for e, _ in events] == [None]
+    assert [e for e, _ in events] == ["error"]  # anthropic
     return dict(events[0][1])
 
 

@@ -132,4 +132,7 @@ class GeminiDialect:
         return err.status, {"error": {"code": err.status, "message": message, "status": _STATUS[err.kind]}}
 
     def stream_error(self, err: GatewayError) -> bytes:
-        return sse(orjson.dumps(self.error(err)[1]))
+        """The error as a bare JSON line, not a `data:` event. Both Google SDKs look for an error sent as plain
+        JSON in the stream; @google/genai (JS 1.52.0, in Pi 0.73.1) raises only on that form and reads a
+        `data: {"error": ...}` event as an empty answer, so Pi exited 0 with nothing said."""
+        return orjson.dumps(self.error(err)[1]) + b"\n"
