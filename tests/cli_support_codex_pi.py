@@ -84,9 +84,11 @@ async def run_cli(
     backend: str = "local",
     session_id: str = "sess-cli",
     reasoning: str | None = None,
+    backend_status: int | None = None,
 ) -> CliRun:
     """Run `harness` on a node (runtime `backend`, network "gateway") with the policy scripted to call `tool`;
-    the evaluator checks hello.txt's exact bytes (their Python repr) against `expect`."""
+        the evaluator checks hello.txt's exact bytes (their Python repr) against `expect`. `backend_status`
+    makes the policy's server fail every call with that HTTP status."""
     task = shell_task(
         "unused",
         instruction=INSTRUCTION,
@@ -99,6 +101,7 @@ async def run_cli(
         },
     )
     with fake_policy(tool_script(tool, arguments, reasoning)) as (url, fake):
+        fake.status = backend_status  # every call fails with this status when set
         async with running_node(url, tmp_path, keep="artifacts") as node:
             recorder = Recorder(node.asgi.gateway)
             node.asgi.gateway = recorder

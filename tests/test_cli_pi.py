@@ -9,6 +9,7 @@ import pytest
 
 from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import pi
+from polar.rollout.protocol import SessionStatus
 from polar.store.records import CompletionRecord
 from tests.cli_support_codex_pi import check_run, jsonl_lines, needs_bwrap, needs_npm, run_cli, streamed
 
@@ -100,6 +101,19 @@ async def test_thinking_round_trips_in_each_dialect(tmp_path: Path, dialect: str
     history = run.records[1].upstream_request["messages"]
     (assistant,) = [m for m in history if m["role"] == "assistant"]
     assert assistant["reasoning_content"] == "Plan: use printf."
+
+
+@pytest.mark.cli
+@needs_npm
+@pytest.mark.parametrize("dialect", list(pi.APIS))
+async def test_a_failing_policy_server_ends_the_session_as_error(tmp_path: Path, dialect: str) -> None:
+    """When every model call fails upstream, Pi must see the failure in its dialect and exit non-zero, so the
+    node ends the session ERROR (masked), never as a zero-reward sample."""
+    settings = {"dialect": dialect, "max_retries": 0}
+    run = await run_cli(tmp_path, "pi", TOOL, ARGS, EXPECT, settings=settings, backend_status=503)
+    assert run.records == []
+    assert run.result.status == SessionStatus.ERROR, (run.result.status, run.result.reason)
+    assert "inference backend failed" in (run.result.reason or "")
 
 
 def test_models_json_per_dialect(tmp_path: Path) -> None:

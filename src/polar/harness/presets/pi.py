@@ -8,6 +8,7 @@ whose `api` is the chosen dialect's (`openai-completions` for chat, the default;
 model is the served model. Pi has no small or title model: every call (the loop, compaction) uses it.
 Settings: `dialect`, `binary` (an installed `pi` instead of the pinned npm package), `context_window` and
 `max_tokens` (Pi's defaults for unknown models are 128000 and 16384; the window decides when it compacts),
+`max_retries` (Pi's own retries of a failed call, 3 by default with 2 s, 4 s, 8 s back-off),
 `thinking` (one of Pi's levels: marks the model as reasoning and passes `--thinking`; each dialect then asks
 in its own way: `reasoning_effort`, `reasoning.effort`, `thinking.budget_tokens`, `thinkingConfig`).
 """
@@ -50,7 +51,7 @@ APIS = {
 # Pi 0.73.1 compacts (and summarizes branches) with this system prompt and no tools.
 COMPACTION_MARKER = "You are a context summarization assistant"
 THINKING = ("off", "minimal", "low", "medium", "high", "xhigh")  # Pi 0.73.1's --thinking levels
-_SETTINGS = ("dialect", "binary", "context_window", "max_tokens", "thinking")
+_SETTINGS = ("dialect", "binary", "context_window", "max_tokens", "thinking", "max_retries")
 
 
 def _positive(name: str, value: Any) -> int | None:
@@ -99,6 +100,10 @@ class PiHarness:
         self.binary: str | None = binary
         self.context_window = _positive("context_window", settings.get("context_window"))
         self.max_tokens = _positive("max_tokens", settings.get("max_tokens"))
+        retries = settings.get("max_retries")
+        if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
+            raise ValueError(f"pi harness: settings.max_retries must be an integer >= 0, not {retries!r}")
+        self.max_retries: int | None = retries
 
     def agent_dir(self, ctx: HarnessContext) -> str:
         return f"{ctx.home.rstrip('/')}/{AGENT_DIR}"
@@ -125,7 +130,9 @@ class PiHarness:
             self.binary = str(await npm_bin_async(PACKAGE, VERSION, BINARY))
         base = self.agent_dir(ctx)
         await write_file(runtime, f"{base}/models.json", json.dumps(self.models_json(ctx), indent=2))
-        settings = {"enableInstallTelemetry": False, "quietStartup": True}
+        settings: dict[str, Any] = {"enableInstallTelemetry": False, "quietStartup": True}
+        if self.max_retries is not None:
+            settings["retry"] = {"enabled": self.max_retries > 0, "maxRetries": self.max_retries}
         await write_file(runtime, f"{base}/settings.json", json.dumps(settings, indent=2))
         await write_instruction(runtime, ctx)
 
