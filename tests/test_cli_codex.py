@@ -10,6 +10,7 @@ import pytest
 
 from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import codex
+from polar.rollout.protocol import SessionStatus
 from polar.store.records import CompletionRecord
 from tests.cli_support_codex_pi import check_run, jsonl_lines, needs_bwrap, needs_npm, run_cli, streamed
 
@@ -76,10 +77,25 @@ async def test_reasoning_round_trips_as_encrypted_content(tmp_path: Path) -> Non
     assert assistant["reasoning_content"] == "Plan: printf."
 
 
+@pytest.mark.cli
+@needs_npm
+async def test_a_failing_policy_server_ends_the_session_as_error(tmp_path: Path) -> None:
+    """Codex sees the gateway's `response.failed` event and exits non-zero: the node ends the session ERROR
+    (masked), never as a zero-reward sample."""
+    run = await run_cli(
+        tmp_path, "codex", TOOL, ARGS, EXPECT, settings={"max_retries": 0}, backend_status=503
+    )
+    assert run.records == [] and len(run.seen) == 1  # no retry: max_retries reached the provider
+    assert run.result.status == SessionStatus.ERROR, (run.result.status, run.result.reason)
+    assert "inference backend failed" in (run.result.reason or "")
+
+
 def test_config_points_codex_at_the_gateway(tmp_path: Path) -> None:
     c = ctx(tmp_path)
-    config = tomllib.loads(codex.config_toml(c, context_window=4096, reasoning_effort="low"))
+    config = tomllib.loads(codex.config_toml(c, context_window=4096, reasoning_effort="low", max_retries=1))
     assert config["model_reasoning_effort"] == "low"
+    assert config["model_providers"]["polar"].pop("request_max_retries") == 1
+    assert config["model_providers"]["polar"].pop("stream_max_retries") == 1
     assert config["model"] == "served-model" and config["model_provider"] == "polar"
     assert config["model_providers"]["polar"] == {
         "name": "polar",
@@ -113,6 +129,7 @@ def test_model_names_with_quotes_stay_one_toml_string(tmp_path: Path) -> None:
         ({"context_window": 0}, "settings.context_window"),
         ({"context_window": True}, "settings.context_window"),
         ({"reasoning_effort": "max"}, "settings.reasoning_effort"),
+        ({"max_retries": -1}, "settings.max_retries"),
         ({"sandbox": "none"}, "unknown settings"),
     ],
 )

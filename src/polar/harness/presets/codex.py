@@ -8,7 +8,8 @@ a `polar` provider whose key is read from `POLAR_SESSION_ID`. Every model Codex 
 sub-agents, compaction) goes through that one provider. Settings: `binary` (an installed `codex` to use
 instead of the pinned npm package), `context_window` (Codex has no metadata for our model names and
 otherwise falls back to its defaults, which decide when it compacts), `reasoning_effort` (sent as
-`reasoning.effort`; without it Codex asks only for a reasoning summary).
+`reasoning.effort`; without it Codex asks only for a reasoning summary), `max_retries` (the provider's
+`request_max_retries` and `stream_max_retries`; Codex retries a failed call 5 times by default).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ SESSIONS_COPY = "codex-sessions"
 # Codex 0.171.0 compacts a long history by asking the model for a hand-off summary with this prompt.
 COMPACTION_MARKER = "CONTEXT CHECKPOINT COMPACTION"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # Codex 0.171.0's model_reasoning_effort
-_SETTINGS = ("binary", "context_window", "reasoning_effort")
+_SETTINGS = ("binary", "context_window", "reasoning_effort", "max_retries")
 
 
 def _toml(value: str | int | bool) -> str:
@@ -55,7 +56,10 @@ def _toml(value: str | int | bool) -> str:
 
 
 def config_toml(
-    ctx: HarnessContext, context_window: int | None = None, reasoning_effort: str | None = None
+    ctx: HarnessContext,
+    context_window: int | None = None,
+    reasoning_effort: str | None = None,
+    max_retries: int | None = None,
 ) -> str:
     """`$CODEX_HOME/config.toml` for this session."""
     top: dict[str, str | int | bool] = {
@@ -69,13 +73,16 @@ def config_toml(
         top["model_context_window"] = context_window
     if reasoning_effort is not None:
         top["model_reasoning_effort"] = reasoning_effort
+    provider: dict[str, str | int | bool] = {
+        "name": PROVIDER,
+        "base_url": f"{ctx.gateway_url.rstrip('/')}/v1",
+        "env_key": KEY_VARIABLE,
+        "wire_api": "responses",
+    }
+    if max_retries is not None:
+        provider |= {"request_max_retries": max_retries, "stream_max_retries": max_retries}
     tables: dict[str, dict[str, str | int | bool]] = {
-        f"model_providers.{PROVIDER}": {
-            "name": PROVIDER,
-            "base_url": f"{ctx.gateway_url.rstrip('/')}/v1",
-            "env_key": KEY_VARIABLE,
-            "wire_api": "responses",
-        },
+        f"model_providers.{PROVIDER}": provider,
         # 0.171.0: these two are all its other traffic (the facts sheet measured it in an empty netns).
         "analytics": {"enabled": False},
         "features": {"plugins": False},
@@ -124,8 +131,12 @@ class CodexHarness:
             raise ValueError(
                 f"codex harness: settings.reasoning_effort must be one of {list(EFFORTS)}, not {effort!r}"
             )
+        retries = settings.get("max_retries")
+        if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
+            raise ValueError(f"codex harness: settings.max_retries must be an integer >= 0, not {retries!r}")
         self.binary: str | None = binary
         self.reasoning_effort: str | None = effort
+        self.max_retries: int | None = retries
         self.context_window: int | None = window
 
     def codex_home(self, ctx: HarnessContext) -> str:
@@ -137,7 +148,7 @@ class CodexHarness:
         await write_file(
             runtime,
             f"{self.codex_home(ctx)}/config.toml",
-            config_toml(ctx, self.context_window, self.reasoning_effort),
+            config_toml(ctx, self.context_window, self.reasoning_effort, self.max_retries),
         )
         await write_instruction(runtime, ctx)
 
