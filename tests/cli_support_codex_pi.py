@@ -21,6 +21,7 @@ from tests.node_support import fake_policy, running_node, shell_task, spec
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 needs_npm = pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed")
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 FINAL = "Done: hello.txt is written."
 INSTRUCTION = "-Create the file hello.txt as asked, then say you are done. @not-a-file"  # as text, not flags
 

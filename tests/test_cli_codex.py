@@ -11,8 +11,22 @@ import pytest
 from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import codex
 from polar.rollout.protocol import SessionStatus
+from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
-from tests.cli_support_codex_pi import check_run, jsonl_lines, needs_bwrap, needs_npm, run_cli, streamed
+from tests.cli_support_codex_pi import (
+    check_run,
+    jsonl_lines,
+    needs_bwrap,
+    needs_npm,
+    needs_strace,
+    run_cli,
+    streamed,
+    tool_script,
+)
+from tests.conftest import start_gateway
+from tests.fakes.fake_vllm import make_fake_backend
+from tests.fakes.server import serve
+from tests.preset_run_support import traced_connections
 
 # Codex 0.171.0's shell tool is `exec_command` with a `cmd` string (it runs it with `bash -lc`).
 TOOL = "exec_command"
@@ -88,6 +102,39 @@ async def test_a_failing_policy_server_ends_the_session_as_error(tmp_path: Path)
     assert run.records == [] and len(run.seen) == 1  # no retry: max_retries reached the provider
     assert run.result.status == SessionStatus.ERROR, (run.result.status, run.result.reason)
     assert "inference backend failed" in (run.result.reason or "")
+
+
+class CodexOnline(codex.CodexHarness):
+    """The preset without its switches for other traffic (analytics, plugins, web search, update check)."""
+
+    async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
+        await super().setup(runtime, ctx)
+        text = codex.config_toml(ctx).split("\n[analytics]")[0]
+        for line in ('web_search = "disabled"\n', "check_for_update_on_startup = false\n"):
+            text = text.replace(line, "")
+        await codex.write_file(runtime, f"{self.codex_home(ctx)}/config.toml", text)
+
+
+@pytest.mark.cli
+@needs_npm
+@needs_strace
+@pytest.mark.parametrize("harness", ["codex", "tests.test_cli_codex:CodexOnline"])
+async def test_no_connection_but_the_gateway(tmp_path: Path, harness: str) -> None:
+    """Every socket Codex opens (DNS included) goes to the gateway; without the preset's switches it looks
+    up a name (the control shows the trace would catch it)."""
+    with serve(make_fake_backend("vllm", tool_script(TOOL, ARGS))) as fake:
+        gateway = start_gateway(fake.url, tmp_path)
+        try:
+            sid = gateway.new_session()
+            result, addresses = await traced_connections(harness, {}, gateway.url, sid, tmp_path)
+        finally:
+            gateway.server.stop()
+    assert result.exit_code == 0, result.stderr[-2000:]
+    port = int(gateway.url.rsplit(":", 1)[1])
+    if harness == "codex":
+        assert addresses == {("127.0.0.1", port)}
+    else:
+        assert addresses - {("127.0.0.1", port)}, addresses
 
 
 def test_config_points_codex_at_the_gateway(tmp_path: Path) -> None:

@@ -11,7 +11,20 @@ from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import pi
 from polar.rollout.protocol import SessionStatus
 from polar.store.records import CompletionRecord
-from tests.cli_support_codex_pi import check_run, jsonl_lines, needs_bwrap, needs_npm, run_cli, streamed
+from tests.cli_support_codex_pi import (
+    check_run,
+    jsonl_lines,
+    needs_bwrap,
+    needs_npm,
+    needs_strace,
+    run_cli,
+    streamed,
+    tool_script,
+)
+from tests.conftest import start_gateway
+from tests.fakes.fake_vllm import make_fake_backend
+from tests.fakes.server import serve
+from tests.preset_run_support import traced_connections
 
 # Pi 0.73.1's tools are read, bash, edit and write; bash takes {"command": ...}.
 TOOL = "bash"
@@ -114,6 +127,25 @@ async def test_a_failing_policy_server_ends_the_session_as_error(tmp_path: Path,
     assert run.records == []
     assert run.result.status == SessionStatus.ERROR, (run.result.status, run.result.reason)
     assert "inference backend failed" in (run.result.reason or "")
+
+
+@pytest.mark.cli
+@needs_npm
+@needs_strace
+@pytest.mark.parametrize("dialect", list(pi.APIS))
+async def test_no_connection_but_the_gateway(tmp_path: Path, dialect: str) -> None:
+    """Every socket Pi opens (DNS included) goes to the gateway, in each dialect. (Pi 0.73.1 in -p mode made
+    no other connection even without PI_OFFLINE here; the switch guards its startup checks.)"""
+    with serve(make_fake_backend("vllm", tool_script(TOOL, ARGS))) as fake:
+        gateway = start_gateway(fake.url, tmp_path)
+        try:
+            sid = gateway.new_session()
+            settings = {"dialect": dialect}
+            result, addresses = await traced_connections("pi", settings, gateway.url, sid, tmp_path)
+        finally:
+            gateway.server.stop()
+    assert result.exit_code == 0, result.stderr[-2000:]
+    assert addresses == {("127.0.0.1", int(gateway.url.rsplit(":", 1)[1]))}
 
 
 def test_models_json_per_dialect(tmp_path: Path) -> None:
