@@ -11,7 +11,8 @@ import pytest
 from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import codex
 from polar.rollout.protocol import SessionStatus
-from polar.runtime.base import Runtime
+from polar.runtime import RuntimeSpec, make_runtime
+from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
 from tests.cli_support_codex_pi import (
     check_run,
@@ -205,3 +206,19 @@ def test_classify_tags_compaction_and_tool_less_calls() -> None:
     assert harness.classify(_record(None, "fix the bug")) == ("side_call",)
     prompt = "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary"
     assert harness.classify(_record(tool, prompt)) == ("side_call", "compaction")
+
+
+async def test_setup_that_cannot_write_fails_naming_the_file(tmp_path: Path) -> None:
+    runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), "codex-setup")
+    await runtime.start()
+    try:
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("a file where the home should be")
+        bad = ctx(tmp_path, home=str(blocker / "home"))
+        with pytest.raises(RuntimeFailure, match=r"could not write .*[.]codex/config[.]toml"):
+            await get_harness("codex", {"binary": "/opt/codex"}).setup(runtime, bad)
+        # A run that left no transcript (the CLI never started) is reported as such, not as an error.
+        meta = await get_harness("codex", {"binary": "/opt/codex"}).post_run(runtime, ctx(tmp_path))
+        assert meta["transcripts"] == 0
+    finally:
+        await runtime.stop()

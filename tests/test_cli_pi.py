@@ -10,6 +10,8 @@ import pytest
 from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import pi
 from polar.rollout.protocol import SessionStatus
+from polar.runtime import RuntimeSpec, make_runtime
+from polar.runtime.base import RuntimeFailure
 from polar.store.records import CompletionRecord
 from tests.cli_support_codex_pi import (
     check_run,
@@ -219,3 +221,19 @@ def test_classify_tags_compaction_and_tool_less_calls() -> None:
     assert harness.classify(_record(None, "You are an expert coding assistant")) == ("side_call",)
     summary = "You are a context summarization assistant. Your task is to read a conversation"
     assert harness.classify(_record(None, summary)) == ("side_call", "compaction")
+
+
+async def test_setup_that_cannot_write_fails_naming_the_file(tmp_path: Path) -> None:
+    runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), "pi-setup")
+    await runtime.start()
+    try:
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("a file where the home should be")
+        bad = ctx(tmp_path, home=str(blocker / "home"))
+        with pytest.raises(RuntimeFailure, match=r"could not write .*[.]pi/agent/models[.]json"):
+            await get_harness("pi", {"binary": "/opt/pi"}).setup(runtime, bad)
+        # A run that left no transcript (the CLI never started) is reported as such, not as an error.
+        meta = await get_harness("pi", {"binary": "/opt/pi"}).post_run(runtime, ctx(tmp_path))
+        assert meta["transcripts"] == 0
+    finally:
+        await runtime.stop()
