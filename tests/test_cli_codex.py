@@ -7,6 +7,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import codex
@@ -165,9 +167,13 @@ def test_config_points_codex_at_the_gateway(tmp_path: Path) -> None:
     assert command.endswith(f" - < {tmp_path}/home/.polar/instruction.md")  # "-do it" never parsed as a flag
 
 
-def test_model_names_with_quotes_stay_one_toml_string(tmp_path: Path) -> None:
-    config = tomllib.loads(codex.config_toml(ctx(tmp_path, model='we"ird\\name\n')))
-    assert config["model"] == 'we"ird\\name\n'
+@given(st.text(st.characters(exclude_categories=("Cs",))))
+def test_any_model_name_stays_one_toml_string(model: str) -> None:
+    """Quotes, backslashes, control characters (DEL too) and astral characters round-trip exactly."""
+    text = codex.config_toml(ctx(Path("/x"), model=model, gateway_url=f"http://h:1/{model}x"))
+    config = tomllib.loads(text)
+    assert config["model"] == model
+    assert config["model_providers"]["polar"]["base_url"] == f"http://h:1/{model}x/v1"
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ otherwise falls back to its defaults, which decide when it compacts), `reasoning
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
@@ -49,10 +48,16 @@ _SETTINGS = ("binary", "context_window", "reasoning_effort", "max_retries")
 
 
 def _toml(value: str | int | bool) -> str:
-    """A TOML scalar. JSON's string escapes are a subset of TOML basic strings'."""
+    """A TOML scalar; strings are basic strings with `"`, `\\` and every control character escaped."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value) if isinstance(value, int) else json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    body = "".join(
+        f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else "\\" + c if c in '"\\' else c
+        for c in value
+    )
+    return f'"{body}"'
 
 
 def config_toml(
