@@ -430,10 +430,15 @@ class ChatHarness:
     parsed object (`JSON.stringify`: no spaces), tool results as a string or, like Qwen Code, as an array
     of text parts."""
 
-    def __init__(self, gw: Gateway, sid: str, model: str, *, result_parts: bool = False) -> None:
+    def __init__(
+        self, gw: Gateway, sid: str, model: str, *, result_parts: bool = False, rename_ids: bool = False
+    ) -> None:
         self.client = openai.OpenAI(base_url=gw.url + "/v1", api_key=sid, max_retries=0)
         self.model = model
         self.result_parts = result_parts
+        # A client that rebuilds its history under call ids of its own: the gateway cannot tell the calls
+        # are the ones it returned, so it cannot restore their arguments (the drift reaches the server).
+        self.rename_ids = rename_ids
         self.sampled_arguments: list[str] = []  # tool-call arguments as the model wrote them
 
     def call(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -465,7 +470,8 @@ class ChatHarness:
                 self.sampled_arguments.append(c["arguments"])
                 args = json.dumps(json.loads(c["arguments"]), separators=(",", ":"))
                 fn = {"name": c["name"], "arguments": args}
-                message["tool_calls"].append({"id": c["id"], "type": "function", "function": fn})
+                call_id = f"local_{len(self.sampled_arguments)}" if self.rename_ids else c["id"]
+                message["tool_calls"].append({"id": call_id, "type": "function", "function": fn})
         messages.append(message)
         return message
 
@@ -484,9 +490,12 @@ SPACED_LS = '{"command": "ls -la"}'  # what the model wrote
 COMPACT_LS = '{"command":"ls -la"}'  # what Qwen Code / OpenCode / Pi send back
 
 
-def qwen_session(gw: Gateway, fake: FakeBackend, *, result_parts: bool) -> tuple[str, list[CompletionRecord]]:
+def qwen_session(
+    gw: Gateway, fake: FakeBackend, *, result_parts: bool, rename_ids: bool = True
+) -> tuple[str, list[CompletionRecord]]:
     """Three calls: a tool call whose arguments the model wrote with spaces, one written compactly, an
-    answer. The harness re-serializes the first, so the server re-renders that turn differently."""
+    answer. The harness re-serializes the first; under its own call ids (`rename_ids`) the gateway cannot
+    give the policy its original text back, so the server re-renders that turn differently."""
     replies = [
         Reply(content="Let me look.", tool_calls=[("run_shell_command", SPACED_LS)]),
         Reply(tool_calls=[("read_file", '{"absolute_path":"/work/repo/README.md"}')]),
@@ -494,7 +503,7 @@ def qwen_session(gw: Gateway, fake: FakeBackend, *, result_parts: bool) -> tuple
     ]
     sampler = Sampler(fake, *replies)
     sid = gw.new_session(task_id="qwen-code")
-    harness = ChatHarness(gw, sid, "qwen3-coder-plus", result_parts=result_parts)
+    harness = ChatHarness(gw, sid, "qwen3-coder-plus", result_parts=result_parts, rename_ids=rename_ids)
     messages = [
         {"role": "system", "content": QWEN_SYSTEM},
         {"role": "user", "content": "What is in this repo?"},
@@ -503,12 +512,23 @@ def qwen_session(gw: Gateway, fake: FakeBackend, *, result_parts: bool) -> tuple
     assert harness.sampled_arguments[0] == SPACED_LS
     recs = recorded(gw, sid, sampler)
     (sent,) = [m for m in recs[1].upstream_request["messages"] if m["role"] == "assistant"]
-    assert sent["tool_calls"][0]["function"]["arguments"] == COMPACT_LS
+    assert sent["tool_calls"][0]["function"]["arguments"] == (COMPACT_LS if rename_ids else SPACED_LS)
     tool = recs[2].upstream_request["messages"][-1]
     assert (
         tool["role"] == "tool" and (tool["content"] == [{"type": "text", "text": "# polar"}]) is result_parts
     )
     return sid, recs
+
+
+@pytest.mark.parametrize("result_parts", [True, False], ids=["qwen-code", "opencode-pi"])
+def test_chat_harness_reserializing_arguments_gets_them_restored_and_stays_one_chain(
+    gateway: Gateway, fake_backend: FakeBackend, result_parts: bool
+) -> None:
+    """The gateway gives the policy back the arguments text it wrote (polar.gateway.restore)."""
+    _, recs = qwen_session(gateway, fake_backend, result_parts=result_parts, rename_ids=False)
+    assert "quirk:tool_arguments_restored" in recs[1].flags
+    built = check_session(recs, expected_chains=ids(recs, [0, 1, 2]))
+    assert built["split"].metadata["drift_turns"] == 0 and built["split"].metadata["breaks"] == {}
 
 
 @pytest.mark.parametrize("result_parts", [True, False], ids=["qwen-code", "opencode-pi"])

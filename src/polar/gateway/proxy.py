@@ -167,6 +167,9 @@ class Proxy:
             body = await read_json(request, self.max_body_bytes)
             req = dialect.parse(body, self.codec, path_model=path_model, path_stream=path_stream)
             req, quirks = apply_quirks(req)
+            req, restored = state.tool_arguments.restore(req)
+            if restored:
+                quirks = (*quirks, "tool_arguments_restored")
             upstream = self.backend.build_body(req, self.served_model)
             await self.gate.enter()
             try:
@@ -187,6 +190,7 @@ class Proxy:
                 log.exception("could not record session %s call %d", state.session_id, seq)
                 raise GatewayError("overloaded", "the gateway could not record this call; retry") from None
             state.counts["completions"] += 1
+            state.tool_arguments.remember(comp.tool_calls)
         except GatewayError as err:
             await self._record_failure(state, seq, dialect, created, body, err)
             if req is not None and req.stream and stream_format == "sse":

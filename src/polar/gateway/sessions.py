@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar.gateway.restore import ToolArguments
 from polar.store.records import SessionInfo
 from polar.store.sqlite import SQLiteStore
 from polar.store.writer import AsyncWriter
@@ -25,6 +26,7 @@ class SessionState:
     next_seq: int = 0
     closed: bool = False
     counts: dict[str, int] = field(default_factory=lambda: {"completions": 0, "failures": 0})
+    tool_arguments: ToolArguments = field(default_factory=ToolArguments)  # see polar.gateway.restore
 
     def take_seq(self) -> int:
         seq = self.next_seq

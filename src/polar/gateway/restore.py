@@ -1,0 +1,76 @@
+"""Give the policy back the tool-call arguments it actually wrote.
+
+Harnesses keep a parsed copy of each tool call and serialize it again when they send the history back:
+Qwen Code, OpenCode and Pi write compact JSON (`{"command":"ls"}` where the model wrote
+`{"command": "ls"}`), and the Anthropic and Gemini dialects carry arguments as objects, which the gateway
+must serialize itself. The next prompt then holds tokens the policy never produced, the chain breaks there
+(context drift) and training sees a context the model did not. The gateway remembers, per session, the
+arguments text of every call it returned, and when a call comes back under the same id with arguments that
+are the *same JSON value*, it puts the original text back. Anything the harness really changed is left as
+sent.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from polar.gateway.canonical import CanonicalRequest, ToolCall
+
+
+class ToolArguments:
+    """The arguments text of the calls a session's policy made, by call id (bounded, oldest dropped)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._by_id: OrderedDict[str, str] = OrderedDict()
+        self._limit = limit
+
+    def remember(self, calls: tuple[ToolCall, ...]) -> None:
+        for call in calls:
+            self._by_id[call.id] = call.arguments
+            self._by_id.move_to_end(call.id)
+        while len(self._by_id) > self._limit:
+            self._by_id.popitem(last=False)
+
+    def restore(self, req: CanonicalRequest) -> tuple[CanonicalRequest, int]:
+        """`req` with re-serialized arguments replaced by the sampled text, and how many were."""
+        if not self._by_id:
+            return req, 0
+        restored = 0
+        messages: list[dict[str, Any]] | None = None
+        for i, msg in enumerate(req.messages):
+            calls = msg.get("tool_calls") if msg.get("role") == "assistant" else None
+            if not calls:
+                continue
+            new_calls = None
+            for j, call in enumerate(calls):
+                original = self._original(call)
+                if original is None:
+                    continue
+                if new_calls is None:
+                    new_calls = list(calls)
+                new_calls[j] = {**call, "function": {**call["function"], "arguments": original}}
+                restored += 1
+            if new_calls is not None:
+                if messages is None:
+                    messages = list(req.messages)
+                messages[i] = {**msg, "tool_calls": new_calls}
+        if messages is None:
+            return req, 0
+        return replace(req, messages=messages), restored
+
+    def _original(self, call: Any) -> str | None:
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            return None
+        sent = call["function"].get("arguments")
+        original = self._by_id.get(str(call.get("id")))
+        if original is None or not isinstance(sent, str) or sent == original:
+            return None
+        try:
+            same = orjson.loads(sent) == orjson.loads(original)
+        except orjson.JSONDecodeError:
+            return None
+        return original if same else None
