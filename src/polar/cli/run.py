@@ -55,28 +55,8 @@ async def _run(
     console: Console,
 ) -> list[Any]:
     from polar.client import RolloutClient
-    from polar.gateway.config import GatewayConfig
-    from polar.rollout.node import Node, NodeConfig
-    from polar.rollout.server.app import create_app as create_server
-    from polar.rollout.server.config import ServerConfig
-    from polar.serving import ServerThread, free_port
+    from polar.rollout.local import local_stack
 
-    server = ServerThread(create_server(ServerConfig(db_path=out / "server.db"))).start()
-    node = Node(
-        NodeConfig(
-            gateway=GatewayConfig(
-                backend_url=backend_url,
-                backend_kind=backend_kind,  # type: ignore[arg-type]
-                served_model=model,
-                store_path=out / "gateway.db",
-                port=free_port(),
-            ),
-            capacity=capacity,
-            run_workers=capacity,
-            server_url=server.url,
-            heartbeat_s=1.0,
-        )
-    )
     results: list[Any] = []
     total = sum(t.num_samples for t in tasks)
     progress = Progress(
@@ -86,8 +66,10 @@ async def _run(
         TimeElapsedColumn(),
         console=console,
     )
-    try:
-        await node.start()
+    async with local_stack(
+        out, backend_url, backend_kind, model, capacity, stop_reason="polar run finished"
+    ) as stack:
+        node = stack.node
         with progress, open(out / "results.jsonl", "wb") as sink:
             done = progress.add_task("sessions finished", total=total)
             stages = {s: progress.add_task(f"  {s.lower():<12}", total=capacity) for s in STAGES}
@@ -101,7 +83,7 @@ async def _run(
 
             watcher = asyncio.create_task(watch())
             try:
-                async with RolloutClient(server.url) as client:
+                async with RolloutClient(stack.server_url) as client:
                     async for result in client.run(tasks):
                         results.append(result)
                         sink.write(orjson.dumps(result.model_dump(mode="json")) + b"\n")
@@ -113,9 +95,6 @@ async def _run(
                     await watcher
                 for bar in stages.values():  # every session has left its stage
                     progress.update(bar, completed=0)
-    finally:
-        await node.stop("polar run finished")
-        server.stop()
     return results
 
 
@@ -161,20 +140,14 @@ def run(
     if capacity < 1:
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     out.mkdir(parents=True, exist_ok=True)
-    engine_server = None
-    if backend_url is None:
-        from polar.engine import Engine, create_engine_app
-        from polar.serving import ServerThread
+    with contextlib.ExitStack() as stack:
+        if backend_url is None:
+            from polar.rollout.local import embedded_engine
 
-        with console.status("loading the policy (the default model is built once)"):
-            engine = Engine.load(policy, start=False)
-            engine_server = ServerThread(create_engine_app(engine, manage_engine=True)).start()
-        backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
-        console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
-    try:
+            with console.status("loading the policy (the default model is built once)"):
+                engine, engine_server = stack.enter_context(embedded_engine(policy))
+            backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
+            console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
         results = asyncio.run(_run(tasks, out, backend_url, backend_kind, model, capacity, console))
-    finally:
-        if engine_server is not None:
-            engine_server.stop()
     console.print(_summary(results))
     console.print(f"results: {out / 'results.jsonl'}   records: {out / 'gateway.db'}")

@@ -102,3 +102,8 @@ def load_tasks(path: str | Path) -> list[Task]:
         raise TaskFileError(f"{p}: cannot read: {exc.strerror}") from None
     base = p.resolve().parent
     return [_anchor_uploads(t, base) for t in parse_tasks(text, str(p))]
+
+
+# Public names for other YAML loaders that point their errors at the line (polar.train.config).
+line_of = _line_of
+field_path = _path

@@ -1,0 +1,325 @@
+"""The async training loop: rollouts keep running while the policy trains.
+
+    loop = TrainLoop(tasks, trainer, client, gate, sync, metrics, LoopConfig(steps=10, batch_groups=2))
+    history = await loop.run()
+
+Up to `max_in_flight` task groups (a task with `group_size` samples is one GRPO group) run on the rollout
+service at once. A group is taken when all its sessions finished; a batch of `batch_groups` groups makes one
+optimizer step, trained in a worker thread so the node and its gateway keep serving the next groups'
+harness calls meanwhile. After each step the gateway is paused and drained, the weights are pushed to the
+policy server, and the gateway resumes: every later call is answered, and recorded, by the new version.
+
+Staleness: a group's version is the oldest policy version that produced any of its tokens (the gateway
+records it per call; trace metadata `policy_version`), else the version it was submitted at. A group more
+than `max_staleness` versions behind the trainer when it is taken is dropped and counted, never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar.client import RolloutClient, RolloutError
+from polar.rollout.protocol import SessionResult
+from polar.rollout.task import Task
+from polar.train.advantages import Estimator
+from polar.train.export import trajectory_of
+from polar.train.metrics import Metrics, StepMetrics
+from polar.train.sync import GatewayGate, WeightSync
+from polar.train.trainer import StepResult, Trainer, build_samples
+from polar.trajectory.models import Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    steps: int = 1
+    batch_groups: int = 2
+    group_size: int | None = None  # None: each task's num_samples
+    max_staleness: int = 2
+    max_in_flight: int = 4  # task groups submitted and not yet taken
+    estimator: Estimator = "rloo"
+    pass_threshold: float = 1.0
+    checkpoint_every: int | None = None  # the last step is always checkpointed
+    out: Path | None = None  # checkpoints go under out/checkpoints/step-N (None: none written)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """The finished sessions of one submitted task group."""
+
+    task_id: str
+    results: tuple[SessionResult, ...]
+    submitted_version: int
+
+    def trajectories(self) -> list[Trajectory]:
+        """Each session's trajectory with its reward; sessions without a reward are masked (not the
+        policy's doing: the fail-closed rules give the policy's own failures a reward of 0)."""
+        out: list[Trajectory] = []
+        for r in self.results:
+            t = trajectory_of(r)
+            if t is None:
+                continue
+            meta = {**t.metadata, "group_id": self.task_id}
+            if r.reward is not None:
+                meta["reward"] = r.reward
+            elif not all(isinstance(tr.reward, int | float) for tr in t.traces) or not t.traces:
+                meta["masked"] = True
+            out.append(t.model_copy(update={"metadata": meta}))
+        return out
+
+    @property
+    def sampled_version(self) -> int:
+        """The oldest policy version behind any token of the group (else the submission version)."""
+        versions = [
+            v
+            for r in self.results
+            if r.trajectory is not None
+            for tr in r.trajectory.get("traces", [])
+            if isinstance(v := tr.get("metadata", {}).get("policy_version"), int)
+        ]
+        return min(versions) if versions else self.submitted_version
+
+
+def staleness(group: Group, version: int) -> int:
+    return max(0, version - group.sampled_version)
+
+
+class TrainLoop:
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        trainer: Trainer,
+        client: RolloutClient,
+        gate: GatewayGate,
+        sync: WeightSync,
+        metrics: Metrics,
+        config: LoopConfig,
+    ) -> None:
+        if not tasks:
+            raise ValueError("the loop needs at least one task")
+        self.tasks = list(tasks)
+        self.trainer = trainer
+        self.client = client
+        self.gate = gate
+        self.sync = sync
+        self.metrics = metrics
+        self.config = config
+        self.version = trainer.step_count
+        self.dropped = 0  # stale groups dropped since the last step
+        self.dropped_total = 0
+        self._ready: asyncio.Queue[Group | BaseException] = asyncio.Queue()
+        self._in_flight: dict[str, asyncio.Task[None]] = {}
+        self._round = itertools.count()
+        self._order = itertools.cycle(range(len(self.tasks)))
+
+    # -- rollouts ---------------------------------------------------------------------------------------
+    def _group_task(self, task: Task, n: int) -> Task:
+        """A fresh, uniquely named copy of `task`: each submission is its own group and task id."""
+        task_id = f"{task.task_id}-r{n:05d}"
+        metadata = {
+            **task.metadata,
+            "group_id": task_id,
+            "source_task_id": task.task_id,
+            "policy_version": self.version,
+            "rollout_round": n,
+        }
+        update: dict[str, Any] = {"task_id": task_id, "metadata": metadata}
+        if self.config.group_size is not None:
+            update["num_samples"] = self.config.group_size
+        return task.model_copy(update=update)
+
+    async def _collect(self, task_id: str, version: int) -> None:
+        try:
+            results = tuple([r async for r in self.client.results(task_id)])
+            await self._ready.put(Group(task_id, results, version))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # surfaces in run(): a dead server must stop training loudly
+            await self._ready.put(exc)
+
+    async def _top_up(self) -> None:
+        while len(self._in_flight) < self.config.max_in_flight:
+            task = self._group_task(self.tasks[next(self._order)], next(self._round))
+            await self.client.submit(task)
+            self._in_flight[task.task_id] = asyncio.create_task(self._collect(task.task_id, self.version))
+
+    async def _next_group(self) -> Group:
+        await self._top_up()
+        item = await self._ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        self._in_flight.pop(item.task_id, None)
+        return item
+
+    def admit(self, group: Group) -> bool:
+        """Whether `group` is fresh enough to train on now; a stale one is counted as dropped."""
+        if staleness(group, self.version) > self.config.max_staleness:
+            self.dropped += 1
+            self.dropped_total += 1
+            return False
+        return True
+
+    # -- steps ------------------------------------------------------------------------------------------
+    def _train(self, batch: list[Group]) -> tuple[StepResult, Any, int]:
+        trajectories = [t for g in batch for t in g.trajectories()]
+        samples, stats, skipped = build_samples(
+            trajectories, self.config.estimator, pass_threshold=self.config.pass_threshold
+        )
+        return self.trainer.step(samples), stats, skipped
+
+    async def _sync(self) -> float:
+        started = time.perf_counter()
+        async with self.gate.paused():
+            await self.sync.push(self.trainer, self.trainer.step_count)
+        self.version = self.trainer.step_count
+        return time.perf_counter() - started
+
+    async def step(self) -> StepMetrics:
+        """Wait for a batch of fresh groups, train on it, sync the weights, record the metrics."""
+        waited = time.perf_counter()
+        batch: list[Group] = []
+        while len(batch) < self.config.batch_groups:
+            group = await self._next_group()
+            if self.admit(group):
+                batch.append(group)
+        wait_s = time.perf_counter() - waited
+        lags = [staleness(g, self.version) for g in batch]
+        result, stats, skipped = await asyncio.to_thread(self._train, batch)
+        sync_s = await self._sync()
+        step = self.trainer.step_count
+        cfg = self.config
+        if cfg.out is not None and (
+            step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
+        ):
+            await asyncio.to_thread(self.trainer.save, cfg.out / "checkpoints" / f"step-{step}")
+        m = result.metrics
+        record = StepMetrics(
+            step=step,
+            policy_version=self.version,
+            reward_mean=stats.mean_reward,
+            pass_rate=stats.pass_rate,
+            groups=len(batch),
+            samples=stats.samples,
+            zero_variance_groups=stats.zero_variance_groups,
+            dropped_stale_groups=self.dropped,
+            staleness_mean=sum(lags) / len(lags),
+            staleness_max=max(lags),
+            traces=result.traces,
+            tokens=result.tokens,
+            trainable_tokens=m.tokens,
+            loss=result.loss,
+            grad_norm=result.grad_norm,
+            clip_fraction=m.clip_fraction,
+            kl=m.kl,
+            tis_mean=m.tis_mean,
+            logprob_diff=result.logprob_diff,
+            rollout_wait_s=wait_s,
+            train_s=result.seconds,
+            sync_s=sync_s,
+            extra={"masked": float(stats.masked), "untrainable_traces": float(skipped)},
+        )
+        self.dropped = 0
+        self.metrics.log(record)
+        return record
+
+    async def run(self) -> list[StepMetrics]:
+        """Train for `steps` steps; groups still running at the end are cancelled on the server."""
+        try:
+            while self.trainer.step_count < self.config.steps:
+                await self.step()
+        finally:
+            await self.close()
+        return self.metrics.history
+
+    async def close(self) -> None:
+        for task_id, collector in list(self._in_flight.items()):
+            collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RolloutError):
+                await collector
+            with contextlib.suppress(RolloutError):
+                await self.client.cancel(task_id)
+        self._in_flight.clear()
+
+
+def train(config: Any, tasks: Sequence[Task], console: Any = None) -> list[StepMetrics]:
+    """Everything `polar train` runs, on this machine: the policy server (the embedded engine, or a vLLM
+    server at `config.backend`), the rollout server and a node, the trainer, and the loop.
+
+    `config` is a `polar.train.config.TrainConfig`; `console` (rich) gets the progress bar and step lines.
+    """
+    from polar.rollout.local import embedded_engine, local_stack
+    from polar.train.sync import EngineSync, VLLMSync
+    from polar.train.trainer import OptimizerConfig, TrainerConfig
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    m = config.metrics
+    metrics = Metrics.create(
+        out,
+        steps=config.steps,
+        console=console,
+        tensorboard=m.tensorboard,
+        wandb=m.wandb,
+        wandb_project=m.wandb_project,
+        run_name=m.run_name,
+        run_config=config.model_dump(mode="json"),
+    )
+
+    try:
+        opt = config.optimizer
+        # Sinks first: a missing tensorboard/wandb fails before minutes of model loading.
+        trainer = Trainer.load(
+            TrainerConfig(
+                model=config.model,
+                loss=config.loss_config(),
+                optimizer=OptimizerConfig(opt.lr, opt.weight_decay, opt.betas, opt.eps, opt.grad_clip),
+                micro_batch_tokens=config.micro_batch_tokens,
+                grad_accum=config.grad_accum,
+                gradient_checkpointing=config.gradient_checkpointing,
+                dtype=config.dtype,
+                device=config.device,
+                temperature=config.temperature,
+                seed=config.seed,
+            )
+        )
+        loop_config = LoopConfig(
+            steps=config.steps,
+            batch_groups=config.batch_groups,
+            group_size=config.group_size,
+            max_staleness=config.max_staleness,
+            max_in_flight=config.in_flight,
+            estimator=config.estimator,
+            pass_threshold=config.pass_threshold,
+            checkpoint_every=config.checkpoint_every,
+            out=out,
+        )
+
+        async def go(backend_url: str, model: str | None, sync: WeightSync) -> list[StepMetrics]:
+            async with local_stack(
+                out, backend_url, "vllm", model, config.capacity, stop_reason="training ended"
+            ) as stack:
+                gate = GatewayGate(stack.gateway_url, timeout_s=config.drain_timeout_s)
+                try:
+                    async with RolloutClient(stack.server_url) as client:
+                        loop = TrainLoop(tasks, trainer, client, gate, sync, metrics, loop_config)
+                        return await loop.run()
+                finally:
+                    await gate.aclose()
+                    await sync.aclose()
+
+        if config.backend == "embedded":
+            with embedded_engine(config.model, device=None if config.device == "auto" else config.device) as (
+                engine,
+                server,
+            ):
+                return asyncio.run(go(server.url, engine.name, EngineSync(engine)))
+        sync = VLLMSync(config.backend, out / "sync", timeout_s=config.drain_timeout_s)
+        return asyncio.run(go(config.backend, config.served_model, sync))
+    finally:
+        metrics.close()

@@ -1,0 +1,136 @@
+"""Weight sync after each step: pause and drain the gateway, push the weights, resume.
+
+The gateway gate (`POST /admin/pause?timeout=`, `POST /admin/resume`, see `polar.gateway.control`) holds
+harness calls at the model boundary while the policy changes, so no call straddles two versions and agents
+just see a slower answer. Two ways to push:
+
+- `EngineSync`: the embedded engine in this process; `Engine.update_weights` copies the trainer's tensors
+  (validated first, all or nothing), drains its own queue, and bumps `policy_version`, which every later
+  response (and so every gateway record) carries.
+- `VLLMSync`: a vLLM server over HTTP. vLLM's RL routes are served with `VLLM_SERVER_DEV_MODE=1` (read:
+  `vllm/entrypoints/rl/online/api_router.py` on main, and `serve/rlhf/api_router.py` in v0.16):
+  `POST /pause?mode=wait&clear_cache=true` (finish in-flight requests, drop the prefix cache),
+  `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` (every worker
+  reloads the checkpoint folder the trainer just wrote; the same call NeMo RL's remote refit makes),
+  `POST /update_weight_version {"new_version": "N"}`, `POST /resume`. The NCCL / CUDA-IPC data planes of
+  vLLM's weight-transfer API need vLLM's own Python package on the trainer side, so the reference trainer
+  goes through a checkpoint folder the server can read (same machine or shared storage). vLLM does not put
+  a policy version on its responses: records from it carry none, and staleness falls back to the version
+  a group was submitted at (task metadata `policy_version`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from polar.train.trainer import Trainer
+
+
+class SyncError(RuntimeError):
+    """A weight sync that failed; the message names the server, the route and its answer."""
+
+
+class WeightSync(Protocol):
+    async def push(self, trainer: Trainer, version: int) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def _post(http: httpx.AsyncClient, url: str, **kwargs: Any) -> httpx.Response:
+    try:
+        r = await http.post(url, **kwargs)
+    except httpx.HTTPError as exc:
+        raise SyncError(f"POST {url}: {type(exc).__name__}: {exc}") from None
+    if r.status_code >= 400:
+        raise SyncError(f"POST {url}: HTTP {r.status_code}: {r.text[:500]}")
+    return r
+
+
+@dataclass
+class PauseReport:
+    drained: bool  # every call in flight finished before the timeout
+    in_flight: int  # calls still running when the pause answered
+
+
+class GatewayGate:
+    """The gateway's weight-sync gate, over its control plane."""
+
+    def __init__(self, url: str, *, control_token: str | None = None, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {control_token}"} if control_token else {}
+        self._http = httpx.AsyncClient(headers=headers, timeout=timeout_s + 30.0)
+        self.timeout_s = timeout_s
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[PauseReport]:
+        """Pause (waiting up to `timeout_s` for calls in flight), yield, and always resume."""
+        r = await _post(self._http, f"{self.url}/admin/pause", params={"timeout": self.timeout_s})
+        body = r.json()
+        try:
+            yield PauseReport(bool(body.get("drained")), int(body.get("in_flight", 0)))
+        finally:
+            await _post(self._http, f"{self.url}/admin/resume")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+class EngineSync:
+    """Copy the trainer's weights into the embedded engine serving the rollouts (same process)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def push(self, trainer: Trainer, version: int) -> None:
+        state = trainer.state_dict()
+        got = await self.engine.update_weights_async(state, version)
+        if got != version:
+            raise SyncError(f"the engine reports policy version {got} after an update to {version}")
+
+    async def aclose(self) -> None:
+        return None
+
+
+class VLLMSync:
+    """Push a checkpoint folder to a vLLM server through its RL HTTP routes (see the module doc)."""
+
+    def __init__(self, url: str, folder: Path, *, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.folder = folder  # where the weights are written; the server must be able to read it
+        self._http = httpx.AsyncClient(timeout=timeout_s)
+
+    async def push(self, trainer: Trainer, version: int) -> None:
+        target = self.folder / f"v{version}"
+        await asyncio.to_thread(_write_weights, trainer, target)
+        await _post(self._http, f"{self.url}/pause", params={"mode": "wait", "clear_cache": "true"})
+        # No resume when the reload fails: workers may hold half-loaded weights, which must not serve.
+        await _post(
+            self._http,
+            f"{self.url}/collective_rpc",
+            json={"method": "reload_weights", "kwargs": {"weights_path": str(target.resolve())}},
+        )
+        await _post(self._http, f"{self.url}/update_weight_version", json={"new_version": str(version)})
+        await _post(self._http, f"{self.url}/resume")
+        for old in self.folder.glob("v*"):  # keep only the weights being served
+            if old != target and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _write_weights(trainer: Trainer, target: Path) -> None:
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.model.save_pretrained(tmp)
+    trainer.tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)  # the server never sees a half-written folder

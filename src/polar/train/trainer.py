@@ -1,0 +1,303 @@
+"""The reference trainer: one policy, AdamW, one optimizer step per batch of task groups.
+
+    trainer = Trainer.load(TrainerConfig(model=None))          # None: the engine's offline tiny model
+    samples, stats = build_samples(trajectories, "rloo")        # one Sample per trainable trace
+    result = trainer.step(samples)                              # packed micro-batches, accumulated grads
+    trainer.save(out / "checkpoints" / f"step-{trainer.step_count}")
+
+A step packs the traces into micro-batches of at most `micro_batch_tokens` tokens (at least `grad_accum` of
+them), runs each forward under bf16 autocast where the device has it, and backpropagates `policy_loss` with
+a batch-wide denominator, so the accumulated gradient is the gradient of the whole batch's loss however it
+was split. The old policy is the current one (one optimizer step per batch: `old_logprobs = logprobs.detach()`),
+so the PPO ratio starts at 1 and truncated importance sampling corrects for the sampler's mismatch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from polar.train.advantages import Estimator, GroupStats, trajectory_advantages
+from polar.train.loss import LossConfig, LossMetrics, policy_loss
+from polar.train.packing import pack, response_logprobs
+from polar.trajectory.models import Trajectory
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class TrainerConfig:
+    model: str | None = None  # HF id or folder; None: the engine's offline tiny model
+    loss: LossConfig = field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    micro_batch_tokens: int = 4096
+    grad_accum: int = 1
+    gradient_checkpointing: bool = False
+    dtype: str = "auto"  # auto | float32 | bfloat16 (the autocast dtype; parameters stay float32)
+    device: str = "auto"
+    temperature: float = 1.0  # sampling temperature of the behaviour logprobs
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One trainable trace: its tokens, the behaviour logprobs, and its trajectory's advantage and weight."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    mask: Sequence[int]
+    behaviour_logprobs: Sequence[float]
+    advantage: float
+    weight: float
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    loss: float
+    grad_norm: float
+    traces: int
+    micro_batches: int
+    tokens: int  # prompt + response tokens through the model
+    metrics: LossMetrics
+    logprob_diff: float  # mean |trainer - behaviour| logprob over trainable tokens, before the step
+    seconds: float
+
+
+def build_samples(
+    trajectories: Sequence[Trajectory], estimator: Estimator = "rloo", *, pass_threshold: float = 1.0
+) -> tuple[list[Sample], GroupStats, int]:
+    """Samples of every trace that can be trained on, the group statistics, and how many traces could
+    not be (no behaviour logprobs, no prompt): those are skipped, never guessed."""
+    per_trace, stats = trajectory_advantages(trajectories, estimator, pass_threshold=pass_threshold)
+    samples: list[Sample] = []
+    skipped = 0
+    for a in per_trace:
+        tr = trajectories[a.trajectory].traces[a.trace]
+        if a.weight <= 0.0 or tr.trainable_tokens == 0:
+            continue
+        if tr.response_logprobs is None or not tr.prompt_ids:
+            skipped += 1
+            continue
+        samples.append(
+            Sample(tr.prompt_ids, tr.response_ids, tr.loss_mask, tr.response_logprobs, a.advantage, a.weight)
+        )
+    return samples, stats, skipped
+
+
+def micro_batches(lengths: Sequence[int], max_tokens: int, at_least: int = 1) -> list[list[int]]:
+    """Consecutive index groups of about equal tokens: at most `max_tokens` each (a longer trace goes
+    alone) and, when there are enough traces, at least `at_least` groups."""
+    total = sum(lengths)
+    target = min(max_tokens, max(1, math.ceil(total / max(at_least, 1))))
+    out: list[list[int]] = []
+    cur: list[int] = []
+    used = 0
+    for i, n in enumerate(lengths):
+        if cur and used + n > target:
+            out.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """bf16 autocast on CUDA devices that support it; float32 (no autocast) elsewhere."""
+    if name == "float32":
+        return None
+    bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if name == "bfloat16":
+        if not bf16_ok:
+            raise ValueError(f"dtype bfloat16 needs a CUDA device with bf16 support, not {device}")
+        return torch.bfloat16
+    return torch.bfloat16 if bf16_ok else None
+
+
+def model_source(model: str | None) -> str:
+    """Where to load `model` from: the tiny default is built once into the engine's model cache."""
+    if model is None:
+        from polar.engine.tiny import default_model_dir
+
+        return str(default_model_dir())
+    return model
+
+
+class Trainer:
+    def __init__(self, model: Any, tokenizer: Any, config: TrainerConfig) -> None:
+        self.config = config
+        self.device = _resolve_device(config.device)
+        self.autocast = _autocast_dtype(config.dtype, self.device)
+        self.model = model.to(self.device)
+        self.model.requires_grad_(True)
+        self.tokenizer = tokenizer
+        if config.gradient_checkpointing:
+            # transformers 5.x renamed gradient_checkpointing_enable (deprecated, removed in v6).
+            enable = getattr(self.model, "activation_checkpointing_enable", None)
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
+        self.model.config.use_cache = False
+        # Frozen initial policy for the k3 KL term; only kept when it is used.
+        self.reference = (
+            copy.deepcopy(self.model).eval().requires_grad_(False) if config.loss.kl_coef > 0 else None
+        )
+        opt = config.optimizer
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+        )
+        self.step_count = 0
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+
+    @classmethod
+    def load(cls, config: TrainerConfig) -> Trainer:
+        """Load the policy in float32 (master weights; autocast supplies bf16 compute) and its tokenizer."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        torch.manual_seed(config.seed)
+        source = model_source(config.model)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        return cls(model, tokenizer, config)
+
+    # -- one optimizer step ---------------------------------------------------------------------------
+    def _autocast(self) -> Any:
+        if self.autocast is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.autocast)
+
+    def step(self, samples: Sequence[Sample]) -> StepResult:
+        """Accumulate the batch's gradient over micro-batches, clip, and take one AdamW step."""
+        started = time.perf_counter()
+        cfg = self.config
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        trainable = sum(sum(s.mask) for s in samples)
+        if cfg.loss.aggregation == "token_mean":
+            denominator = float(max(trainable, 1))
+        else:
+            denominator = float(sum(s.weight for s in samples)) or 1.0
+        groups = micro_batches([s.length for s in samples], cfg.micro_batch_tokens, cfg.grad_accum)
+
+        total_loss = 0.0
+        sums = {
+            "clip_fraction": 0.0,
+            "ratio_mean": 0.0,
+            "tis_mean": 0.0,
+            "tis_capped_fraction": 0.0,
+            "kl": 0.0,
+        }
+        diff_sum = 0.0
+        tokens = 0
+        for idx in groups:
+            part = [samples[i] for i in idx]
+            width = max(cfg.micro_batch_tokens, max(s.length for s in part))
+            batch = pack([(s.prompt_ids, s.response_ids) for s in part], width, self.pad_id)
+            mask = batch.flat([list(s.mask) for s in part], torch.float32).to(self.device)
+            behaviour = batch.flat([list(s.behaviour_logprobs) for s in part], torch.float32).to(self.device)
+            advantages = batch.flat([s.advantage for s in part], torch.float32).to(self.device)
+            weights = torch.tensor([s.weight for s in part], dtype=torch.float32, device=self.device)
+            with self._autocast():
+                logprobs = response_logprobs(self.model, batch, cfg.temperature)
+                ref = None
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref = response_logprobs(self.reference, batch, cfg.temperature)
+            loss, m = policy_loss(
+                logprobs,
+                behaviour,
+                advantages,
+                mask,
+                cfg.loss,
+                old_logprobs=logprobs.detach(),
+                ref_logprobs=ref,
+                seq_index=batch.seq_index.to(self.device),
+                seq_weights=weights,
+                denominator=denominator,
+            )
+            loss.backward()
+            total_loss += float(loss.detach())
+            for k in sums:
+                sums[k] += getattr(m, k) * m.tokens
+            keep = mask.bool()
+            diff_sum += float((logprobs.detach() - behaviour).abs()[keep].sum())
+            tokens += sum(s.length for s in part)
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grad_norm = 0.0
+        if params:
+            clip = cfg.optimizer.grad_clip
+            norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+            grad_norm = float(norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.step_count += 1
+        n = max(trainable, 1)
+        metrics = LossMetrics(**{k: v / n for k, v in sums.items()}, tokens=trainable)
+        return StepResult(
+            loss=total_loss,
+            grad_norm=grad_norm,
+            traces=len(samples),
+            micro_batches=len(groups),
+            tokens=tokens,
+            metrics=metrics,
+            logprob_diff=diff_sum / n,
+            seconds=time.perf_counter() - started,
+        )
+
+    # -- weights out ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's tensors, detached (what an in-process engine copies from)."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def save(self, folder: Path) -> Path:
+        """A Hugging Face checkpoint (model + tokenizer) plus `optimizer.pt` and `trainer_state.json`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        state = {"step": self.step_count, "policy_version": self.step_count, "model": self.config.model}
+        (folder / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        return folder
+
+    def restore(self, folder: Path) -> None:
+        """Optimizer state and step count from a folder `save` wrote (the weights load with the model)."""
+        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=self.device))
+        self.step_count = int(json.loads((folder / "trainer_state.json").read_text())["step"])

@@ -1,0 +1,131 @@
+"""`polar train CONFIG` as a user runs it: a subprocess, the tiny model on CPU, the example's task."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+
+from polar.train.config import ConfigError, load_config, parse_config
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "train.yaml"
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200"}
+
+
+def polar(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polar", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+def small_config(tmp_path: Path, **overrides: object) -> Path:
+    """The shipped example, shrunk: one step on one group of two samples."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data.update(steps=1, group_size=2, batch_groups=1, out=str(tmp_path / "run"), **overrides)
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_example_config_is_valid() -> None:
+    config, tasks = load_config(EXAMPLE)
+    assert config.model is None and config.backend == "embedded" and config.device == "cpu"
+    assert [t.task_id for t in tasks] == ["short-answer"] and tasks[0].agent.harness == "shell"
+
+
+def test_train_writes_metrics_and_a_loadable_checkpoint(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    proc = polar("train", str(small_config(tmp_path)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "run"
+    lines = [orjson.loads(line) for line in (run / "metrics.jsonl").read_bytes().splitlines()]
+    assert len(lines) == 1
+    line = lines[0]
+    assert line["step"] == 1 and line["policy_version"] == 1 and 0.0 <= line["reward_mean"] <= 1.0
+    assert line["samples"] == 2 and line["tokens"] > line["trainable_tokens"] > 0
+    for key in (
+        "pass_rate",
+        "staleness_mean",
+        "clip_fraction",
+        "kl",
+        "loss",
+        "rollout_wait_s",
+        "train_s",
+        "sync_s",
+    ):
+        assert isinstance(line[key], int | float), key
+    folder = run / "checkpoints" / "step-1"
+    assert (folder / "optimizer.pt").is_file() and (folder / "trainer_state.json").is_file()
+    assert AutoModelForCausalLM.from_pretrained(folder).config.model_type == "qwen3"
+    assert (run / "gateway.db").is_file()
+    assert "step    1" in proc.stdout and "policy version 1" in proc.stdout
+
+
+def test_a_bad_config_points_at_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text("tasks: tasks.yaml\nsteps: 3\noptimizer:\n  lr: 0\n")
+    proc = polar("train", str(path))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert f"{path}:4: optimizer.lr: Input should be greater than 0" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tasks: []\n", "cfg.yaml:1: tasks: must be a task file"),
+        (
+            "tasks: t.yaml\nestimator: ppo\n",
+            "cfg.yaml:2: estimator: Input should be 'grpo', 'rloo' or 'dr_grpo'",
+        ),
+        ("tasks: t.yaml\nbackend: ftp://x\n", "cfg.yaml:2: backend: must be 'embedded' or an http(s) URL"),
+        ("tasks: t.yaml\nloss:\n  aggregation: sum\n", "cfg.yaml:3: loss.aggregation: Input should be"),
+        (
+            "tasks: t.yaml\nsteps: 2\nlearning_rate: 1\n",
+            "cfg.yaml:3: learning_rate: Extra inputs are not permitted",
+        ),
+        ("tasks: t.yaml\n  steps: [\n", "cfg.yaml:2: not valid YAML"),
+        ("- 1\n", "cfg.yaml: expected a mapping"),
+        (
+            "tasks:\n  - task_id: a\n    instruction: x\n    runtime:\n      backend: vm\n",
+            "cfg.yaml:5: tasks[0].runtime.backend: Input should be",
+        ),
+        (
+            "tasks:\n  - {task_id: a, instruction: x}\n  - {task_id: a, instruction: y}\n",
+            "duplicate task_id a",
+        ),
+        ("tasks: missing.yaml\n", "cfg.yaml:1: tasks: "),
+    ],
+)
+def test_config_errors_name_the_line_and_field(tmp_path: Path, text: str, expected: str) -> None:
+    (tmp_path / "t.yaml").write_text("task_id: t\ninstruction: do it\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, "cfg.yaml", tmp_path)
+    assert expected in str(err.value)
+
+
+def test_task_file_and_inline_uploads_are_relative_to_the_config(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text("task_id: t\ninstruction: do it\nnum_samples: 3\n")
+    config, tasks = parse_config("tasks: t.yaml\ngroup_size: 2\n", "cfg.yaml", tmp_path)
+    assert config.group_size == 2 and tasks[0].task_id == "t" and config.in_flight == 4
+    inline = "tasks:\n  - task_id: u\n    instruction: x\n    runtime:\n      prepare:\n        - {type: upload, src: repo}\n"
+    _, tasks = parse_config(inline, "cfg.yaml", tmp_path)
+    assert tasks[0].runtime.prepare[0].src == str(tmp_path / "repo")  # type: ignore[union-attr]
+
+
+def test_a_metrics_sink_that_is_not_installed_fails_cleanly(tmp_path: Path) -> None:
+    installed = importlib.util.find_spec("tensorboard") is not None
+    proc = polar("train", str(small_config(tmp_path, metrics={"tensorboard": True})))
+    if installed:
+        assert proc.returncode == 0, proc.stderr
+        assert any((tmp_path / "run" / "tensorboard").iterdir())
+    else:
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert "metrics.tensorboard is on but `tensorboard` is not installed" in proc.stderr

@@ -1,0 +1,239 @@
+"""The async training loop on one machine: the embedded engine (tiny model), the rollout server, a node,
+the shell harness calling the gateway, one training step and the weight sync; and the sync clients."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from polar.client import RolloutClient
+from polar.engine.weights import load_checkpoint
+from polar.rollout.local import embedded_engine, local_stack
+from polar.rollout.protocol import SessionResult, SessionStatus
+from polar.rollout.task import Task
+from polar.store.sqlite import SQLiteStore
+from polar.train.loop import Group, LoopConfig, TrainLoop, staleness
+from polar.train.metrics import Metrics
+from polar.train.sync import EngineSync, GatewayGate, SyncError, VLLMSync
+from polar.train.trainer import OptimizerConfig, Trainer, TrainerConfig
+from tests.conftest import start_gateway
+from tests.fakes.server import serve
+from tests.node_support import fake_policy
+
+# One chat call with the standard library (fast to start), 6 sampled tokens; the answer goes to reply.txt.
+CALLER = """
+import json, os, urllib.request as u
+body = {"model": os.environ["OPENAI_MODEL"], "max_tokens": 6, "temperature": 1.0,
+        "messages": [{"role": "user", "content": "say something"}]}
+req = u.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", json.dumps(body).encode(),
+                {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+open("reply.txt", "w").write(json.load(u.urlopen(req, timeout=120))["choices"][0]["message"]["content"] or "")
+"""
+# Reward 1 for answers of even length: about half the samples, so groups carry a learning signal.
+EVEN = "python3 -c 'import sys; sys.exit(len(open(\"reply.txt\").read()) % 2)'"
+
+
+def task(tmp_path: Path, task_id: str = "say", samples: int = 2) -> Task:
+    caller = tmp_path / "caller.py"
+    caller.write_text(CALLER)
+    return Task.model_validate(
+        {
+            "task_id": task_id,
+            "instruction": "say something",
+            "num_samples": samples,
+            "timeout_seconds": 120,
+            "agent": {"harness": "shell", "settings": {"command": f"python3 {caller}"}},
+            "evaluator": {"strategy": "test_on_output", "config": {"command": EVEN}},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def base_trainer() -> Iterator[Trainer]:
+    yield Trainer.load(TrainerConfig(device="cpu"))
+
+
+def new_trainer(base: Trainer) -> Trainer:
+    # Weight decay moves every weight even when all groups have equal rewards (zero advantages), so a
+    # sync always has new weights to show.
+    cfg = TrainerConfig(device="cpu", optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.1))
+    return Trainer(copy.deepcopy(base.model), base.tokenizer, cfg)
+
+
+class ProbingSync:
+    """The real engine sync, plus a look at the gateway's /health while the weights move."""
+
+    def __init__(self, engine: Any, gateway_url: str) -> None:
+        self.inner = EngineSync(engine)
+        self.gateway_url = gateway_url
+        self.seen: list[dict[str, Any]] = []
+
+    async def push(self, trainer: Trainer, version: int) -> None:
+        async with httpx.AsyncClient() as http:
+            self.seen.append((await http.get(f"{self.gateway_url}/health")).json())
+        await self.inner.push(trainer, version)
+
+    async def aclose(self) -> None:
+        return None
+
+
+def records_of(store: Path, results: list[SessionResult]) -> list[Any]:
+    with SQLiteStore(store) as s:
+        return [rec for r in results for rec in s.completions(r.session_id)]
+
+
+async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
+    base_trainer: Trainer, tmp_path: Path
+) -> None:
+    trainer = new_trainer(base_trainer)
+    initial = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    out = tmp_path / "out"
+    with embedded_engine(None, device="cpu") as (engine, server):
+        assert engine.policy_version == 0
+        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
+            sync = ProbingSync(engine, stack.gateway_url)
+            gate = GatewayGate(stack.gateway_url, timeout_s=60)
+            metrics = Metrics.create(out, steps=1)
+            config = LoopConfig(steps=1, batch_groups=2, max_in_flight=2, max_staleness=1, out=out)
+            async with RolloutClient(stack.server_url) as client:
+                loop = TrainLoop([task(tmp_path)], trainer, client, gate, sync, metrics, config)
+                history = await loop.run()
+                metrics.close()
+
+                # The step: trained on two groups sampled by version 0, synced as version 1.
+                assert len(history) == 1 and history[0].step == 1 and history[0].policy_version == 1
+                assert history[0].groups == 2 and history[0].samples == 4 and history[0].staleness_max == 0
+                assert history[0].traces == 4 and history[0].trainable_tokens == 4 * 6
+                assert engine.policy_version == 1 and loop.version == 1
+                # The gateway was paused while the weights moved, and open again afterwards.
+                assert [h["paused"] for h in sync.seen] == [True]
+                async with httpx.AsyncClient() as http:  # the node serves on this loop: never block it
+                    health = (await http.get(f"{stack.gateway_url}/health")).json()
+                assert health["paused"] is False and health["in_flight"] == 0
+                # The engine serves exactly the trainer's new weights.
+                served = engine.model.state_dict()
+                changed = False
+                for name, value in trainer.model.state_dict().items():
+                    assert torch.allclose(served[name], value), name
+                    changed |= not torch.equal(value, initial[name])
+                assert changed
+
+                # The next rollout is answered, and recorded, by version 1.
+                after = [r async for r in client.run([task(tmp_path, "next", samples=2)])]
+            assert all(r.status == SessionStatus.COMPLETED for r in after)
+            records = records_of(out / "gateway.db", after)
+            assert len(records) == 2 and {rec.policy_version for rec in records} == {1}
+            trajectories = [r.trajectory for r in after if r.trajectory is not None]
+            assert len(trajectories) == 2
+            versions = {tr["metadata"]["policy_version"] for t in trajectories for tr in t["traces"]}
+            assert versions == {1}
+
+            # Staleness is measured from the records (not the submission version); max_staleness is 1.
+            group = Group("next", tuple(after), submitted_version=0)
+            assert group.sampled_version == 1 and staleness(group, 1) == 0
+            loop.version = 3
+            assert loop.admit(group) is False and loop.dropped_total == 1
+            loop.version = 2
+            assert loop.admit(group) is True and loop.dropped_total == 1
+
+    lines = [orjson.loads(line) for line in (out / "metrics.jsonl").read_bytes().splitlines()]
+    assert len(lines) == 1
+    assert {"step", "reward_mean", "policy_version", "pass_rate", "tokens", "clip_fraction", "kl"} <= set(
+        lines[0]
+    )
+    assert lines[0]["step"] == 1 and lines[0]["policy_version"] == 1
+    assert lines[0]["rollout_wait_s"] >= 0 and lines[0]["train_s"] > 0 and lines[0]["sync_s"] > 0
+    checkpoint = out / "checkpoints" / "step-1"
+    assert torch.equal(load_checkpoint(checkpoint)["model.norm.weight"], trainer.model.model.norm.weight)
+
+
+def test_groups_without_records_fall_back_to_their_submission_version() -> None:
+    lost = SessionResult(session_id="s1", task_id="t-r00001", status=SessionStatus.ERROR, reason="node died")
+    group = Group("t-r00001", (lost,), submitted_version=5)
+    assert group.sampled_version == 5 and staleness(group, 8) == 3 and staleness(group, 2) == 0
+    assert group.trajectories() == []  # nothing to train on, nothing invented
+
+
+def vllm_control(
+    calls: list[tuple[str, dict[str, Any], dict[str, Any]]], fail: str | None = None
+) -> Starlette:
+    """A stand-in for vLLM's RL routes (VLLM_SERVER_DEV_MODE=1): records each call; `fail` answers 500."""
+
+    async def handle(request: Request) -> JSONResponse:
+        body = orjson.loads(await request.body()) if await request.body() else {}
+        calls.append((request.url.path, dict(request.query_params), body))
+        if request.url.path == fail:
+            return JSONResponse({"error": "worker failed to load weights"}, status_code=500)
+        return JSONResponse({"status": "ok"})
+
+    paths = ["/pause", "/resume", "/collective_rpc", "/update_weight_version"]
+    return Starlette(routes=[Route(p, handle, methods=["POST"]) for p in paths])
+
+
+async def test_vllm_sync_pauses_reloads_a_checkpoint_and_resumes(
+    base_trainer: Trainer, tmp_path: Path
+) -> None:
+    calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    trainer = new_trainer(base_trainer)
+    with serve(vllm_control(calls)) as srv:
+        sync = VLLMSync(srv.url, tmp_path / "sync")
+        await sync.push(trainer, 1)
+        await sync.push(trainer, 2)
+        await sync.aclose()
+    routes = [c[0] for c in calls]
+    assert routes == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"] * 2
+    assert calls[0][1] == {"mode": "wait", "clear_cache": "true"}
+    rpc = calls[5][2]
+    assert rpc["method"] == "reload_weights"
+    folder = Path(rpc["kwargs"]["weights_path"])
+    assert folder == (tmp_path / "sync" / "v2").resolve()
+    assert calls[6][2] == {"new_version": "2"}
+    weights = load_checkpoint(folder)  # a checkpoint the server can load, with the trainer's tensors
+    assert torch.equal(weights["model.norm.weight"], trainer.model.model.norm.weight)
+    assert [p.name for p in (tmp_path / "sync").iterdir()] == ["v2"]  # only the served version is kept
+
+
+async def test_vllm_sync_failure_names_the_route_and_does_not_resume(
+    base_trainer: Trainer, tmp_path: Path
+) -> None:
+    calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    with serve(vllm_control(calls, fail="/collective_rpc")) as srv:
+        sync = VLLMSync(srv.url, tmp_path / "sync")
+        with pytest.raises(SyncError, match=r"/collective_rpc: HTTP 500: .*failed to load"):
+            await sync.push(new_trainer(base_trainer), 1)
+        await sync.aclose()
+    assert [c[0] for c in calls] == ["/pause", "/collective_rpc"]  # half-loaded weights never serve
+
+
+async def test_gateway_gate_pauses_and_always_resumes(tmp_path: Path) -> None:
+    with fake_policy() as (url, _):
+        gateway = start_gateway(url, tmp_path)
+        try:
+            gate = GatewayGate(gateway.url, timeout_s=5)
+            with pytest.raises(RuntimeError, match="boom"):
+                async with gate.paused() as report:
+                    assert report.drained and report.in_flight == 0
+                    health = await asyncio.to_thread(httpx.get, f"{gateway.url}/health")
+                    assert health.json()["paused"] is True
+                    raise RuntimeError("boom")
+            assert httpx.get(f"{gateway.url}/health").json()["paused"] is False
+            await gate.aclose()
+        finally:
+            gateway.server.stop()
+    unreachable = GatewayGate("http://127.0.0.1:9", timeout_s=1)
+    with pytest.raises(SyncError, match="/admin/pause"):
+        async with unreachable.paused():
+            pass
+    await unreachable.aclose()
