@@ -17,13 +17,13 @@ refuses the flag unless `IS_SANDBOX=1`, which the preset then sets, so use it in
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.cli_common import texts, under, write_json
 from polar.harness.install import npm_bin_async
-from polar.runtime.base import Runtime, RuntimeFailure
+from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
 PACKAGE = "@anthropic-ai/claude-code"
@@ -75,16 +75,6 @@ def _optional_str(settings: dict[str, Any], name: str) -> str | None:
     return value
 
 
-def _system_texts(request: dict[str, Any]) -> list[str]:
-    """The text of the request's top-level `system` (a string or text blocks), tolerating any shape."""
-    system = request.get("system")
-    if isinstance(system, str):
-        return [system]
-    if isinstance(system, list):
-        return [b["text"] for b in system if isinstance(b, dict) and isinstance(b.get("text"), str)]
-    return []
-
-
 class ClaudeCodeHarness:
     """Runs `claude -p` headless; see the module docstring."""
 
@@ -111,7 +101,7 @@ class ClaudeCodeHarness:
         self._model: str | None = None  # the session's main model, once setup has seen the context
 
     def config_dir(self, ctx: HarnessContext) -> str:
-        return f"{ctx.home.rstrip('/')}/{CONFIG_DIR}"
+        return under(ctx.home, CONFIG_DIR)
 
     def _cli_env(self, ctx: HarnessContext) -> dict[str, str]:
         """Claude Code's own switches: every model tier at the gateway's model, no other traffic."""
@@ -151,12 +141,7 @@ class ClaudeCodeHarness:
                 else {"allow": self.allowed_tools}
             ),
         }
-        path = f"{self.config_dir(ctx)}/settings.json"
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-        data = json.dumps(settings, indent=2).encode()
-        result = await runtime.exec(["sh", "-c", script, "sh", path], stdin=data, timeout_s=60)
-        if result.exit_code != 0:
-            raise RuntimeFailure(f"could not write {path}: {result.stderr.strip()}")
+        await write_json(runtime, f"{self.config_dir(ctx)}/settings.json", settings)
 
     def command(self, ctx: HarnessContext) -> list[str]:
         # `--allowedTools` takes a variadic list: `--` ends it and lets an instruction that starts with
@@ -170,7 +155,7 @@ class ClaudeCodeHarness:
             "-p",
             *permissions,
             "--debug-file",
-            f"{ctx.artifacts.rstrip('/')}/{DEBUG_LOG}",
+            under(ctx.artifacts, DEBUG_LOG),
             "--",
             ctx.instruction,
         ]
@@ -182,7 +167,7 @@ class ClaudeCodeHarness:
         """Copy Claude Code's session transcripts (`<config>/projects/<cwd>/<session>.jsonl`, subagents
         under `<session>/subagents/`) into the artifacts; list the ones copied."""
         src = f"{self.config_dir(ctx)}/projects"
-        dst = f"{ctx.artifacts.rstrip('/')}/{PROJECTS}"
+        dst = under(ctx.artifacts, PROJECTS)
         script = (
             '[ -d "$1" ] || exit 0; mkdir -p -- "$2" && cp -r -- "$1"/. "$2"/ && '
             "cd -- \"$2\" && find . -name '*.jsonl' -type f | sort"
@@ -198,12 +183,12 @@ class ClaudeCodeHarness:
         a subagent (its billing line says so), a call without tools (the session title, or other
         small-model work), or any call for `settings.small_model` when it has its own name."""
         request = record.request if isinstance(record.request, dict) else {}
-        texts = _system_texts(request)
-        billing = next((t for t in texts if t.startswith(_BILLING_MARK)), "")
+        system = texts(request.get("system"))  # a string or text blocks, any shape tolerated
+        billing = next((t for t in system if t.startswith(_BILLING_MARK)), "")
         if _SUBAGENT_MARK in billing:
             return ("side_call", "subagent")
         if not request.get("tools"):
-            title = any(_TITLE_MARK in t for t in texts)
+            title = any(_TITLE_MARK in t for t in system)
             return ("side_call", "title" if title else "small_model")
         small = self.small_model
         if small is not None and small != self._model and record.model_requested == small:

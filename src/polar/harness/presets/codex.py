@@ -14,13 +14,23 @@ otherwise falls back to its defaults, which decide when it compacts), `reasoning
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.cli_common import (
+    absolute_binary,
+    one_of,
+    optional_count,
+    optional_positive_int,
+    refuse_unknown,
+    stdin_from_instruction,
+    texts,
+    under,
+    write_file,
+)
 from polar.harness.install import npm_bin_async
-from polar.harness.shell import instruction_path, write_instruction
-from polar.runtime.base import Runtime, RuntimeFailure
+from polar.harness.shell import write_instruction
+from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
 PACKAGE = "@openai/codex"
@@ -99,53 +109,25 @@ def config_toml(
     return "\n".join(lines) + "\n"
 
 
-def _texts(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-    return []
-
-
-async def write_file(runtime: Runtime, path: str, text: str) -> None:
-    """Write `text` at `path` inside the runtime (through exec, so it works in any sandbox)."""
-    script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-    result = await runtime.exec(["sh", "-c", script, "sh", path], stdin=text.encode(), timeout_s=60)
-    if result.exit_code != 0:
-        raise RuntimeFailure(f"could not write {path}: {result.stderr.strip()}")
-
-
 class CodexHarness:
     name = "codex"
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})
-        unknown = sorted(set(settings) - set(_SETTINGS))
-        if unknown:
-            raise ValueError(f"codex harness: unknown settings {unknown}; known: {list(_SETTINGS)}")
-        binary = settings.get("binary")
-        if binary is not None and (not isinstance(binary, str) or not binary.startswith("/")):
-            raise ValueError(f"codex harness: settings.binary must be an absolute path, not {binary!r}")
-        window = settings.get("context_window")
-        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
-            raise ValueError(
-                f"codex harness: settings.context_window must be a positive integer, not {window!r}"
-            )
-        effort = settings.get("reasoning_effort")
-        if effort is not None and effort not in EFFORTS:
-            raise ValueError(
-                f"codex harness: settings.reasoning_effort must be one of {list(EFFORTS)}, not {effort!r}"
-            )
-        retries = settings.get("max_retries")
-        if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
-            raise ValueError(f"codex harness: settings.max_retries must be an integer >= 0, not {retries!r}")
+        refuse_unknown(self.name, settings, _SETTINGS)
+        binary = absolute_binary(self.name, settings.get("binary"))
+        window = optional_positive_int(self.name, "context_window", settings.get("context_window"))
+        effort = one_of(
+            self.name, "reasoning_effort", settings.get("reasoning_effort"), EFFORTS, optional=True
+        )
+        retries = optional_count(self.name, "max_retries", settings.get("max_retries"))
         self.binary: str | None = binary
         self.reasoning_effort: str | None = effort
         self.max_retries: int | None = retries
         self.context_window: int | None = window
 
     def codex_home(self, ctx: HarnessContext) -> str:
-        return f"{ctx.home.rstrip('/')}/{CODEX_DIR}"
+        return under(ctx.home, CODEX_DIR)
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         if self.binary is None:
@@ -164,9 +146,9 @@ class CodexHarness:
         # 0.171.0: its own sandbox helper fails when CODEX_HOME is under /tmp, and approvals would block a
         # headless run; our runtime is the sandbox.
         argv += ["--dangerously-bypass-approvals-and-sandbox", "--color", "never"]
-        argv += ["-C", ctx.workdir, "-m", ctx.model, "-o", f"{ctx.artifacts.rstrip('/')}/{LAST_MESSAGE}"]
+        argv += ["-C", ctx.workdir, "-m", ctx.model, "-o", under(ctx.artifacts, LAST_MESSAGE)]
         # `-` reads the prompt from stdin: any instruction text, even one starting with a dash.
-        return f"{shlex.join([*argv, '-'])} < {shlex.quote(instruction_path(ctx))}"
+        return stdin_from_instruction([*argv, "-"], ctx)
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {**gateway_env(ctx), "CODEX_HOME": self.codex_home(ctx), "NO_COLOR": "1", **ctx.env}
@@ -174,14 +156,14 @@ class CodexHarness:
     async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
         """Copy Codex's own rollout transcripts (`$CODEX_HOME/sessions/**/rollout-*.jsonl`) to artifacts."""
         script = 'mkdir -p -- "$2" && cp -r -- "$1/sessions/." "$2/" && find "$2" -name "*.jsonl" | wc -l'
-        dst = f"{ctx.artifacts.rstrip('/')}/{SESSIONS_COPY}"
+        dst = under(ctx.artifacts, SESSIONS_COPY)
         result = await runtime.exec(["sh", "-c", script, "sh", self.codex_home(ctx), dst], timeout_s=120)
         transcripts = int(result.stdout.strip() or 0) if result.exit_code == 0 else 0
         return {"transcripts": transcripts, "last_message": LAST_MESSAGE}
 
     def classify(self, record: CompletionRecord) -> tuple[str, ...]:
         messages = record.upstream_request.get("messages") or []
-        if messages and any(COMPACTION_MARKER in t for t in _texts(messages[-1].get("content"))):
+        if messages and any(COMPACTION_MARKER in t for t in texts(messages[-1].get("content"))):
             return ("side_call", "compaction")  # the summary prompt is the request's last message
         return () if record.tools else ("side_call",)
 

@@ -9,13 +9,13 @@ the artifacts after the run.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.cli_common import collect, deep_merge, extra_args_and_config, texts, under, write_json
 from polar.harness.install import npm_bin_async
-from polar.runtime.base import Runtime, RuntimeFailure
+from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
 PACKAGE = "@google/gemini-cli"
@@ -54,61 +54,8 @@ ALIAS_ROOTS = (
 )
 
 
-_SETTINGS = ("extra_args", "config")
-# Copies the listed paths (relative to $HOME) that exist into the artifacts, then counts the files copied.
-_COLLECT = (
-    'dst="$1"; home="$2"; shift 2; mkdir -p -- "$dst"; cd -- "$home" || exit 1; '
-    'for p in "$@"; do [ -e "$p" ] && mkdir -p -- "$dst/$(dirname -- "$p")" '
-    '&& cp -r -- "$p" "$dst/$(dirname -- "$p")/"; done; find "$dst" -type f | wc -l'
-)
-
-
-def parse_settings(name: str, settings: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
-    """(extra_args, config) from the task's `agent.settings`, or ValueError naming the bad setting."""
-    settings = dict(settings or {})
-    unknown = sorted(set(settings) - set(_SETTINGS))
-    if unknown:
-        raise ValueError(f"{name} harness: unknown settings {unknown}; known: {list(_SETTINGS)}")
-    extra = settings.get("extra_args", [])
-    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-        raise ValueError(f"{name} harness: settings.extra_args must be a list of strings, not {extra!r}")
-    config = settings.get("config", {})
-    if not isinstance(config, dict):
-        raise ValueError(f"{name} harness: settings.config must be a mapping, not {config!r}")
-    return list(extra), dict(config)
-
-
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        old = out.get(key)
-        out[key] = deep_merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
-    return out
-
-
-async def write_json(runtime: Runtime, path: str, data: dict[str, Any]) -> None:
-    """Write a config file through the runtime (so it lands in the sandbox's home, whatever the sandbox)."""
-    script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-    body = json.dumps(data, indent=2).encode()
-    result = await runtime.exec(["sh", "-c", script, "sh", path], stdin=body, timeout_s=60)
-    if result.exit_code != 0:
-        raise RuntimeFailure(f"could not write {path}: {result.stderr.strip()}")
-
-
-async def collect(runtime: Runtime, ctx: HarnessContext, into: str, paths: list[str]) -> dict[str, Any]:
-    """Copy the CLI's own transcripts/logs (paths relative to its home) into `artifacts/<into>`."""
-    dst = f"{ctx.artifacts.rstrip('/')}/{into}"
-    result = await runtime.exec(["sh", "-c", _COLLECT, "sh", dst, ctx.home, *paths], timeout_s=120)
-    count = result.stdout.strip()
-    if result.exit_code != 0 or not count.isdigit():
-        return {"transcript_files": 0, "collect_error": result.stderr.strip()[-500:]}
-    return {"transcript_files": int(count)}
-
-
 def _texts(parts: Any) -> str:
-    if not isinstance(parts, list):
-        return ""
-    return "".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return "".join(texts(parts)) if isinstance(parts, list) else ""
 
 
 def cli_settings(model: str) -> dict[str, Any]:
@@ -129,13 +76,13 @@ class GeminiCliHarness:
     name = "gemini_cli"
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
-        self.extra_args, self.config = parse_settings(self.name, settings)
+        self.extra_args, self.config = extra_args_and_config(self.name, settings)
         self.binary: Path | None = None
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         self.binary = await npm_bin_async(PACKAGE, VERSION, BINARY)
         config = deep_merge(cli_settings(ctx.model), self.config)
-        await write_json(runtime, f"{ctx.home.rstrip('/')}/.gemini/settings.json", config)
+        await write_json(runtime, under(ctx.home, ".gemini/settings.json"), config)
 
     def command(self, ctx: HarnessContext) -> list[str]:
         # Always `-m`: without it 0.61.0 first asks a router model which model to use (an extra call).

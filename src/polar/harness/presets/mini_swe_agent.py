@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.cli_common import count, one_of, refuse_unknown, under
 from polar.harness.install import pip_prefix
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
@@ -58,19 +59,9 @@ class MiniSweAgentHarness:
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})
-        unknown = sorted(set(settings) - set(_SETTINGS))
-        if unknown:
-            raise ValueError(f"mini_swe_agent harness: unknown settings {unknown}; known: {list(_SETTINGS)}")
-        mode = settings.get("mode", "tool_calls")
-        if mode not in MODES:
-            raise ValueError(
-                f"mini_swe_agent harness: settings.mode must be one of {list(MODES)}, not {mode!r}"
-            )
-        steps = settings.get("step_limit", 0)
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-            raise ValueError(
-                f"mini_swe_agent harness: settings.step_limit must be an integer >= 0, not {steps!r}"
-            )
+        refuse_unknown(self.name, settings, _SETTINGS)
+        mode = one_of(self.name, "mode", settings.get("mode", "tool_calls"), MODES)
+        steps = count(self.name, "step_limit", settings.get("step_limit", 0))
         kwargs = settings.get("model_kwargs", {})
         if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
             raise ValueError(
@@ -107,7 +98,7 @@ class MiniSweAgentHarness:
         }
 
     def config_path(self, ctx: HarnessContext) -> str:
-        return f"{ctx.home.rstrip('/')}/{CONFIG_DIR}/polar.yaml"
+        return under(ctx.home, f"{CONFIG_DIR}/polar.yaml")
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         self.prefix = await asyncio.to_thread(pip_prefix, PACKAGE, VERSION)
@@ -121,7 +112,7 @@ class MiniSweAgentHarness:
     def command(self, ctx: HarnessContext) -> list[str]:
         argv = [sys.executable, "-m", "minisweagent.run.mini", "-c", MODES[self.mode][0]]
         argv += ["-c", self.config_path(ctx), "-y", "--exit-immediately"]
-        return [*argv, "-o", f"{ctx.artifacts.rstrip('/')}/{TRAJECTORY}"]
+        return [*argv, "-o", under(ctx.artifacts, TRAJECTORY)]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         prefix = str(self.prefix) if self.prefix is not None else ""
@@ -129,7 +120,7 @@ class MiniSweAgentHarness:
             "PYTHONPATH": prefix,
             "PYTHONUNBUFFERED": "1",
             "PYTHONNOUSERSITE": "1",
-            "MSWEA_GLOBAL_CONFIG_DIR": f"{ctx.home.rstrip('/')}/{CONFIG_DIR}",
+            "MSWEA_GLOBAL_CONFIG_DIR": under(ctx.home, CONFIG_DIR),
             "MSWEA_CONFIGURED": "true",
             "MSWEA_COST_TRACKING": "ignore_errors",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -139,7 +130,7 @@ class MiniSweAgentHarness:
 
     async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
         """The outcome from mini-swe-agent's own trajectory file (already in the artifacts)."""
-        path = f"{ctx.artifacts.rstrip('/')}/{TRAJECTORY}"
+        path = under(ctx.artifacts, TRAJECTORY)
         result = await runtime.exec(["cat", "--", path], timeout_s=60)
         if result.exit_code != 0:
             return {"exit_status": "no_trajectory"}

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.cli_common import positive_int, refuse_unknown, stdin_from_instruction, under
 from polar.harness.install import npm_bin_async, npm_prefix
-from polar.harness.shell import instruction_path, write_instruction
+from polar.harness.shell import write_instruction
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
 
@@ -63,20 +64,12 @@ SWITCHES = {
 }
 
 
-def _positive_int(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"opencode harness: settings.{name} must be a positive integer, not {value!r}")
-    return value
-
-
 class OpenCodeHarness:
     name = "opencode"
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})
-        unknown = sorted(set(settings) - set(_SETTINGS))
-        if unknown:
-            raise ValueError(f"opencode harness: unknown settings {unknown}; known: {list(_SETTINGS)}")
+        refuse_unknown(self.name, settings, _SETTINGS)
         dialect = settings.get("dialect", "chat")
         if dialect not in _PACKAGES:
             raise ValueError(f"opencode harness: settings.dialect must be one of {DIALECT}, not {dialect!r}")
@@ -91,8 +84,8 @@ class OpenCodeHarness:
             )
         self.limit: dict[str, int] | None = None
         if limits:
-            context = _positive_int("context_window", settings["context_window"])
-            output = _positive_int("max_output_tokens", settings["max_output_tokens"])
+            context = positive_int(self.name, "context_window", settings["context_window"])
+            output = positive_int(self.name, "max_output_tokens", settings["max_output_tokens"])
             if output >= context:
                 raise ValueError("opencode harness: settings.max_output_tokens must be below context_window")
             self.limit = {"context": context, "output": output}
@@ -125,7 +118,7 @@ class OpenCodeHarness:
         }
 
     def config_dir(self, ctx: HarnessContext) -> str:
-        return f"{ctx.home.rstrip('/')}/.config/opencode"
+        return under(ctx.home, ".config/opencode")
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         self.binary = await npm_bin_async(PACKAGE, VERSION, BINARY)
@@ -148,10 +141,9 @@ class OpenCodeHarness:
         argv = [binary, "run", "--format", "json", "--auto"]  # --auto: approve any permission that asks
         if self.title is not None:
             argv += ["--title", self.title]  # a titled session makes no title-generation call
-        events = f"{ctx.artifacts.rstrip('/')}/{EVENTS}"
-        line = " ".join(shlex.quote(a) for a in argv)
+        events = under(ctx.artifacts, EVENTS)
         # The prompt on stdin (an argument would arrive wrapped in quotes); the JSON events to the artifacts.
-        return f"set -o pipefail; {line} < {shlex.quote(instruction_path(ctx))} | tee {shlex.quote(events)}"
+        return f"set -o pipefail; {stdin_from_instruction(argv, ctx)} | tee {shlex.quote(events)}"
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         home = ctx.home.rstrip("/")
@@ -167,10 +159,10 @@ class OpenCodeHarness:
 
     async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
         """Copy OpenCode's own logs; summarize the JSON event stream (steps, tool calls, errors)."""
-        logs = f"{ctx.home.rstrip('/')}/.local/share/opencode/log"
+        logs = under(ctx.home, ".local/share/opencode/log")
         # Each step on its own: a CLI that died before logging still has its events read.
         script = 'mkdir -p -- "$2/opencode-log"; cp -r -- "$1"/. "$2/opencode-log/" 2>/dev/null; cat -- "$3"'
-        events = f"{ctx.artifacts.rstrip('/')}/{EVENTS}"
+        events = under(ctx.artifacts, EVENTS)
         result = await runtime.exec(["sh", "-c", script, "sh", logs, ctx.artifacts, events], timeout_s=120)
         return summarize(result.stdout.splitlines())
 

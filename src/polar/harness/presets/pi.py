@@ -15,14 +15,23 @@ in its own way: `reasoning_effort`, `reasoning.effort`, `thinking.budget_tokens`
 
 from __future__ import annotations
 
-import json
-import shlex
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.cli_common import (
+    absolute_binary,
+    one_of,
+    optional_count,
+    optional_positive_int,
+    refuse_unknown,
+    stdin_from_instruction,
+    texts,
+    under,
+    write_json,
+)
 from polar.harness.install import npm_bin_async
-from polar.harness.shell import instruction_path, write_instruction
-from polar.runtime.base import Runtime, RuntimeFailure
+from polar.harness.shell import write_instruction
+from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
 PACKAGE = "@mariozechner/pi-coding-agent"
@@ -54,59 +63,26 @@ THINKING = ("off", "minimal", "low", "medium", "high", "xhigh")  # Pi 0.73.1's -
 _SETTINGS = ("dialect", "binary", "context_window", "max_tokens", "thinking", "max_retries")
 
 
-def _positive(name: str, value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise ValueError(f"pi harness: settings.{name} must be a positive integer, not {value!r}")
-    return value
-
-
-def _texts(content: Any) -> list[str]:
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
-    return []
-
-
-async def write_file(runtime: Runtime, path: str, text: str) -> None:
-    """Write `text` at `path` inside the runtime (through exec, so it works in any sandbox)."""
-    script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
-    result = await runtime.exec(["sh", "-c", script, "sh", path], stdin=text.encode(), timeout_s=60)
-    if result.exit_code != 0:
-        raise RuntimeFailure(f"could not write {path}: {result.stderr.strip()}")
-
-
 class PiHarness:
     name = "pi"
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})
-        unknown = sorted(set(settings) - set(_SETTINGS))
-        if unknown:
-            raise ValueError(f"pi harness: unknown settings {unknown}; known: {list(_SETTINGS)}")
-        dialect = settings.get("dialect", "chat")
-        if dialect not in APIS:
-            raise ValueError(f"pi harness: settings.dialect must be one of {list(APIS)}, not {dialect!r}")
-        binary = settings.get("binary")
-        if binary is not None and (not isinstance(binary, str) or not binary.startswith("/")):
-            raise ValueError(f"pi harness: settings.binary must be an absolute path, not {binary!r}")
-        thinking = settings.get("thinking")
-        if thinking is not None and thinking not in THINKING:
-            raise ValueError(
-                f"pi harness: settings.thinking must be one of {list(THINKING)}, not {thinking!r}"
-            )
+        refuse_unknown(self.name, settings, _SETTINGS)
+        dialect = one_of(self.name, "dialect", settings.get("dialect", "chat"), APIS)
+        binary = absolute_binary(self.name, settings.get("binary"))
+        thinking = one_of(self.name, "thinking", settings.get("thinking"), THINKING, optional=True)
         self.dialect: str = dialect
         self.thinking: str | None = thinking
         self.binary: str | None = binary
-        self.context_window = _positive("context_window", settings.get("context_window"))
-        self.max_tokens = _positive("max_tokens", settings.get("max_tokens"))
-        retries = settings.get("max_retries")
-        if retries is not None and (isinstance(retries, bool) or not isinstance(retries, int) or retries < 0):
-            raise ValueError(f"pi harness: settings.max_retries must be an integer >= 0, not {retries!r}")
-        self.max_retries: int | None = retries
+        self.context_window = optional_positive_int(
+            self.name, "context_window", settings.get("context_window")
+        )
+        self.max_tokens = optional_positive_int(self.name, "max_tokens", settings.get("max_tokens"))
+        self.max_retries: int | None = optional_count(self.name, "max_retries", settings.get("max_retries"))
 
     def agent_dir(self, ctx: HarnessContext) -> str:
-        return f"{ctx.home.rstrip('/')}/{AGENT_DIR}"
+        return under(ctx.home, AGENT_DIR)
 
     def models_json(self, ctx: HarnessContext) -> dict[str, Any]:
         api, path = APIS[self.dialect]
@@ -129,24 +105,24 @@ class PiHarness:
         if self.binary is None:
             self.binary = str(await npm_bin_async(PACKAGE, VERSION, BINARY))
         base = self.agent_dir(ctx)
-        await write_file(runtime, f"{base}/models.json", json.dumps(self.models_json(ctx), indent=2))
+        await write_json(runtime, f"{base}/models.json", self.models_json(ctx))
         settings: dict[str, Any] = {"enableInstallTelemetry": False, "quietStartup": True}
         if self.max_retries is not None:
             settings["retry"] = {"enabled": self.max_retries > 0, "maxRetries": self.max_retries}
-        await write_file(runtime, f"{base}/settings.json", json.dumps(settings, indent=2))
+        await write_json(runtime, f"{base}/settings.json", settings)
         await write_instruction(runtime, ctx)
 
     def command(self, ctx: HarnessContext) -> str:
         if self.binary is None:
             raise RuntimeError("pi harness: command() before setup() (the binary is not installed yet)")
-        sessions = f"{ctx.artifacts.rstrip('/')}/{SESSIONS}"
+        sessions = under(ctx.artifacts, SESSIONS)
         argv = [self.binary, "--provider", PROVIDER, "--model", ctx.model, "--session-dir", sessions]
         if self.thinking is not None:
             argv += ["--thinking", self.thinking]
         argv.append("-p")
         # Pi 0.73.1 takes an argument starting with "@" as a file to attach and one starting with "-" as a
         # flag; piped stdin becomes the prompt as it is (trimmed), so any instruction arrives intact.
-        return f"{shlex.join(argv)} < {shlex.quote(instruction_path(ctx))}"
+        return stdin_from_instruction(argv, ctx)
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         switches = {
@@ -160,7 +136,7 @@ class PiHarness:
 
     async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
         """Pi wrote its transcript into the artifacts already; count it and note the dialect."""
-        sessions = f"{ctx.artifacts.rstrip('/')}/{SESSIONS}"
+        sessions = under(ctx.artifacts, SESSIONS)
         result = await runtime.exec(
             ["sh", "-c", 'find "$1" -name "*.jsonl" 2>/dev/null | wc -l', "sh", sessions], timeout_s=60
         )
@@ -169,7 +145,7 @@ class PiHarness:
 
     def classify(self, record: CompletionRecord) -> tuple[str, ...]:
         messages = record.upstream_request.get("messages") or []
-        system = [t for m in messages if m.get("role") == "system" for t in _texts(m.get("content"))]
+        system = [t for m in messages if m.get("role") == "system" for t in texts(m.get("content"))]
         if any(t.startswith(COMPACTION_MARKER) for t in system):
             return ("side_call", "compaction")
         return () if record.tools else ("side_call",)

@@ -18,10 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.cli_common import collect, deep_merge, extra_args_and_config, under, write_json
 from polar.harness.install import npm_bin_async
-
-# The settings parsing and file plumbing are the same for every JS CLI preset (see gemini_cli).
-from polar.harness.presets.gemini_cli import collect, deep_merge, parse_settings, write_json
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
@@ -83,13 +81,13 @@ class QwenCodeHarness:
     name = "qwen_code"
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
-        self.extra_args, self.config = parse_settings(self.name, settings)
+        self.extra_args, self.config = extra_args_and_config(self.name, settings)
         self.binary: Path | None = None
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         self.binary = await npm_bin_async(PACKAGE, VERSION, BINARY)
         config = deep_merge(cli_settings(), self.config)
-        await write_json(runtime, f"{ctx.home.rstrip('/')}/.qwen/settings.json", config)
+        await write_json(runtime, under(ctx.home, ".qwen/settings.json"), config)
 
     def command(self, ctx: HarnessContext) -> list[str]:
         if self.binary is None:

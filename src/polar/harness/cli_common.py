@@ -1,0 +1,137 @@
+"""Helpers the CLI presets share: settings checks, config files written into the runtime, artifact copies.
+
+They live outside `polar.harness.presets` because the registry and the docs table treat every module of
+that package as a preset. Only what several presets do the same way is here; each preset keeps its own
+quirks (its config format, its post-run layout, how it tells side calls from the main loop).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterable
+from typing import Any
+
+from polar.harness.base import HarnessContext
+from polar.harness.shell import instruction_path
+from polar.runtime.base import Runtime, RuntimeFailure
+
+# Writes stdin to "$1", creating its folder; through exec, so it lands inside whatever sandbox the runtime is.
+_WRITE = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+# Copies the listed paths (relative to $HOME) that exist into the artifacts, then counts the files copied.
+_COLLECT = (
+    'dst="$1"; home="$2"; shift 2; mkdir -p -- "$dst"; cd -- "$home" || exit 1; '
+    'for p in "$@"; do [ -e "$p" ] && mkdir -p -- "$dst/$(dirname -- "$p")" '
+    '&& cp -r -- "$p" "$dst/$(dirname -- "$p")/"; done; find "$dst" -type f | wc -l'
+)
+
+
+# -- settings ------------------------------------------------------------------------------------------
+def refuse_unknown(harness: str, settings: dict[str, Any], known: Iterable[str]) -> None:
+    """ValueError listing the settings `harness` does not know (a typo must not be silently ignored)."""
+    known = list(known)
+    unknown = sorted(set(settings) - set(known))
+    if unknown:
+        raise ValueError(f"{harness} harness: unknown settings {unknown}; known: {known}")
+
+
+def one_of(harness: str, name: str, value: Any, choices: Iterable[str], *, optional: bool = False) -> Any:
+    """`value` if it is one of `choices`; with `optional`, None (the setting was not given) passes too."""
+    choices = list(choices)
+    if not (optional and value is None) and value not in choices:
+        raise ValueError(f"{harness} harness: settings.{name} must be one of {choices}, not {value!r}")
+    return value
+
+
+def positive_int(harness: str, name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{harness} harness: settings.{name} must be a positive integer, not {value!r}")
+    return value
+
+
+def optional_positive_int(harness: str, name: str, value: Any) -> int | None:
+    return None if value is None else positive_int(harness, name, value)
+
+
+def count(harness: str, name: str, value: Any) -> int:
+    """An integer >= 0 (retries, step limits)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{harness} harness: settings.{name} must be an integer >= 0, not {value!r}")
+    return value
+
+
+def optional_count(harness: str, name: str, value: Any) -> int | None:
+    return None if value is None else count(harness, name, value)
+
+
+def absolute_binary(harness: str, value: Any) -> str | None:
+    """`settings.binary`: an installed CLI to run instead of the pinned package, by absolute path."""
+    if value is not None and (not isinstance(value, str) or not value.startswith("/")):
+        raise ValueError(f"{harness} harness: settings.binary must be an absolute path, not {value!r}")
+    return value
+
+
+def extra_args_and_config(harness: str, settings: dict[str, Any] | None) -> tuple[list[str], dict[str, Any]]:
+    """(extra_args, config) for presets whose only settings are extra CLI flags and a config overlay."""
+    settings = dict(settings or {})
+    refuse_unknown(harness, settings, ("extra_args", "config"))
+    extra = settings.get("extra_args", [])
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise ValueError(f"{harness} harness: settings.extra_args must be a list of strings, not {extra!r}")
+    config = settings.get("config", {})
+    if not isinstance(config, dict):
+        raise ValueError(f"{harness} harness: settings.config must be a mapping, not {config!r}")
+    return list(extra), dict(config)
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into `base` mapping by mapping; any other value in `over` replaces the base's."""
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = deep_merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+    return out
+
+
+# -- paths and files in the runtime --------------------------------------------------------------------
+def under(folder: str, relative: str) -> str:
+    """`relative` inside `folder` (a runtime path such as `ctx.home` or `ctx.artifacts`)."""
+    return f"{folder.rstrip('/')}/{relative}"
+
+
+async def write_file(runtime: Runtime, path: str, text: str | bytes) -> None:
+    """Write `text` at `path` inside the runtime, or RuntimeFailure naming the file."""
+    data = text.encode() if isinstance(text, str) else text
+    result = await runtime.exec(["sh", "-c", _WRITE, "sh", path], stdin=data, timeout_s=60)
+    if result.exit_code != 0:
+        raise RuntimeFailure(f"could not write {path}: {result.stderr.strip()}")
+
+
+async def write_json(runtime: Runtime, path: str, data: dict[str, Any]) -> None:
+    await write_file(runtime, path, json.dumps(data, indent=2))
+
+
+def stdin_from_instruction(argv: list[str], ctx: HarnessContext) -> str:
+    """A shell line running `argv` with the instruction file (`shell.write_instruction`) on stdin: for CLIs
+    that would read an instruction starting with "-" or "@" as a flag or a file to attach."""
+    return f"{shlex.join(argv)} < {shlex.quote(instruction_path(ctx))}"
+
+
+async def collect(runtime: Runtime, ctx: HarnessContext, into: str, paths: list[str]) -> dict[str, Any]:
+    """Copy the CLI's own transcripts/logs (paths relative to its home) into `artifacts/<into>`."""
+    dst = under(ctx.artifacts, into)
+    result = await runtime.exec(["sh", "-c", _COLLECT, "sh", dst, ctx.home, *paths], timeout_s=120)
+    count = result.stdout.strip()
+    if result.exit_code != 0 or not count.isdigit():
+        return {"transcript_files": 0, "collect_error": result.stderr.strip()[-500:]}
+    return {"transcript_files": int(count)}
+
+
+# -- reading captured requests -------------------------------------------------------------------------
+def texts(content: Any) -> list[str]:
+    """The text of a message content or system field: a string, or the `text` of each block that has one."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+    return []
