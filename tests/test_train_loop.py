@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,12 +106,13 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
         async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
             sync = ProbingSync(engine, stack.gateway_url)
             gate = GatewayGate(stack.gateway_url, timeout_s=60)
-            metrics = Metrics.create(out, steps=1)
-            config = LoopConfig(steps=1, batch_groups=2, max_in_flight=2, max_staleness=1, out=out)
+            metrics = Metrics.create(out, steps=2)
+            config = LoopConfig(steps=1, batch_groups=2, max_in_flight=2, max_staleness=0, out=out)
             async with RolloutClient(stack.server_url) as client:
+                # A group sampled by version 0 and kept aside: stale once the policy moved on.
+                before = [r async for r in client.run([task(tmp_path, "before", samples=2)])]
                 loop = TrainLoop([task(tmp_path)], trainer, client, gate, sync, metrics, config)
                 history = await loop.run()
-                metrics.close()
 
                 # The step: trained on two groups sampled by version 0, synced as version 1.
                 assert len(history) == 1 and history[0].step == 1 and history[0].policy_version == 1
@@ -132,31 +134,40 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
 
                 # The next rollout is answered, and recorded, by version 1.
                 after = [r async for r in client.run([task(tmp_path, "next", samples=2)])]
-            assert all(r.status == SessionStatus.COMPLETED for r in after)
-            records = records_of(out / "gateway.db", after)
-            assert len(records) == 2 and {rec.policy_version for rec in records} == {1}
-            trajectories = [r.trajectory for r in after if r.trajectory is not None]
-            assert len(trajectories) == 2
-            versions = {tr["metadata"]["policy_version"] for t in trajectories for tr in t["traces"]}
-            assert versions == {1}
+                assert all(r.status == SessionStatus.COMPLETED for r in after)
+                records = records_of(out / "gateway.db", after)
+                assert len(records) == 2 and {rec.policy_version for rec in records} == {1}
+                trajectories = [r.trajectory for r in after if r.trajectory is not None]
+                assert len(trajectories) == 2
+                versions = {tr["metadata"]["policy_version"] for t in trajectories for tr in t["traces"]}
+                assert versions == {1}
 
-            # Staleness is measured from the records (not the submission version); max_staleness is 1.
-            group = Group("next", tuple(after), submitted_version=0)
-            assert group.sampled_version == 1 and staleness(group, 1) == 0
-            loop.version = 3
-            assert loop.admit(group) is False and loop.dropped_total == 1
-            loop.version = 2
-            assert loop.admit(group) is True and loop.dropped_total == 1
+                # Staleness comes from the records (not the submission version). With max_staleness 0,
+                # a step offered the version-0 group first drops it and trains on the version-1 one.
+                stale, fresh = Group("before", tuple(before), 0), Group("next", tuple(after), 0)
+                assert (stale.sampled_version, fresh.sampled_version) == (0, 1)
+                loop.config = dataclasses.replace(config, steps=2, batch_groups=1)
+                loop._ready.put_nowait(stale)
+                loop._ready.put_nowait(fresh)
+                second = await loop.step()
+                await loop.close()
+            metrics.close()
+            assert second.step == 2 and second.policy_version == 2 and engine.policy_version == 2
+            assert second.dropped_stale_groups == 1 and second.groups == 1 and second.staleness_max == 0
+            assert loop.dropped_total == 1 and [h["paused"] for h in sync.seen] == [True, True]
 
     lines = [orjson.loads(line) for line in (out / "metrics.jsonl").read_bytes().splitlines()]
-    assert len(lines) == 1
-    assert {"step", "reward_mean", "policy_version", "pass_rate", "tokens", "clip_fraction", "kl"} <= set(
+    assert [(m["step"], m["policy_version"], m["dropped_stale_groups"]) for m in lines] == [
+        (1, 1, 0),
+        (2, 2, 1),
+    ]
+    assert {"reward_mean", "pass_rate", "tokens", "staleness_mean", "clip_fraction", "kl", "loss"} <= set(
         lines[0]
     )
-    assert lines[0]["step"] == 1 and lines[0]["policy_version"] == 1
     assert lines[0]["rollout_wait_s"] >= 0 and lines[0]["train_s"] > 0 and lines[0]["sync_s"] > 0
-    checkpoint = out / "checkpoints" / "step-1"
-    assert torch.equal(load_checkpoint(checkpoint)["model.norm.weight"], trainer.model.model.norm.weight)
+    # The last step is checkpointed: the trainer's weights, loadable as a checkpoint.
+    checkpoint = load_checkpoint(out / "checkpoints" / "step-2")
+    assert torch.equal(checkpoint["model.norm.weight"], trainer.model.model.norm.weight)
 
 
 def test_groups_without_records_fall_back_to_their_submission_version() -> None:

@@ -238,6 +238,7 @@ class TrainLoop:
         return self.metrics.history
 
     async def close(self) -> None:
+        """Cancel every group submitted and not taken (on the server too) and forget finished ones."""
         for task_id, collector in list(self._in_flight.items()):
             collector.cancel()
             with contextlib.suppress(asyncio.CancelledError, RolloutError):
@@ -245,6 +246,8 @@ class TrainLoop:
             with contextlib.suppress(RolloutError):
                 await self.client.cancel(task_id)
         self._in_flight.clear()
+        while not self._ready.empty():  # finished but never taken: abandoned with the rest
+            self._ready.get_nowait()
 
 
 def train(config: Any, tasks: Sequence[Task], console: Any = None) -> list[StepMetrics]:
