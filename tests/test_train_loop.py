@@ -248,3 +248,42 @@ async def test_gateway_gate_pauses_and_always_resumes(tmp_path: Path) -> None:
         async with unreachable.paused():
             pass
     await unreachable.aclose()
+
+
+def test_train_against_a_vllm_server_syncs_through_its_rl_routes(tmp_path: Path) -> None:
+    """`train()` with `backend: URL`: rollouts through the gateway to the server, weights by checkpoint."""
+    from polar.train.config import TrainConfig
+    from polar.train.loop import train
+    from tests.conftest import SERVED_MODEL
+    from tests.fakes.fake_vllm import make_fake_backend
+
+    calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    policy = make_fake_backend("vllm")
+    control = vllm_control(calls)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        routed = scope["type"] == "http" and scope["path"] in (
+            "/pause",
+            "/resume",
+            "/collective_rpc",
+            "/update_weight_version",
+        )
+        await (control if routed else policy)(scope, receive, send)
+
+    t = task(tmp_path).model_dump(mode="json")
+    with serve(app) as srv:
+        config = TrainConfig(
+            tasks=[t], backend=srv.url, served_model=SERVED_MODEL, steps=1, group_size=2, batch_groups=1,
+            device="cpu", out=str(tmp_path / "run"),
+        )  # fmt: skip
+        history = train(config, [Task.model_validate(t)])
+    assert len(history) == 1 and history[0].policy_version == 1 and history[0].samples == 2
+    # The trained group's calls reached the server through the gateway (the next group, submitted while
+    # training, may have called too before it was cancelled).
+    assert len(policy.requests) >= 2
+    assert [c[0] for c in calls] == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+    folder = Path(calls[1][2]["kwargs"]["weights_path"])
+    assert folder == (tmp_path / "run" / "sync" / "v1").resolve() and load_checkpoint(folder)
+    line = orjson.loads((tmp_path / "run" / "metrics.jsonl").read_bytes().splitlines()[0])
+    assert line["step"] == 1 and line["policy_version"] == 1
+    assert (tmp_path / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
