@@ -182,3 +182,11 @@ def test_checkpoint_is_a_loadable_model_with_optimizer_state(base: Trainer, tmp_
     assert resumed.step_count == 1
     state = resumed.optimizer.state_dict()["state"]
     assert state and all(int(s["step"]) == 1 for s in state.values())
+
+
+def test_a_batch_with_nothing_trainable_steps_without_changing_weights(base: Trainer) -> None:
+    trainer = fresh(base, optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.1))
+    before = params(trainer)
+    result = trainer.step([])  # every session masked or untrainable: a version, but the same weights
+    assert trainer.step_count == 1 and result.traces == 0 and result.micro_batches == 0
+    assert all(torch.equal(before[k], v) for k, v in params(trainer).items())

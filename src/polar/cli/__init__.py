@@ -35,7 +35,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "status": ("polar.cli.status", "status", "Show the rollout server's tasks and nodes, or one task."),
     "submit": ("polar.cli.submit", "submit", "Submit a task file to the rollout server."),
     "traces": ("polar.cli.traces", "traces", "Build, audit and export trajectories from a store."),
-    "train": ("polar.cli.train", "train", "Train a policy with GRPO over rollouts of a task file (CONFIG)."),
+    "train": (
+        "polar.cli.train",
+        "train",
+        "Train a policy with GRPO over harness rollouts, as CONFIG (YAML) says.",
+    ),
 }
 
 

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polar.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult
@@ -34,6 +34,11 @@ from polar.train.metrics import Metrics, StepMetrics
 from polar.train.sync import GatewayGate, WeightSync
 from polar.train.trainer import StepResult, Trainer, build_samples
 from polar.trajectory.models import Trajectory
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from polar.train.config import TrainConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,11 +255,11 @@ class TrainLoop:
             self._ready.get_nowait()
 
 
-def train(config: Any, tasks: Sequence[Task], console: Any = None) -> list[StepMetrics]:
+def train(config: TrainConfig, tasks: Sequence[Task], console: Console | None = None) -> list[StepMetrics]:
     """Everything `polar train` runs, on this machine: the policy server (the embedded engine, or a vLLM
     server at `config.backend`), the rollout server and a node, the trainer, and the loop.
 
-    `config` is a `polar.train.config.TrainConfig`; `console` (rich) gets the progress bar and step lines.
+    `console` gets the progress bar and one line per step (None: metrics go to the JSONL file only).
     """
     from polar.rollout.local import embedded_engine, local_stack
     from polar.train.sync import EngineSync, VLLMSync
