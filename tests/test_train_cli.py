@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+import torch
 import yaml
 
 from polar.train.config import ConfigError, load_config, parse_config
@@ -28,7 +29,7 @@ def polar(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
 def small_config(tmp_path: Path, **overrides: object) -> Path:
     """The shipped example, shrunk: one step on one group of two samples."""
     data = yaml.safe_load(EXAMPLE.read_text())
-    data.update(steps=1, group_size=2, batch_groups=1, out=str(tmp_path / "run"), **overrides)
+    data.update({"steps": 1, "group_size": 2, "batch_groups": 1, "out": str(tmp_path / "run"), **overrides})
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -129,3 +130,18 @@ def test_a_metrics_sink_that_is_not_installed_fails_cleanly(tmp_path: Path) -> N
     else:
         assert proc.returncode == 1 and "Traceback" not in proc.stderr
         assert "metrics.tensorboard is on but `tensorboard` is not installed" in proc.stderr
+
+
+def test_resume_continues_the_step_count_and_optimizer(tmp_path: Path) -> None:
+    first = polar("train", str(small_config(tmp_path)))
+    assert first.returncode == 0, first.stderr
+    step1 = tmp_path / "run" / "checkpoints" / "step-1"
+    again = polar("train", str(small_config(tmp_path, steps=2, resume=str(step1))))
+    assert again.returncode == 0, again.stdout + again.stderr
+    lines = [orjson.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_bytes().splitlines()]
+    assert [(m["step"], m["policy_version"]) for m in lines] == [(1, 1), (2, 2)]  # appended, not restarted
+    state = torch.load(tmp_path / "run" / "checkpoints" / "step-2" / "optimizer.pt", weights_only=True)
+    assert all(int(s["step"]) == 2 for s in state["state"].values())  # Adam's moments carried over
+
+    missing = polar("train", str(small_config(tmp_path, resume=str(tmp_path / "nowhere"))))
+    assert missing.returncode == 1 and "is not a checkpoint written by polar train" in missing.stderr

@@ -51,6 +51,10 @@ def train(config: Path, out: Path | None, steps: int | None) -> None:
             raise click.BadParameter("must be at least 1", param_hint="--steps")
         updates["steps"] = steps
     cfg = cfg.model_copy(update=updates)
+    if cfg.resume is not None and not (Path(cfg.resume) / "trainer_state.json").is_file():
+        raise click.ClickException(
+            f"resume: {cfg.resume} is not a checkpoint written by polar train (no trainer_state.json)"
+        )
     console = Console()
     console.print(
         f"training {cfg.model or 'the offline tiny model'} for {cfg.steps} steps on {len(tasks)} task(s); "

@@ -11,6 +11,7 @@
     optimizer: {lr: 1.0e-6, weight_decay: 0.1, betas: [0.9, 0.999], grad_clip: 1.0}
     backend: embedded           # or the URL of a vLLM server (weights synced over its RL routes)
     out: polar-train
+    resume: polar-train/checkpoints/step-4   # optional: continue a run (`steps` counts from the start)
 
 A bad field is reported as `train.yaml:7: optimizer.lr: Input should be greater than 0`.
 """
@@ -95,6 +96,7 @@ class TrainConfig(_Section):
     seed: int = 0
     out: str = "polar-train"
     checkpoint_every: int | None = Field(None, ge=1)  # steps between checkpoints; the last step always
+    resume: str | None = None  # a checkpoints/step-N folder: weights, optimizer state and step count
     backend: str = "embedded"  # "embedded" or the base URL of a vLLM server
     served_model: str | None = None  # the name the vLLM server serves (default: what it lists)
     capacity: int = Field(4, ge=1)  # sessions the node runs at once

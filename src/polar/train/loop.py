@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,18 +122,22 @@ class TrainLoop:
         self._ready: asyncio.Queue[Group | BaseException] = asyncio.Queue()
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         self._round = itertools.count()
+        # Task ids are unique on the rollout server for good (its state outlives a run, e.g. a resume into
+        # the same out directory), so each loop names its groups with its own run id.
+        self.run_id = uuid.uuid4().hex[:8]
         self._order = itertools.cycle(range(len(self.tasks)))
 
     # -- rollouts ---------------------------------------------------------------------------------------
     def _group_task(self, task: Task, n: int) -> Task:
         """A fresh, uniquely named copy of `task`: each submission is its own group and task id."""
-        task_id = f"{task.task_id}-r{n:05d}"
+        task_id = f"{task.task_id}-{self.run_id}-r{n:05d}"
         metadata = {
             **task.metadata,
             "group_id": task_id,
             "source_task_id": task.task_id,
             "policy_version": self.version,
             "rollout_round": n,
+            "run_id": self.run_id,
         }
         update: dict[str, Any] = {"task_id": task_id, "metadata": metadata}
         if self.config.group_size is not None:
@@ -234,8 +239,11 @@ class TrainLoop:
         return record
 
     async def run(self) -> list[StepMetrics]:
-        """Train for `steps` steps; groups still running at the end are cancelled on the server."""
+        """Train until the trainer has taken `steps` steps (a resumed trainer first pushes its weights and
+        version to the policy server); groups still running at the end are cancelled on the server."""
         try:
+            if self.trainer.step_count > 0:  # resumed: the policy server must serve the trainer's version
+                await self._sync()
             while self.trainer.step_count < self.config.steps:
                 await self.step()
         finally:
@@ -284,7 +292,7 @@ def train(config: TrainConfig, tasks: Sequence[Task], console: Console | None = 
         # Sinks first: a missing tensorboard/wandb fails before minutes of model loading.
         trainer = Trainer.load(
             TrainerConfig(
-                model=config.model,
+                model=config.resume or config.model,
                 loss=config.loss_config(),
                 optimizer=OptimizerConfig(opt.lr, opt.weight_decay, opt.betas, opt.eps, opt.grad_clip),
                 micro_batch_tokens=config.micro_batch_tokens,
@@ -296,6 +304,8 @@ def train(config: TrainConfig, tasks: Sequence[Task], console: Console | None = 
                 seed=config.seed,
             )
         )
+        if config.resume is not None:
+            trainer.restore(Path(config.resume))
         loop_config = LoopConfig(
             steps=config.steps,
             batch_groups=config.batch_groups,
@@ -322,7 +332,9 @@ def train(config: TrainConfig, tasks: Sequence[Task], console: Console | None = 
                     await sync.aclose()
 
         if config.backend == "embedded":
-            with embedded_engine(config.model, device=None if config.device == "auto" else config.device) as (
+            with embedded_engine(
+                config.resume or config.model, device=None if config.device == "auto" else config.device
+            ) as (
                 engine,
                 server,
             ):
