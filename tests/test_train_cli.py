@@ -41,6 +41,7 @@ def test_example_config_is_valid() -> None:
     assert [t.task_id for t in tasks] == ["short-answer"] and tasks[0].agent.harness == "shell"
 
 
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
 def test_train_writes_metrics_and_a_loadable_checkpoint(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -121,6 +122,7 @@ def test_task_file_and_inline_uploads_are_relative_to_the_config(tmp_path: Path)
     assert tasks[0].runtime.prepare[0].src == str(tmp_path / "repo")  # type: ignore[union-attr]
 
 
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
 def test_a_metrics_sink_that_is_not_installed_fails_cleanly(tmp_path: Path) -> None:
     installed = importlib.util.find_spec("tensorboard") is not None
     proc = polar("train", str(small_config(tmp_path, metrics={"tensorboard": True})))
@@ -132,6 +134,7 @@ def test_a_metrics_sink_that_is_not_installed_fails_cleanly(tmp_path: Path) -> N
         assert "metrics.tensorboard is on but `tensorboard` is not installed" in proc.stderr
 
 
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
 def test_resume_continues_the_step_count_and_optimizer(tmp_path: Path) -> None:
     first = polar("train", str(small_config(tmp_path)))
     assert first.returncode == 0, first.stderr

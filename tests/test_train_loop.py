@@ -95,6 +95,7 @@ def records_of(store: Path, results: list[SessionResult]) -> list[Any]:
         return [rec for r in results for rec in s.completions(r.session_id)]
 
 
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
 async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
     base_trainer: Trainer, tmp_path: Path
 ) -> None:
@@ -250,6 +251,7 @@ async def test_gateway_gate_pauses_and_always_resumes(tmp_path: Path) -> None:
     await unreachable.aclose()
 
 
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
 def test_train_against_a_vllm_server_syncs_through_its_rl_routes(tmp_path: Path) -> None:
     """`train()` with `backend: URL`: rollouts through the gateway to the server, weights by checkpoint."""
     from polar.train.config import TrainConfig
