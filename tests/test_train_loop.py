@@ -166,6 +166,7 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
         lines[0]
     )
     assert lines[0]["rollout_wait_s"] >= 0 and lines[0]["train_s"] > 0 and lines[0]["sync_s"] > 0
+    assert lines[0]["sync_drained"] == 1.0 and lines[0]["masked"] == 0.0
     # The last step is checkpointed: the trainer's weights, loadable as a checkpoint.
     checkpoint = load_checkpoint(out / "checkpoints" / "step-2")
     assert torch.equal(checkpoint["model.norm.weight"], trainer.model.model.norm.weight)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from polar.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult
 from polar.rollout.task import Task
-from polar.train.advantages import Estimator
+from polar.train.advantages import Estimator, GroupStats
 from polar.train.export import trajectory_of
 from polar.train.metrics import Metrics, StepMetrics
 from polar.train.sync import GatewayGate, WeightSync
@@ -176,19 +176,21 @@ class TrainLoop:
         return True
 
     # -- steps ------------------------------------------------------------------------------------------
-    def _train(self, batch: list[Group]) -> tuple[StepResult, Any, int]:
+    def _train(self, batch: list[Group]) -> tuple[StepResult, GroupStats, int]:
         trajectories = [t for g in batch for t in g.trajectories()]
         samples, stats, skipped = build_samples(
             trajectories, self.config.estimator, pass_threshold=self.config.pass_threshold
         )
         return self.trainer.step(samples), stats, skipped
 
-    async def _sync(self) -> float:
+    async def _sync(self) -> tuple[float, bool]:
+        """Push the trainer's weights between a gateway pause and resume: (seconds, whether every call in
+        flight finished before the drain timeout)."""
         started = time.perf_counter()
-        async with self.gate.paused():
+        async with self.gate.paused() as pause:
             await self.sync.push(self.trainer, self.trainer.step_count)
         self.version = self.trainer.step_count
-        return time.perf_counter() - started
+        return time.perf_counter() - started, pause.drained
 
     async def step(self) -> StepMetrics:
         """Wait for a batch of fresh groups, train on it, sync the weights, record the metrics."""
@@ -201,7 +203,7 @@ class TrainLoop:
         wait_s = time.perf_counter() - waited
         lags = [staleness(g, self.version) for g in batch]
         result, stats, skipped = await asyncio.to_thread(self._train, batch)
-        sync_s = await self._sync()
+        sync_s, drained = await self._sync()
         step = self.trainer.step_count
         cfg = self.config
         if cfg.out is not None and (
@@ -232,7 +234,11 @@ class TrainLoop:
             rollout_wait_s=wait_s,
             train_s=result.seconds,
             sync_s=sync_s,
-            extra={"masked": float(stats.masked), "untrainable_traces": float(skipped)},
+            extra={
+                "masked": float(stats.masked),
+                "untrainable_traces": float(skipped),
+                "sync_drained": float(drained),  # 0: the drain timed out (the policy server drains itself)
+            },
         )
         self.dropped = 0
         self.metrics.log(record)
