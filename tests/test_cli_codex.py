@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from polar.harness import HarnessContext, get_harness
+from polar.harness import HarnessContext, cli_common, get_harness
 from polar.harness.presets import codex
 from polar.rollout.protocol import SessionStatus
 from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
-from tests.cli_support_codex_pi import (
+from tests.preset_run_support import (
     check_run,
     jsonl_lines,
     needs_bwrap,
@@ -25,11 +25,8 @@ from tests.cli_support_codex_pi import (
     run_cli,
     streamed,
     tool_script,
+    traced_against_gateway,
 )
-from tests.conftest import start_gateway
-from tests.fakes.fake_vllm import make_fake_backend
-from tests.fakes.server import serve
-from tests.preset_run_support import traced_connections
 
 # Codex 0.171.0's shell tool is `exec_command` with a `cmd` string (it runs it with `bash -lc`).
 TOOL = "exec_command"
@@ -115,7 +112,7 @@ class CodexOnline(codex.CodexHarness):
         text = codex.config_toml(ctx).split("\n[analytics]")[0]
         for line in ('web_search = "disabled"\n', "check_for_update_on_startup = false\n"):
             text = text.replace(line, "")
-        await codex.write_file(runtime, f"{self.codex_home(ctx)}/config.toml", text)
+        await cli_common.write_file(runtime, f"{self.codex_home(ctx)}/config.toml", text)
 
 
 @pytest.mark.cli
@@ -125,15 +122,8 @@ class CodexOnline(codex.CodexHarness):
 async def test_no_connection_but_the_gateway(tmp_path: Path, harness: str) -> None:
     """Every socket Codex opens (DNS included) goes to the gateway; without the preset's switches it looks
     up a name (the control shows the trace would catch it)."""
-    with serve(make_fake_backend("vllm", tool_script(TOOL, ARGS))) as fake:
-        gateway = start_gateway(fake.url, tmp_path)
-        try:
-            sid = gateway.new_session()
-            result, addresses = await traced_connections(harness, {}, gateway.url, sid, tmp_path)
-        finally:
-            gateway.server.stop()
+    result, addresses, port = await traced_against_gateway(tmp_path, harness, tool_script(TOOL, ARGS))
     assert result.exit_code == 0, result.stderr[-2000:]
-    port = int(gateway.url.rsplit(":", 1)[1])
     if harness == "codex":
         assert addresses == {("127.0.0.1", port)}
     else:

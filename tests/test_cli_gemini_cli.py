@@ -9,27 +9,33 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from polar.harness import HarnessContext, get_harness
+from polar.harness import HarnessContext, cli_common, get_harness
 from polar.harness.presets import gemini_cli
 from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import RuntimeFailure
 from polar.store.records import CompletionRecord
-from tests.cli_support_gemini_qwen import SIDE_ANSWER, check_capture, run_cli, tool_script, traced_connections
 from tests.fakes.fake_vllm import Reply
+from tests.preset_run_support import (
+    SIDE_ANSWER,
+    captured_record,
+    check_capture,
+    needs_bwrap,
+    needs_strace,
+    offered_tool_script,
+    run_preset,
+    traced_against_gateway,
+)
 
 pytestmark = pytest.mark.cli
 
 CONTENT = "hello from gemini"
 # Compact JSON: the CLI re-serializes arguments when it replays history.
 WRITE = '{"command":"printf \'hello from gemini\' > hello.txt"}'
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed")
 
 
 def _gemini_tools(record: CompletionRecord) -> list[str]:
@@ -37,8 +43,8 @@ def _gemini_tools(record: CompletionRecord) -> list[str]:
 
 
 async def test_gemini_cli_local_streams_and_captures_one_trace(tmp_path: Path) -> None:
-    run = await run_cli(
-        tmp_path, "gemini_cli", tool_script("run_shell_command", WRITE, "Done."), expect=CONTENT, watch=True
+    run = await run_preset(
+        tmp_path, "gemini_cli", {}, offered_tool_script("run_shell_command", WRITE, "Done."), expect=CONTENT
     )
     main = check_capture(run, "gemini_cli", {}, "gemini")
     assert len(main) == len(run.records) == 2  # no router, no side call: `-m` and the settings hold
@@ -61,10 +67,11 @@ async def test_gemini_cli_local_streams_and_captures_one_trace(tmp_path: Path) -
 
 @needs_bwrap
 async def test_gemini_cli_in_bwrap_reaches_only_the_gateway(tmp_path: Path) -> None:
-    run = await run_cli(
+    run = await run_preset(
         tmp_path,
         "gemini_cli",
-        tool_script("run_shell_command", WRITE, "Done."),
+        {},
+        offered_tool_script("run_shell_command", WRITE, "Done."),
         expect=CONTENT,
         backend="bwrap",
     )
@@ -79,12 +86,12 @@ async def test_gemini_cli_side_call_goes_to_the_served_model_and_is_tagged(tmp_p
         {"command": "seq 1 1000; printf 'hello from gemini' > hello.txt"}, separators=(",", ":")
     )
     settings: dict[str, Any] = {"config": {"model": {"summarizeToolOutput": {"run_shell_command": {}}}}}
-    run = await run_cli(
+    run = await run_preset(
         tmp_path,
         "gemini_cli",
-        tool_script("run_shell_command", write, "Done."),
+        settings,
+        offered_tool_script("run_shell_command", write, "Done."),
         expect=CONTENT,
-        settings=settings,
     )
     main = check_capture(run, "gemini_cli", settings, "gemini")
     harness = get_harness("gemini_cli", settings)
@@ -99,17 +106,17 @@ async def test_gemini_cli_side_call_goes_to_the_served_model_and_is_tagged(tmp_p
 async def test_gemini_cli_connects_to_nothing_but_the_gateway(tmp_path: Path) -> None:
     """Not just "works without a network" (bwrap): every internet socket the CLI and its children open, even
     a failed attempt (DNS, telemetry, update check), goes to the gateway."""
-    exit_code, connections, port = await traced_connections(
-        tmp_path, "gemini_cli", tool_script("run_shell_command", WRITE, "Done.")
+    result, connections, port = await traced_against_gateway(
+        tmp_path, "gemini_cli", offered_tool_script("run_shell_command", WRITE, "Done.")
     )
-    assert exit_code == 0
+    assert result.exit_code == 0, result.stderr[-2000:]
     assert connections and set(connections) == {("127.0.0.1", port)}, connections
 
 
 async def test_gemini_cli_resends_an_empty_answer(tmp_path: Path) -> None:
     """LIMITS: 0.61.0 treats an answer with no text as invalid and resends the request with a nudge appended
     to the last user turn, three times; every attempt is captured."""
-    run = await run_cli(tmp_path, "gemini_cli", lambda body: Reply(content=""), expect=None)
+    run = await run_preset(tmp_path, "gemini_cli", {}, lambda body: Reply(content=""), expect=None)
     assert run.result.reason is None  # it still exits 0
     assert len(run.records) == len(run.fake.requests) == 4
     first, *retries = (r.request["contents"] for r in run.records)
@@ -119,24 +126,7 @@ async def test_gemini_cli_resends_an_empty_answer(tmp_path: Path) -> None:
 
 
 def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:
-    return CompletionRecord(
-        session_id="s",
-        seq=0,
-        completion_id="c",
-        dialect="gemini",
-        created_at=0.0,
-        request=request,
-        upstream_request={},
-        prompt_ids=[1],
-        response_ids=[2],
-        response_logprobs=[-0.1],
-        finish_reason="stop",
-        response_message={"role": "assistant", "content": "x"},
-        tools=[{"type": "function", "function": {"name": "t", "parameters": {}}}] if tools else None,
-        usage={},
-        model_requested="m",
-        model_served="m",
-    )
+    return captured_record("gemini", request, tools=tools)
 
 
 def test_classify_main_loop_subagent_and_unknown_side_call() -> None:
@@ -174,7 +164,7 @@ def test_command_and_env_point_at_the_session() -> None:
     env = harness.env(ctx)
     assert env["GOOGLE_GEMINI_BASE_URL"] == "http://127.0.0.1:9" and env["GEMINI_API_KEY"] == "sid-1"
     assert env["GEMINI_CLI_TRUST_WORKSPACE"] == "true" and env["X"] == "1" and env["HOME"] == "/h"
-    config = gemini_cli.deep_merge(gemini_cli.cli_settings("served"), {"privacy": {"extra": 1}})
+    config = cli_common.deep_merge(gemini_cli.cli_settings("served"), {"privacy": {"extra": 1}})
     assert config["privacy"] == {"usageStatisticsEnabled": False, "extra": 1}
     overrides = config["modelConfigs"]["customOverrides"]
     assert {o["match"]["model"] for o in overrides} >= {"base", "chat-compression-default"}

@@ -41,7 +41,7 @@ def script(body: dict[str, Any]) -> Reply:
 
 
 def check_run(run: PresetRun, settings: dict[str, Any]) -> None:
-    main = check_capture(run, "mini_swe_agent", settings, "chat")
+    main = check_capture(run, "mini_swe_agent", settings, "chat", main_has_tools=False)  # text mode: none
     assert len(main) == len(run.records) == 2  # every call is the agent loop
     text = settings.get("mode") == "text"
     assert all(bool(r.tools) != text for r in run.records)

@@ -13,7 +13,7 @@ from polar.rollout.protocol import SessionStatus
 from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import RuntimeFailure
 from polar.store.records import CompletionRecord
-from tests.cli_support_codex_pi import (
+from tests.preset_run_support import (
     check_run,
     jsonl_lines,
     needs_bwrap,
@@ -22,11 +22,8 @@ from tests.cli_support_codex_pi import (
     run_cli,
     streamed,
     tool_script,
+    traced_against_gateway,
 )
-from tests.conftest import start_gateway
-from tests.fakes.fake_vllm import make_fake_backend
-from tests.fakes.server import serve
-from tests.preset_run_support import traced_connections
 
 # Pi 0.73.1's tools are read, bash, edit and write; bash takes {"command": ...}.
 TOOL = "bash"
@@ -84,7 +81,7 @@ async def test_compaction_is_a_tagged_side_call(tmp_path: Path) -> None:
     settings = {"context_window": 8000}
     run = await run_cli(tmp_path, "pi", TOOL, ARGS, EXPECT, settings=settings)
     traj = check_run(run, dialect="chat", tool=TOOL, paths=ROUTES["chat"])
-    tags = [run.harness.classify(r) for r in run.records]
+    tags = [run.preset.classify(r) for r in run.records]
     assert tags == [(), (), ("side_call", "compaction")]
     side = run.records[-1]
     assert side.tools is None and side.trainable
@@ -138,16 +135,10 @@ async def test_a_failing_policy_server_ends_the_session_as_error(tmp_path: Path,
 async def test_no_connection_but_the_gateway(tmp_path: Path, dialect: str) -> None:
     """Every socket Pi opens (DNS included) goes to the gateway, in each dialect. (Pi 0.73.1 in -p mode made
     no other connection even without PI_OFFLINE here; the switch guards its startup checks.)"""
-    with serve(make_fake_backend("vllm", tool_script(TOOL, ARGS))) as fake:
-        gateway = start_gateway(fake.url, tmp_path)
-        try:
-            sid = gateway.new_session()
-            settings = {"dialect": dialect}
-            result, addresses = await traced_connections("pi", settings, gateway.url, sid, tmp_path)
-        finally:
-            gateway.server.stop()
+    script = tool_script(TOOL, ARGS)
+    result, addresses, port = await traced_against_gateway(tmp_path, "pi", script, {"dialect": dialect})
     assert result.exit_code == 0, result.stderr[-2000:]
-    assert addresses == {("127.0.0.1", int(gateway.url.rsplit(":", 1)[1]))}
+    assert addresses == {("127.0.0.1", port)}
 
 
 def test_models_json_per_dialect(tmp_path: Path) -> None:

@@ -8,27 +8,32 @@ needs no other connection); one run re-enables managed auto-memory to see its ba
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from polar.harness import HarnessContext, get_harness
+from polar.harness import HarnessContext, cli_common, get_harness
 from polar.harness.presets import qwen_code
 from polar.rollout.protocol import SessionStatus
 from polar.store.records import CompletionRecord
 from polar.trajectory import audit, build
-from tests.cli_support_gemini_qwen import check_capture, run_cli, tool_script, traced_connections
 from tests.fakes.fake_vllm import Reply
+from tests.preset_run_support import (
+    captured_record,
+    check_capture,
+    needs_bwrap,
+    needs_strace,
+    offered_tool_script,
+    run_preset,
+    traced_against_gateway,
+)
 
 pytestmark = pytest.mark.cli
 
 CONTENT = "hello from qwen"
 # Compact JSON: 0.15.10 re-serializes tool-call arguments (spaces removed) when it replays history.
 WRITE = '{"command":"printf \'hello from qwen\' > hello.txt"}'
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed")
 
 
 def _streamed(record: CompletionRecord) -> bool:
@@ -39,9 +44,9 @@ def _streamed(record: CompletionRecord) -> bool:
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("bwrap", marks=needs_bwrap)])
 async def test_qwen_code_writes_the_file_and_captures_one_trace(tmp_path: Path, backend: str) -> None:
-    script = tool_script("run_shell_command", WRITE, "Done.")
+    script = offered_tool_script("run_shell_command", WRITE, "Done.")
     local = backend == "local"
-    run = await run_cli(tmp_path, "qwen_code", script, expect=CONTENT, backend=backend, watch=local)
+    run = await run_preset(tmp_path, "qwen_code", {}, script, expect=CONTENT, backend=backend)
     main = check_capture(run, "qwen_code", {}, "chat")
     assert len(main) == len(run.records) == 2  # auto-memory off: no background call
     assert all(_streamed(r) for r in run.records)  # SSE with usage, in its own dialect
@@ -71,7 +76,7 @@ async def test_qwen_code_memory_extraction_is_off_or_a_tagged_side_call(tmp_path
         return Reply(content="Nothing durable." if "memory extraction" in system else "Nothing to do.")
 
     settings: dict[str, Any] = {"config": {"memory": {"enableManagedAutoMemory": True}}} if memory else {}
-    run = await run_cli(tmp_path, "qwen_code", script, expect=None, settings=settings)
+    run = await run_preset(tmp_path, "qwen_code", settings, script, expect=None)
     assert run.result.status == SessionStatus.COMPLETED and run.result.reason is None, run.result.reason
     assert len(run.records) == len(run.fake.requests) == (2 if memory else 1)
     assert all(r.trainable and _streamed(r) for r in run.records)
@@ -88,10 +93,10 @@ async def test_qwen_code_memory_extraction_is_off_or_a_tagged_side_call(tmp_path
 async def test_qwen_code_connects_to_nothing_but_the_gateway(tmp_path: Path) -> None:
     """Not just "works without a network" (bwrap): every internet socket the CLI and its children open, even
     a failed attempt (DNS, telemetry, update check), goes to the gateway."""
-    exit_code, connections, port = await traced_connections(
-        tmp_path, "qwen_code", tool_script("run_shell_command", WRITE, "Done.")
+    result, connections, port = await traced_against_gateway(
+        tmp_path, "qwen_code", offered_tool_script("run_shell_command", WRITE, "Done.")
     )
-    assert exit_code == 0
+    assert result.exit_code == 0, result.stderr[-2000:]
     assert connections and set(connections) == {("127.0.0.1", port)}, connections
 
 
@@ -99,7 +104,7 @@ async def test_qwen_code_escalates_max_tokens_after_a_cut_answer(tmp_path: Path)
     """LIMITS: after finish_reason=length 0.15.10 resends the same prompt with max_tokens 64000, then asks
     the model to resume; every attempt is captured."""
     cut = Reply(content="This answer is cut o", finish_reason="length")
-    run = await run_cli(tmp_path, "qwen_code", lambda body: cut, expect=None)
+    run = await run_preset(tmp_path, "qwen_code", {}, lambda body: cut, expect=None)
     assert run.result.reason is None, run.result.reason
     first, again, resume = run.records[:3]
     assert [r.request["max_tokens"] for r in (first, again)] == [8000, 64000]
@@ -110,24 +115,7 @@ async def test_qwen_code_escalates_max_tokens_after_a_cut_answer(tmp_path: Path)
 
 
 def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:
-    return CompletionRecord(
-        session_id="s",
-        seq=0,
-        completion_id="c",
-        dialect="chat",
-        created_at=0.0,
-        request=request,
-        upstream_request={},
-        prompt_ids=[1],
-        response_ids=[2],
-        response_logprobs=[-0.1],
-        finish_reason="stop",
-        response_message={"role": "assistant", "content": "x"},
-        tools=[{"type": "function", "function": {"name": "t", "parameters": {}}}] if tools else None,
-        usage={},
-        model_requested="m",
-        model_served="m",
-    )
+    return captured_record("chat", request, tools=tools)
 
 
 def _system(text: str) -> dict[str, Any]:
@@ -169,6 +157,6 @@ def test_command_env_and_settings_file() -> None:
     env = harness.env(ctx)
     assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:9/v1" and env["OPENAI_API_KEY"] == "sid-2"
     assert env["OPENAI_MODEL"] == "served" and env["X"] == "1"
-    merged = qwen_code.deep_merge(qwen_code.cli_settings(), harness.config)
+    merged = cli_common.deep_merge(qwen_code.cli_settings(), harness.config)
     assert merged["general"] == {"enableAutoUpdate": False, "vimMode": True}
     assert json.loads(json.dumps(merged))["memory"] == {"enableManagedAutoMemory": False}
