@@ -282,6 +282,9 @@ def create_app(config: GatewayConfig) -> HotPath:
             log.info("gateway serving %s from %s backend at %s", served, backend.kind, backend.url)
             yield
         finally:
+            proxy = getattr(app.state, "proxy", None)
+            if proxy is not None:
+                await proxy.aclose()  # the side-call backends it opened
             await backend.aclose()
             writer.close()
             reader.close()

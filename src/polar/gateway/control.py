@@ -85,6 +85,8 @@ async def create_session(request: Request) -> Response:
         state = await _proxy(request).sessions.create(metadata, requested)
     except KeyError:
         return _error(409, f"session {requested} already exists; session ids are single-use")
+    except ValueError as exc:  # a malformed side_call_route (polar.gateway.routing)
+        return _error(400, f"metadata.{exc}")
     return _json({"session_id": state.session_id, "created_at": state.created_at, "metadata": metadata}, 201)
 
 

@@ -17,12 +17,14 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from polar.gateway.backends.base import Backend
-from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.gateway.backends import make_backend
+from polar.gateway.backends.base import Backend, BackendOptions
+from polar.gateway.canonical import FLAG_NOT_TRAINABLE, CanonicalRequest, Completion
 from polar.gateway.dialects.base import Dialect
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.keys import session_key
 from polar.gateway.quirks import apply_quirks
+from polar.gateway.routing import FLAG_ROUTED, SIDE_CALL, SideRoute, provisional_record
 from polar.gateway.sessions import SessionRegistry, SessionState
 from polar.gateway.signatures import ReasoningCodec
 from polar.store.records import CompletionRecord, FailureRecord
@@ -128,6 +130,49 @@ class Proxy:
         self.codec = codec
         self.max_body_bytes = max_body_bytes
         self.gate = Gate()
+        # Frozen backends for routed side calls, one per (kind, url), opened on first use.
+        self._side_backends: dict[tuple[str, str], Backend] = {}
+        self._side_lock = asyncio.Lock()
+
+    async def side_backend(self, route: SideRoute) -> Backend:
+        """The (cached, started) client of a route's frozen backend, with the policy backend's timeouts
+        and retries but not its API key."""
+        key = (route.kind, route.url)
+        backend = self._side_backends.get(key)
+        if backend is not None:
+            return backend
+        async with self._side_lock:
+            backend = self._side_backends.get(key)
+            if backend is None:
+                options = getattr(self.backend, "options", None) or BackendOptions()
+                backend = make_backend(route.kind, route.url, replace(options, api_key=None))
+                await backend.start()
+                self._side_backends[key] = backend
+        return backend
+
+    async def aclose(self) -> None:
+        """Close the side-call backends (the policy backend belongs to whoever made the proxy)."""
+        backends, self._side_backends = list(self._side_backends.values()), {}
+        for backend in backends:
+            await backend.aclose()
+
+    @staticmethod
+    def _side_tags(
+        route: SideRoute,
+        state: SessionState,
+        seq: int,
+        dialect: Dialect,
+        body: Any,
+        upstream: dict[str, Any],
+        req: CanonicalRequest,
+    ) -> tuple[str, ...]:
+        try:
+            return tuple(
+                route.classify(provisional_record(state.session_id, seq, dialect.name, body, upstream, req))
+            )
+        except Exception as exc:  # the preset's bug, not the policy's: an infrastructure failure
+            log.exception("side-call classifier failed for session %s call %d", state.session_id, seq)
+            raise GatewayError("upstream_error", f"side-call classifier failed: {exc}") from None
 
     def authenticate(self, request: Request) -> SessionState:
         key = session_key(request)
@@ -170,11 +215,19 @@ class Proxy:
             req, restored = state.tool_arguments.restore(req)
             if restored:
                 quirks = (*quirks, "tool_arguments_restored")
-            upstream = self.backend.build_body(req, self.served_model)
+            backend = self.backend
+            upstream = backend.build_body(req, self.served_model)
+            tags: tuple[str, ...] = ()
+            route = state.route
+            if route is not None:  # only sessions that route side calls pay for classification
+                tags = self._side_tags(route, state, seq, dialect, body, upstream, req)
+                if SIDE_CALL in tags:
+                    backend = await self.side_backend(route)
+                    upstream = backend.build_body(req, route.model)
             await self.gate.enter()
             try:
                 t_up = time.perf_counter()
-                comp = await self.backend.complete(upstream)
+                comp = await backend.complete(upstream)
                 upstream_ms = (time.perf_counter() - t_up) * 1000.0
             finally:
                 self.gate.leave()
@@ -183,6 +236,15 @@ class Proxy:
             record = replace(
                 record, upstream_latency_ms=round(upstream_ms, 3), gateway_overhead_ms=round(overhead_ms, 3)
             )
+            if backend is not self.backend:
+                # The frozen model's tokens are never the policy's, whatever its server returned. Its ids
+                # are its own (a hosted API may send none; another server counts from the same start), so
+                # the record's id is made unique in the session by the call's seq.
+                flags = tuple(dict.fromkeys((*record.flags, FLAG_NOT_TRAINABLE, FLAG_ROUTED)))
+                cid = f"routed-{seq}-{comp.id}" if comp.id else f"routed-{seq}"
+                record = replace(record, completion_id=cid, flags=flags, tags=tags)
+            elif tags:
+                record = replace(record, tags=tags)
             try:
                 await self.writer.write(lambda w: w.add_completion(record))
             except Exception:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar.gateway.restore import ToolArguments
+from polar.gateway.routing import SideRoute, side_route
 from polar.store.records import SessionInfo
 from polar.store.sqlite import SQLiteStore
 from polar.store.writer import AsyncWriter
@@ -27,6 +28,7 @@ class SessionState:
     closed: bool = False
     counts: dict[str, int] = field(default_factory=lambda: {"completions": 0, "failures": 0})
     tool_arguments: ToolArguments = field(default_factory=ToolArguments)  # see polar.gateway.restore
+    route: SideRoute | None = None  # where side calls go (see polar.gateway.routing); None: nowhere else
 
     def take_seq(self) -> int:
         seq = self.next_seq
@@ -41,10 +43,12 @@ class SessionRegistry:
         self._live: dict[str, SessionState] = {}
 
     async def create(self, metadata: dict[str, Any], session_id: str | None = None) -> SessionState:
+        """A new session; KeyError if the id was used, ValueError if its side-call route is malformed."""
         sid = session_id or "polar-" + secrets.token_urlsafe(18)
         if sid in self._live or self._reader.session(sid) is not None:
             raise KeyError(sid)
-        state = SessionState(session_id=sid, created_at=time.time(), metadata=metadata)
+        route = side_route(metadata)
+        state = SessionState(session_id=sid, created_at=time.time(), metadata=metadata, route=route)
         info = SessionInfo(session_id=sid, created_at=state.created_at, status="open", metadata=metadata)
         await self._writer.write(lambda w: w.add_session(info))
         self._live[sid] = state
@@ -65,6 +69,7 @@ class SessionRegistry:
             next_seq=self._reader.next_seq(session_id),
             closed=info.status == "closed",
             counts={"completions": info.completions, "failures": info.failures},
+            route=side_route(info.metadata),  # checked when the session was created
         )
         self._live[session_id] = state
         return state

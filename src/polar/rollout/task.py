@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class _Model(BaseModel):
@@ -40,12 +40,38 @@ class RuntimeConfig(_Model):
     prepare: list[PrepareAction] = Field(default_factory=list)
 
 
+class SideCallBackend(_Model):
+    """Where `side_calls: route` sends a harness's side calls: a frozen model on another server. Its
+    answers are recorded but never trained on (the gateway flags them `not_trainable`)."""
+
+    url: str = Field(min_length=1)  # vllm/sglang: the server root; openai: the base URL (".../v1")
+    kind: Literal["openai", "vllm", "sglang"] = "openai"
+    model: str = Field(min_length=1)  # the model name that server serves
+
+
 class AgentConfig(_Model):
     harness: str = "builtin"  # a preset name or "package.module:Class"
     model: str | None = None  # the name the harness asks for (default: the served model)
     settings: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     budget_seconds: float | None = Field(None, gt=0)  # the agent's own time budget, counted from RUN
+    # What to do with calls the harness's `classify` tags "side_call" (titles, a small model): train on them
+    # like any call, keep them out of the loss (recorded and listed, masked), or send them at request time
+    # to `side_call_backend` (a frozen model) so the policy never serves them.
+    side_calls: Literal["train", "exclude", "route"] = "train"
+    side_call_backend: SideCallBackend | None = Field(None, validate_default=True)
+
+    @field_validator("side_call_backend")
+    @classmethod
+    def _route_needs_backend(
+        cls, value: SideCallBackend | None, info: ValidationInfo
+    ) -> SideCallBackend | None:
+        # A field validator (not a model one) so the error is located at agent.side_call_backend.
+        if value is None and info.data.get("side_calls") == "route":
+            raise ValueError(
+                "required when agent.side_calls is 'route': {url, kind, model} of the frozen model"
+            )
+        return value
 
 
 class EvaluatorConfig(_Model):

@@ -17,6 +17,7 @@ from polar.gateway.proxy import Proxy
 from polar.harness.base import HarnessContext
 from polar.rollout.node.deadline import Deadline, RunLimit
 from polar.rollout.node.session import NodeSession, SessionEnd
+from polar.rollout.node.side_calls import apply_policy, gateway_route
 from polar.rollout.protocol import SessionStatus
 from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE, assign_rewards
 from polar.rollout.task import ExecAction, Task, UploadAction
@@ -168,11 +169,15 @@ async def init_stage(s: NodeSession, env: StageEnv) -> None:
         async with asyncio.timeout(s.deadline.remaining()):
             s.runtime = await start_runtime(s.spec.task, s.session_id, env, s.deadline, env.keep)
             try:
-                await env.proxy.sessions.create(session_metadata(s), s.session_id)
+                # The side-call route travels only to the gateway (it is not trajectory metadata).
+                metadata = {**session_metadata(s), **gateway_route(s.spec.task.agent)}
+                await env.proxy.sessions.create(metadata, s.session_id)
             except KeyError:
                 raise SessionEnd(
                     ERROR, "the gateway store already holds this session id (ids are single-use)"
                 ) from None
+            except ValueError as exc:  # a side-call route the gateway cannot build
+                raise SessionEnd(ERROR, f"gateway session: {exc}") from None
             s.gateway_open = True
             s.ctx = _context(s, s.runtime, env)
             try:
@@ -288,6 +293,7 @@ async def build_trajectory(s: NodeSession, env: StageEnv) -> Trajectory:
     await close_gateway_session(s, env)
     task = s.spec.task
     records = _classified(s, await asyncio.to_thread(_records, env.store_path, s.session_id))
+    records, side_calls = apply_policy(records, task.agent.side_calls)
     status = TrajectoryStatus.TIMEOUT if s.outcome == TIMEOUT else TrajectoryStatus.COMPLETED
     try:
         trajectory = await asyncio.to_thread(
@@ -295,7 +301,12 @@ async def build_trajectory(s: NodeSession, env: StageEnv) -> Trajectory:
         )
     except Exception as exc:
         raise SessionEnd(ERROR, f"trajectory builder {task.builder!r} failed: {_describe(exc)}") from exc
-    meta = {**trajectory.metadata, **session_metadata(s), "session_id": s.session_id}
+    meta = {
+        **trajectory.metadata,
+        **session_metadata(s),
+        "session_id": s.session_id,
+        "side_calls": side_calls,
+    }
     return trajectory.model_copy(update={"metadata": meta})
 
 

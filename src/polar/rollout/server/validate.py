@@ -53,6 +53,12 @@ def check_task(task: Task, prefix: str = "") -> None:
         raise SubmitError(
             f"runtime.image: the {task.runtime.backend} runtime needs an image", f"{prefix}runtime.image"
         )
+    side = task.agent.side_call_backend
+    if side is not None:
+        parts = urlsplit(side.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            field = "agent.side_call_backend.url"
+            raise SubmitError(f"{field} must be an http(s) URL, not {side.url!r}", f"{prefix}{field}")
     if task.callback_url is not None:
         parts = urlsplit(task.callback_url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
