@@ -10,7 +10,6 @@ can be re-applied with `polar traces export --results`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,8 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+
+from polar.cli.run import rollout_options, run_taskfile
 
 _STATUSES = ("COMPLETED", "TIMEOUT", "ERROR", "CANCELLED")
 
@@ -70,18 +71,7 @@ def _summary(counts: dict[str, Any]) -> Table:
 
 @click.command("generate")
 @click.argument("taskfile", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--backend", "backend_url", metavar="URL", help="Inference server (default: start the engine).")
-@click.option(
-    "--backend-kind", type=click.Choice(["vllm", "sglang", "openai"]), default="vllm", show_default=True
-)
-@click.option("--model", default=None, help="Served model name (default: what the backend lists).")
-@click.option(
-    "--policy", default=None, help="Model for the embedded engine (default: the offline tiny policy)."
-)
-@click.option(
-    "--out", default="polar-generate", show_default=True, type=click.Path(path_type=Path, file_okay=False)
-)
-@click.option("--capacity", default=4, show_default=True, type=int, help="Sessions the node runs at once.")
+@rollout_options("polar-generate")
 @click.option("--status", "statuses", multiple=True, type=click.Choice(_STATUSES), default=("COMPLETED",),
               show_default=True, help="Keep sessions that ended so (repeat for several).")  # fmt: skip
 @click.option("--min-reward", type=float, default=None, help="Keep sessions whose reward is at least this.")
@@ -103,33 +93,10 @@ def generate(
     Example (keep only sessions the evaluator passed):
       polar generate tasks.yaml --backend http://127.0.0.1:8000 --min-reward 1 --out sft-data
     """
-    from polar.cli.run import _run
-    from polar.rollout.taskfile import TaskFileError, load_tasks
     from polar.train.export import Filter
 
     console = Console()
-    try:
-        tasks = load_tasks(taskfile)
-    except TaskFileError as exc:
-        raise click.ClickException(str(exc)) from None
-    if capacity < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--capacity")
-    out.mkdir(parents=True, exist_ok=True)
-    engine_server = None
-    if backend_url is None:
-        from polar.engine import Engine, create_engine_app
-        from polar.serving import ServerThread
-
-        with console.status("loading the policy (the default model is built once)"):
-            engine = Engine.load(policy, start=False)
-            engine_server = ServerThread(create_engine_app(engine, manage_engine=True)).start()
-        backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
-        console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
-    try:
-        results = asyncio.run(_run(tasks, out, backend_url, backend_kind, model, capacity, console))
-    finally:
-        if engine_server is not None:
-            engine_server.stop()
+    results = run_taskfile(taskfile, backend_url, backend_kind, model, policy, out, capacity, console)
     keep = Filter(statuses=statuses, min_reward=min_reward)
     formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
     counts = write_outputs(results, keep, out, formats)

@@ -98,20 +98,65 @@ async def _run(
     return results
 
 
+def rollout_options(default_out: str) -> Any:
+    """The options `polar run` and `polar generate` share: where the policy is, where results go."""
+
+    def decorate(fn: Any) -> Any:
+        options = [
+            click.option("--backend", "backend_url", metavar="URL",
+                         help="Inference server (default: start the engine)."),
+            click.option("--backend-kind", type=click.Choice(["vllm", "sglang", "openai"]), default="vllm",
+                         show_default=True),
+            click.option("--model", default=None, help="Served model name (default: what the backend lists)."),
+            click.option("--policy", default=None,
+                         help="Model for the embedded engine (default: the offline tiny policy)."),
+            click.option("--out", default=default_out, show_default=True,
+                         type=click.Path(path_type=Path, file_okay=False)),
+            click.option("--capacity", default=4, show_default=True, type=int,
+                         help="Sessions the node runs at once."),
+        ]  # fmt: skip
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+
+    return decorate
+
+
+def run_taskfile(
+    taskfile: Path,
+    backend_url: str | None,
+    backend_kind: str,
+    model: str | None,
+    policy: str | None,
+    out: Path,
+    capacity: int,
+    console: Console,
+) -> list[Any]:
+    """Load TASKFILE (errors at file:line), start the embedded engine unless a backend is given, run every
+    session through a local server and node, and return the results."""
+    from polar.rollout.taskfile import TaskFileError, load_tasks
+
+    try:
+        tasks = load_tasks(taskfile)
+    except TaskFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    if capacity < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--capacity")
+    out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if backend_url is None:
+            from polar.rollout.local import embedded_engine
+
+            with console.status("loading the policy (the default model is built once)"):
+                engine, engine_server = stack.enter_context(embedded_engine(policy))
+            backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
+            console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
+        return asyncio.run(_run(tasks, out, backend_url, backend_kind, model, capacity, console))
+
+
 @click.command("run")
 @click.argument("taskfile", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--backend", "backend_url", metavar="URL", help="Inference server (default: start the engine).")
-@click.option(
-    "--backend-kind", type=click.Choice(["vllm", "sglang", "openai"]), default="vllm", show_default=True
-)
-@click.option("--model", default=None, help="Served model name (default: what the backend lists).")
-@click.option(
-    "--policy", default=None, help="Model for the embedded engine (default: the offline tiny policy)."
-)
-@click.option(
-    "--out", default="polar-run", show_default=True, type=click.Path(path_type=Path, file_okay=False)
-)
-@click.option("--capacity", default=4, show_default=True, type=int, help="Sessions the node runs at once.")
+@rollout_options("polar-run")
 def run(
     taskfile: Path,
     backend_url: str | None,
@@ -130,24 +175,7 @@ def run(
     Example (offline, built-in agent, embedded engine):
       polar run examples/tasks.yaml --out polar-run
     """
-    from polar.rollout.taskfile import TaskFileError, load_tasks
-
     console = Console()
-    try:
-        tasks = load_tasks(taskfile)
-    except TaskFileError as exc:
-        raise click.ClickException(str(exc)) from None
-    if capacity < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--capacity")
-    out.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
-        if backend_url is None:
-            from polar.rollout.local import embedded_engine
-
-            with console.status("loading the policy (the default model is built once)"):
-                engine, engine_server = stack.enter_context(embedded_engine(policy))
-            backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
-            console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
-        results = asyncio.run(_run(tasks, out, backend_url, backend_kind, model, capacity, console))
+    results = run_taskfile(taskfile, backend_url, backend_kind, model, policy, out, capacity, console)
     console.print(_summary(results))
     console.print(f"results: {out / 'results.jsonl'}   records: {out / 'gateway.db'}")
