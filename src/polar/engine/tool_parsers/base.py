@@ -84,3 +84,17 @@ def marker_pending(text: str, markers: tuple[str, ...]) -> int:
 def leading_content(text: str, start: int) -> str | None:
     head = text[:start]
     return head if head.strip() else None
+
+
+class ToolCallTagParser:
+    """Formats whose calls open with `<tool_call>` (Hermes/Qwen JSON and Qwen3-Coder XML): a call starts at
+    the tag, and a streamed text that ends in a prefix of it may still become one."""
+
+    open_tag = "<tool_call>"
+    needs_special_tokens = False
+
+    def call_start(self, text: str) -> int:
+        return text.find(self.open_tag)
+
+    def pending(self, text: str) -> int:
+        return marker_pending(text, (self.open_tag,))

@@ -8,12 +8,12 @@ from typing import Any
 
 from polar.engine.tool_parsers.base import (
     ParsedCall,
+    ToolCallTagParser,
     ToolParse,
     arguments_json,
     call_id,
     failed,
     leading_content,
-    marker_pending,
 )
 
 OPEN = "<tool_call>"
@@ -21,15 +21,8 @@ CLOSE = "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
-class HermesParser:
+class HermesParser(ToolCallTagParser):
     name = "hermes"
-    needs_special_tokens = False
-
-    def call_start(self, text: str) -> int:
-        return text.find(OPEN)
-
-    def pending(self, text: str) -> int:
-        return marker_pending(text, (OPEN,))
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None) -> ToolParse:
         start = text.find(OPEN)

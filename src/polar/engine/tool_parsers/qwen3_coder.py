@@ -21,11 +21,11 @@ from typing import Any
 
 from polar.engine.tool_parsers.base import (
     ParsedCall,
+    ToolCallTagParser,
     ToolParse,
     call_id,
     failed,
     leading_content,
-    marker_pending,
 )
 
 OPEN = "<tool_call>"
@@ -33,15 +33,8 @@ _CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*</tool
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
 
 
-class Qwen3CoderParser:
+class Qwen3CoderParser(ToolCallTagParser):
     name = "qwen3_coder"
-    needs_special_tokens = False
-
-    def call_start(self, text: str) -> int:
-        return text.find(OPEN)
-
-    def pending(self, text: str) -> int:
-        return marker_pending(text, (OPEN,))
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None) -> ToolParse:
         start = text.find(OPEN)
