@@ -172,3 +172,20 @@ def test_unknown_session(tmp_path: Path) -> None:
         with pytest.raises(ZeroDivisionError):
             store.write(lambda w: w.add_session(SessionInfo("gone", 1.0, "open", {})) or 1 / 0)
         assert store.session("gone") is None  # rolled back
+
+
+async def test_a_lone_write_commits_inline_and_failures_still_raise(tmp_path: Path) -> None:
+    writer = AsyncWriter(tmp_path / "w.db")
+    await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})), alone=True)
+    rec = make_record(0, [1, 2, 3])
+    await writer.write(lambda w: w.add_completion(rec), alone=True)
+    assert writer.inline == 2
+    with pytest.raises(
+        Exception, match="UNIQUE"
+    ):  # the same (session, seq) again: refused, nothing half-written
+        await writer.write(lambda w: w.add_completion(rec), alone=True)
+    nxt = make_record(1, [1, 2, 3, 4])
+    await writer.write(lambda w: w.add_completion(nxt))  # the thread path still works after an inline failure
+    writer.close()
+    with SQLiteStore(tmp_path / "w.db") as store:
+        assert store.completions("s1") == [rec, nxt]

@@ -246,7 +246,8 @@ class Proxy:
             elif tags:
                 record = replace(record, tags=tags)
             try:
-                await self.writer.write(lambda w: w.add_completion(record))
+                # Alone: no other generation in flight, so no commit to share (see AsyncWriter.write).
+                await self.writer.write(lambda w: w.add_completion(record), alone=self.gate.in_flight == 0)
             except Exception:
                 # Never hand out a response whose record did not land: the harness retries instead.
                 log.exception("could not record session %s call %d", state.session_id, seq)
