@@ -11,6 +11,7 @@ from polar.train.advantages import trajectory_advantages
 from polar.train.loss import LossConfig, policy_loss
 from polar.train.packing import PackedBatch, pack, response_logits, response_logprobs, token_logprobs
 from polar.trajectory import Trace, Trajectory
+from tests.train_support import tiny_lm
 
 LN = math.log
 
@@ -26,24 +27,6 @@ def t(values: list[float]) -> torch.Tensor:
 def grad_of(loss: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     (g,) = torch.autograd.grad(loss, x, allow_unused=True)
     return torch.zeros_like(x) if g is None else g
-
-
-def tiny_lm() -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        attn_implementation="eager",
-    )
-    return Qwen3ForCausalLM(cfg)
 
 
 # ---- on a tiny causal LM ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from polar.train.packing import (
     token_logprobs,
     unpack,
 )
+from tests.train_support import tiny_lm
 
 SEQS = [
     ([5, 9, 11], [20, 21, 22, 23]),
@@ -23,24 +24,6 @@ SEQS = [
     ([14, 15, 16, 17], [60, 61, 62, 63, 1]),
 ]
 MASKS = [[1, 1, 0, 1], [1, 1, 1], [0, 0], [1], [1, 0, 0, 1, 1]]
-
-
-def tiny_lm(attn: str) -> torch.nn.Module:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=128,
-        attn_implementation=attn,
-    )
-    return Qwen3ForCausalLM(cfg).double()
 
 
 def alone(model: torch.nn.Module, prompt: list[int], response: list[int]) -> torch.Tensor:
@@ -122,7 +105,7 @@ def test_flat_and_unpack_round_trip() -> None:
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize(("max_len", "by_positions"), [(10, False), (64, False), (10, True)])
 def test_packed_logprobs_equal_each_trace_run_alone(attn: str, max_len: int, by_positions: bool) -> None:
-    model = tiny_lm(attn)
+    model = tiny_lm(attn).double()
     with torch.no_grad():
         b = pack(SEQS, max_len=max_len)
         packed = unpack(response_logprobs(model, b, by_positions=by_positions), b)
@@ -133,7 +116,7 @@ def test_packed_logprobs_equal_each_trace_run_alone(attn: str, max_len: int, by_
 
 def test_without_the_mask_traces_would_leak_into_each_other() -> None:
     """The equality above is not vacuous: plain causal attention over a packed row changes the logprobs."""
-    model = tiny_lm("eager")
+    model = tiny_lm("eager").double()
     with torch.no_grad():
         b = pack(SEQS, max_len=64)
         logits = model(input_ids=b.input_ids, use_cache=False).logits  # plain causal attention per row
@@ -143,7 +126,7 @@ def test_without_the_mask_traces_would_leak_into_each_other() -> None:
 
 
 def test_packed_loss_and_gradients_equal_unpacked() -> None:
-    model = tiny_lm("sdpa")
+    model = tiny_lm("sdpa").double()
     params = [p for p in model.parameters() if p.requires_grad]
     mask_per = [torch.tensor(m, dtype=torch.float64) for m in MASKS]
     adv = [1.0, -0.5, 2.0, -1.0, 0.25]
@@ -184,7 +167,7 @@ def test_packed_loss_and_gradients_equal_unpacked() -> None:
 
 
 def test_temperature_scales_the_logits() -> None:
-    model = tiny_lm("eager")
+    model = tiny_lm("eager").double()
     with torch.no_grad():
         b = pack(SEQS[:1], max_len=16)
         hot = response_logprobs(model, b, temperature=2.0)
