@@ -86,10 +86,11 @@ def test_custom_by_import_path() -> None:
     assert isinstance(ev, ScoresLength) and ev.scale == 2.0
     ev2 = get_evaluator(f"{HERE}:NoConfig")
     assert isinstance(ev2, NoConfig) and ev2.needs_fresh_runtime
-    # The built-in classes by path too.
-    assert isinstance(
-        get_evaluator("polar.evaluate.command:CommandEvaluator", {"test_command": "x"}), CommandEvaluator
-    )
+    # Import paths load only from modules the operator allowed (the suite allows `tests`), not polar's own
+    # or anything else: built-ins are named by their names.
+    with pytest.raises(ValueError, match="not accepted from the network"):
+        get_evaluator("polar.evaluate.command:CommandEvaluator", {"test_command": "x"})
+    assert isinstance(get_evaluator("command", {"test_command": "x"}), CommandEvaluator)
 
 
 @pytest.mark.parametrize(
@@ -98,11 +99,12 @@ def test_custom_by_import_path() -> None:
         (
             "sessoin_completed",
             {},
-            "unknown evaluator 'sessoin_completed': not one of command, session_completed",
+            "unknown evaluator 'sessoin_completed' (did you mean 'session_completed'?); registered: command",
         ),
-        ("no_such_pkg.mod:Thing", {}, "cannot import no_such_pkg.mod"),
+        ("no_such_pkg.mod:Thing", {}, "import paths are not accepted from the network"),
+        ("tests.no_such_mod:Thing", {}, "cannot import tests.no_such_mod"),
         (f"{HERE}:Missing", {}, f"{HERE} has no attribute 'Missing'"),
-        (f"{HERE}:", {}, "nor an import path"),
+        (f"{HERE}:", {}, "is not an import path"),
         (f"{HERE}:NOT_CALLABLE", {}, "is not a class or factory"),
         (f"{HERE}:SyncEvaluate", {}, "needs an `async def evaluate"),
         (f"{HERE}:Nameless", {}, "lacks name"),

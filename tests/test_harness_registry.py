@@ -60,6 +60,11 @@ class Incomplete:
         return "true"
 
 
+def make_text(settings: dict[str, Any]) -> str:
+    """A callable that builds something that is not a harness."""
+    return "text"
+
+
 class Exploding:
     def __init__(self, settings: dict[str, Any]) -> None:
         raise KeyError("boom")
@@ -90,17 +95,19 @@ def test_import_path() -> None:
     [
         (
             "codex-cli",
-            r"unknown harness 'codex-cli': expected one of \['builtin', .*'shell'.*\] or 'pkg.mod:Class'",
+            r"unknown harness 'codex-cli' \(did you mean 'codex'\?\); registered: builtin, .*shell",
         ),
-        ("no.such.module:Harness", "cannot load harness 'no.such.module:Harness'"),
-        ("tests.test_harness_registry:Missing", "cannot load harness .*has no attribute 'Missing'"),
+        ("no.such.module:Harness", "import paths are not accepted from the network"),
+        ("tests.no_such_module:Harness", "cannot import tests.no_such_module"),
+        ("tests.test_harness_registry:Missing", "has no attribute 'Missing'"),
         ("tests.test_harness_registry:CTX", "is not a class"),
         (
             "tests.test_harness_registry:Incomplete",
             r"lacks methods \['setup', 'env', 'post_run', 'classify'\]",
         ),
         ("tests.test_harness_registry:Exploding", "refused its settings: 'boom'"),
-        ("json:dumps", "lacks methods"),
+        ("json:dumps", "import paths are not accepted from the network"),
+        ("tests.test_harness_registry:make_text", "lacks methods"),
     ],
 )
 def test_unknown_or_broken_harness(name: str, message: str) -> None:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from examples.learn.reward import TokenSetReward, half_space
 
+from polar import plugins
 from polar.evaluate.base import EvalContext
 from polar.evaluate.registry import get_evaluator
 from polar.trajectory.models import Trace, Trajectory
 
 PATH = "examples.learn.reward:TokenSetReward"
+# A task file at the repository root naming PATH would resolve it from there: trust it as that run would.
+plugins.trust_file_import(PATH, Path(__file__).resolve().parents[1])
 
 
 def trace(response: list[int], mask: list[int]) -> Trace:

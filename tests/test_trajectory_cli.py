@@ -117,7 +117,7 @@ def test_bad_selection_and_options_are_usage_errors(store: Path, tmp_path: Path)
     code, out = run("show", "--store", str(store), "--task", "t9")
     assert code == 2 and "no sessions for task 't9'" in out
     code, out = run("show", "--store", str(store), "s1", "--strategy", "nope")
-    assert code == 2 and "unknown strategy" in out
+    assert code == 2 and "unknown builder 'nope'" in out
     code, out = run("show", "--store", str(store), "s1", "--eot-id", "-1")
     assert code == 2 and "eot_id" in out
     code, out = run("show", "--store", str(tmp_path / "missing.db"), "s1")

@@ -9,8 +9,8 @@ vocabulary). Every move of the hidden state along that axis raises them all toge
 gradient it can follow. This is a check that the loop moves the policy towards its reward, not a language
 task.
 
-Used from a task as `evaluator: {strategy: "examples.learn.reward:TokenSetReward"}` with the repository
-root on `sys.path` (`PYTHONPATH=.`); config `ids` (a list) or `below` (an id bound) names the set instead.
+Used from a task file in this folder as `evaluator: {strategy: "reward:TokenSetReward"}` (a task file's
+import paths resolve relative to the file); config `ids` (a list) or `below` (an id bound) names the set instead.
 """
 
 from __future__ import annotations

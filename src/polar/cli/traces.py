@@ -16,6 +16,7 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from polar import plugins
 from polar.store.records import CompletionRecord, SessionInfo
 from polar.trajectory import AuditReport, BuildError, Trajectory, audit, build
 from polar.trajectory.export import rows, write_jsonl, write_parquet
@@ -156,6 +157,11 @@ def _built(
 
     if not store_path.is_file():
         raise click.BadParameter(f"Path '{store_path}' does not exist.", param_hint="'--store'")
+    if plugins.is_import_path(strategy):  # named on this command line by its user: theirs to trust
+        try:
+            plugins.trust_file_import(strategy, Path.cwd())
+        except plugins.PluginError as e:
+            raise click.BadParameter(str(e), param_hint="--strategy") from None
     store = SQLiteStore(store_path)
     try:
         for info in _sessions(store, session_ids, task_id):

@@ -1,17 +1,19 @@
-"""Evaluators by name or import path, built and checked when a task is submitted (not mid-run).
+"""Evaluators by name, `polar.evaluators` entry point, or import path, built and checked when a task is
+submitted (not mid-run).
 
-A custom evaluator is `"package.module:Name"` where `Name` is a class (or factory) called with the task's
+A custom evaluator is `"package.module:Name"` (where `polar.plugins` allows import paths: a local task file,
+or a module the operator allowed) where `Name` is a class (or factory) called with the task's
 `evaluator.config` (or with nothing, when it takes no argument and the config is empty); the object must
 have `name`, `needs_fresh_runtime` and an async `evaluate(ctx)`.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
+from polar import plugins
 from polar.evaluate.base import Evaluator
 from polar.evaluate.command import CommandEvaluator
 from polar.evaluate.session_completed import SessionCompleted
@@ -25,27 +27,16 @@ _BUILTIN: dict[str, Callable[..., Any]] = {
 
 
 def evaluator_names() -> list[str]:
-    return sorted(_BUILTIN)
+    """The built-ins and installed entry points (what a task over HTTP may name)."""
+    return sorted({*_BUILTIN, *plugins.entry_point_names("evaluator")})
 
 
-def _import(path: str) -> Callable[..., Any]:
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ValueError(
-            f"unknown evaluator {path!r}: not one of {', '.join(evaluator_names())}, "
-            "nor an import path 'package.module:Name'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # an ImportError, or whatever the module raises while importing
-        raise ValueError(f"evaluator {path!r}: cannot import {module_name}: {exc}") from None
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"evaluator {path!r}: {module_name} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+def _factory(name: str) -> Callable[..., Any]:
+    if name in _BUILTIN:
+        return _BUILTIN[name]
+    obj = plugins.load_registered("evaluator", name, sorted(_BUILTIN))
     if not callable(obj):
-        raise ValueError(f"evaluator {path!r}: {attr} is not a class or factory")
+        raise ValueError(f"evaluator {name!r} is not a class or factory")
     return cast(Callable[..., Any], obj)
 
 
@@ -68,7 +59,7 @@ def _check(evaluator: Any, label: str) -> Evaluator:
 
 def get_evaluator(name_or_import_path: str, config: Mapping[str, Any] | None = None) -> Evaluator:
     """The evaluator for a task, its config validated; ValueError saying what is wrong otherwise."""
-    factory = _BUILTIN.get(name_or_import_path) or _import(name_or_import_path)
+    factory = _factory(name_or_import_path)
     config = dict(config or {})
     if _takes_config(factory):
         try:

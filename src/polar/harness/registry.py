@@ -1,4 +1,5 @@
-"""Harness presets by name, or any class by import path "pkg.mod:Class".
+"""Harness presets by name, `polar.harnesses` entry points, or a class by import path "pkg.mod:Class"
+where `polar.plugins` allows one (a local task file, or a module the operator allowed).
 
 `get_harness` builds the preset with the task's `agent.settings`, so an unknown name, an import that fails
 or a bad setting raises `ValueError` when the task is submitted, not in the middle of a run.
@@ -10,6 +11,7 @@ import importlib
 import pkgutil
 from typing import Any
 
+from polar import plugins
 from polar.harness import presets
 from polar.harness.base import Harness
 
@@ -26,28 +28,31 @@ def _cli_presets() -> dict[str, str]:
 
 
 def harness_names() -> list[str]:
-    return sorted({**_PRESETS, **_cli_presets()})
+    """The built-in presets and installed entry points (what a task over HTTP may name)."""
+    return sorted({*_PRESETS, *_cli_presets(), *plugins.entry_point_names("harness")})
 
 
-def _load(path: str) -> Any:
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"unknown harness {path!r}: expected one of {harness_names()} or 'pkg.mod:Class'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"cannot load harness {path!r}: {e}") from e
+def _builtin(path: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _load(name: str) -> Any:
+    known = {**_cli_presets(), **_PRESETS}
+    if name in known:
+        return _builtin(known[name])
+    obj = plugins.load_registered("harness", name, sorted(known))
     if not callable(obj):
-        raise ValueError(f"harness {path!r} is not a class")
+        raise ValueError(f"harness {name!r} is not a class")
     return obj
 
 
 def get_harness(name_or_import_path: str, settings: dict[str, Any] | None = None) -> Harness:
     """The harness `name_or_import_path` built with `settings` (its constructor validates them)."""
-    known = {**_cli_presets(), **_PRESETS}
-    cls = _load(known.get(name_or_import_path, name_or_import_path))
+    cls = _load(name_or_import_path)
     try:
         harness = cls(dict(settings or {}))
     except ValueError:

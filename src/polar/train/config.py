@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from polar.rollout.task import Task, UploadAction
-from polar.rollout.taskfile import TaskFileError, field_path, line_of, load_tasks
+from polar.rollout.taskfile import TaskFileError, field_path, line_of, load_tasks, locator, trust_imports
 from polar.train.advantages import Estimator
 from polar.train.loss import Aggregation, LossConfig
 
@@ -179,13 +179,18 @@ def parse_config(
         tasks = []
         for i, item in enumerate(config.tasks):
             try:
-                tasks.append(_anchor(Task.model_validate(item), base))
+                task = Task.model_validate(item)
             except ValidationError as exc:
                 err = exc.errors(include_url=False)[0]
                 loc = ("tasks", i, *err["loc"])
                 raise ConfigError(
                     f"{_where(source, root, loc)}: {field_path(loc)}: {_message(err)}"
                 ) from None
+            try:  # the user's own code, relative to this file
+                trust_imports(task, base, locator(source, root, ("tasks", i)))
+            except TaskFileError as exc:
+                raise ConfigError(str(exc)) from None
+            tasks.append(_anchor(task, base))
         ids = [t.task_id for t in tasks]
         dupes = sorted({t for t in ids if ids.count(t) > 1})
         if dupes:

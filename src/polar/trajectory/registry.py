@@ -1,4 +1,6 @@
-"""Builders by name: the two built-ins, any registered one, or an import path "pkg.mod:func".
+"""Builders by name: the two built-ins, any registered one (`register_builder`, or a `polar.builders`
+entry point), or an import path "pkg.mod:func" where `polar.plugins` allows one (a local task file, or a
+module the operator allowed; never a bare import path from the network).
 
 A builder is `fn(records, *, status, **options) -> Trajectory`, records being one session's
 `CompletionRecord`s in call order. `build` checks what every builder relies on (one session, unique
@@ -13,6 +15,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from polar import plugins
 from polar.store.records import CompletionRecord
 from polar.trajectory.errors import BuildError
 from polar.trajectory.models import Trajectory, TrajectoryStatus
@@ -36,10 +39,11 @@ def register_builder(name: str, builder: Builder | str, *, replace: bool = False
 
 
 def builders() -> list[str]:
-    return sorted({*_BUILTIN, *_REGISTERED})
+    return sorted({*_BUILTIN, *_REGISTERED, *plugins.entry_point_names("builder")})
 
 
 def _import(path: str) -> Builder:
+    """A builder the calling program names in code (built-ins, `register_builder`): not policed."""
     module_name, sep, attr = path.partition(":")
     if not sep or not module_name or not attr:
         raise BuildError(
@@ -57,9 +61,20 @@ def _import(path: str) -> Builder:
 
 
 def get_builder(strategy: str) -> Builder:
+    """The builder a task names: a built-in or registered name, an entry point, or an import path that
+    `polar.plugins` allows; BuildError otherwise."""
     if strategy in _REGISTERED:
         return _REGISTERED[strategy]
-    return _import(_BUILTIN.get(strategy, strategy))
+    if strategy in _BUILTIN:
+        return _import(_BUILTIN[strategy])
+    try:
+        obj = plugins.load_registered("builder", strategy, sorted({*_BUILTIN, *_REGISTERED}))
+    except plugins.PluginError as exc:
+        raise BuildError(str(exc), param="strategy") from None
+    if not callable(obj):
+        raise BuildError(f"builder {strategy!r} is not callable", param="strategy")
+    result: Builder = obj
+    return result
 
 
 def build(
