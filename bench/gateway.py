@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -151,8 +152,9 @@ def bodies(stream: bool) -> dict[str, tuple[str, dict[str, Any]]]:
     }
 
 
-def start(cmd: list[str], url: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}"})
+def start(cmd: list[str], url: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     deadline = time.monotonic() + 60
     import urllib.request
 
@@ -254,9 +256,12 @@ def main() -> None:
     n1, n64 = (150, 1500) if opts.quick else (400, 4000)
 
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
-    bport, gport = free_port(), free_port()
+    bport, gport, cport = free_port(), free_port(), free_port()
     backend = f"http://127.0.0.1:{bport}"
     gw = f"http://127.0.0.1:{gport}"
+    control = f"http://127.0.0.1:{cport}"  # the gateway's control listener (sessions, records)
+    token = secrets.token_urlsafe(32)
+    admin = {"authorization": f"Bearer {token}"}
     procs = [
         start([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend),
         start(
@@ -271,18 +276,21 @@ def main() -> None:
                 "m",
                 "--port",
                 str(gport),
+                "--control-port",
+                str(cport),
                 "--store",
                 str(tmp / "bench.db"),
                 "--log-level",
                 "warning",
             ],
             gw,
+            env={"POLAR_TOKEN": token},
         ),
     ]
     try:
         import httpx
 
-        key = httpx.post(gw + "/sessions", json={"task_id": "bench"}).json()["session_id"]
+        key = httpx.post(control + "/sessions", json={"task_id": "bench"}, headers=admin).json()["session_id"]
         auth = {"authorization": f"Bearer {key}", "content-type": "application/json"}
         rows: list[tuple[str, str, int, dict[str, float]]] = []
         direct: dict[tuple[bool, int], dict[str, float]] = {}
@@ -306,11 +314,15 @@ def main() -> None:
                 f"{name:<20} {mode:<7} {c:>4} {m['rps']:>9.0f} {m['p50']:>8.2f} {m['p99']:>8.2f} {added:>8}"
             )
 
-        key2 = httpx.post(gw + "/sessions", json={"task_id": "growth"}).json()["session_id"]
+        key2 = httpx.post(control + "/sessions", json={"task_id": "growth"}, headers=admin).json()[
+            "session_id"
+        ]
         db = tmp / "bench.db"
         before = settled_size(db)
         calls, sent = growing_session(gw, key2, 200)
-        recs = httpx.get(f"{gw}/sessions/{key2}/completions", timeout=120).json()["completions"]
+        recs = httpx.get(f"{control}/sessions/{key2}/completions", timeout=120, headers=admin).json()[
+            "completions"
+        ]
         prompt_ids = sum(len(r["prompt_ids"]) for r in recs)
         after = settled_size(db)
         print()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from polar import plugins
 from polar.gateway.app import create_app
 from polar.gateway.backends.base import BackendOptions
 from polar.gateway.config import GatewayConfig
@@ -18,6 +21,13 @@ from polar.store.sqlite import SQLiteStore
 from tests.fakes.server import ServerThread, serve
 
 SERVED_MODEL = "fake-policy"
+# The suite is the operator of the servers it starts: it allows its own helper modules (test harnesses and
+# evaluators named `tests.module:Name` in tasks), as `polar serve --plugin tests` would. Anything else named
+# by an import path over HTTP is refused (tests/security proves it).
+plugins.allow_modules(["tests"])
+# Servers the suite starts never write the user's own token file (~/.config/polar/token).
+os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="polar-test-config-")
+os.environ.pop("POLAR_TOKEN", None)
 # One client for the fixtures' control-plane calls: a new httpx.Client costs ~20 ms (certificate loading).
 _HTTP = httpx.Client(timeout=60)
 
@@ -30,21 +40,26 @@ class FakeBackend:
 
 @dataclass
 class Gateway:
-    url: str
+    url: str  # the model API (data plane): what harnesses call
     store_path: Path
     server: ServerThread
-    control_token: str | None = None
+    control_token: str
+    control_url: str  # sessions, records, trajectories, pause/resume: token required
 
     def _headers(self) -> dict[str, str]:
-        return {"authorization": f"Bearer {self.control_token}"} if self.control_token else {}
+        return {"authorization": f"Bearer {self.control_token}"}
+
+    def control(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """A request to the control listener, with the token."""
+        return _HTTP.request(method, f"{self.control_url}{path}", headers=self._headers(), **kwargs)
 
     def new_session(self, **metadata: Any) -> str:
-        r = _HTTP.post(f"{self.url}/sessions", json=metadata, headers=self._headers())
+        r = self.control("POST", "/sessions", json=metadata)
         assert r.status_code == 201, r.text
         return str(r.json()["session_id"])
 
     def completions(self, session_id: str) -> list[CompletionRecord]:
-        r = _HTTP.get(f"{self.url}/sessions/{session_id}/completions", headers=self._headers())
+        r = self.control("GET", f"/sessions/{session_id}/completions")
         assert r.status_code == 200, r.text
         return [CompletionRecord.from_json(d) for d in r.json()["completions"]]
 
@@ -62,8 +77,14 @@ def start_gateway(backend_url: str, tmp_path: Path, **overrides: Any) -> Gateway
         backend=options,
         **overrides,
     )
-    server = ServerThread(create_app(config)).start()
-    return Gateway(server.url, config.store_path, server, config.control_token)
+    return serve_gateway(config)
+
+
+def serve_gateway(config: GatewayConfig) -> Gateway:
+    """Both listeners of a gateway made from `config`, on one loop in a thread; `.server.stop()` ends it."""
+    app = create_app(config)
+    server = ServerThread(app.data, also=[app.control]).start()
+    return Gateway(server.url, config.store_path, server, config.control_token, server.urls[1])
 
 
 @pytest.fixture(scope="module")

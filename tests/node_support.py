@@ -18,6 +18,7 @@ from polar.rollout.task import Task
 from tests.conftest import SERVED_MODEL
 from tests.fakes.fake_vllm import FakeInferenceServer, Script, make_fake_backend
 from tests.fakes.server import serve
+from tests.server_support import TOKEN
 
 PY = sys.executable
 
@@ -50,7 +51,7 @@ async def running_node(backend_url: str, tmp_path: Path, **overrides: Any) -> As
         store_path=tmp_path / "node.db",
         backend=BackendOptions(retries=0, timeout_s=30.0),
         port=0,
-        control_token=overrides.pop("control_token", None),
+        control_token=overrides.pop("control_token", TOKEN),  # the test servers' token: nodes register
     )
     defaults: dict[str, Any] = {"runtime_root": tmp_path / "runtimes", "node_id": "node-test"}
     node = Node(NodeConfig(gateway=gateway, **(defaults | overrides)))
@@ -117,3 +118,13 @@ async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout_s: 
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.03)
+
+
+def control_client(node: Node, **kwargs: Any) -> Any:
+    """An httpx.AsyncClient for the node's control listener, with its token (as the rollout server has)."""
+    import httpx
+
+    from polar.auth import bearer
+
+    headers = {**bearer(node.config.gateway.control_token), **kwargs.pop("headers", {})}
+    return httpx.AsyncClient(base_url=node.control_url, headers=headers, **kwargs)

@@ -71,19 +71,15 @@ def genai_client(url: str, sid: str) -> genai.Client:
 
 
 def new_session(gw: Gateway) -> str:
-    r = HTTP.post(f"{gw.url}/sessions", json={"task_id": "faults"})
-    assert r.status_code == 201, r.text
-    return str(r.json()["session_id"])
+    return gw.new_session(task_id="faults")
 
 
 def completions(gw: Gateway, sid: str) -> list[CompletionRecord]:
-    r = HTTP.get(f"{gw.url}/sessions/{sid}/completions")
-    assert r.status_code == 200, r.text
-    return [CompletionRecord.from_json(d) for d in r.json()["completions"]]
+    return gw.completions(sid)
 
 
 def failures(gw: Gateway, sid: str) -> list[dict[str, Any]]:
-    r = HTTP.get(f"{gw.url}/sessions/{sid}/failures")
+    r = gw.control("GET", f"/sessions/{sid}/failures")
     assert r.status_code == 200, r.text
     return list(r.json()["failures"])
 

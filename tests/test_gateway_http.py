@@ -13,9 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from polar.auth import bearer, new_token
 from polar.store.sqlite import SQLiteStore
 from tests.conftest import SERVED_MODEL, FakeBackend, Gateway, start_gateway
 from tests.fakes.server import free_port
+
+TOKEN = new_token()
 
 CHAT_BODY = {"model": "anything", "messages": [{"role": "user", "content": "hello"}]}
 ANTHROPIC_BODY = {"model": "claude", "max_tokens": 64, "messages": [{"role": "user", "content": "hello"}]}
@@ -54,25 +57,25 @@ def post(gw: Gateway, dialect: str, key: str | None, body: object = None, **kw: 
 
 def test_sessions_lifecycle(gateway: Gateway) -> None:
     sid = gateway.new_session(task_id="t-1", metadata={"group": "g"})
-    r = httpx.get(f"{gateway.url}/sessions/{sid}")
+    r = gateway.control("GET", f"/sessions/{sid}")
     assert r.status_code == 200
     info = r.json()
     assert info["status"] == "open" and info["metadata"] == {"task_id": "t-1", "group": "g"}
-    assert httpx.post(f"{gateway.url}/sessions").status_code == 201  # body is optional
-    assert httpx.delete(f"{gateway.url}/sessions/{sid}").json()["status"] == "closed"
-    assert httpx.get(f"{gateway.url}/sessions/{sid}").json()["status"] == "closed"
-    assert httpx.get(f"{gateway.url}/sessions/nope").status_code == 404
-    assert httpx.delete(f"{gateway.url}/sessions/nope").status_code == 404
+    assert gateway.control("POST", "/sessions").status_code == 201  # body is optional
+    assert gateway.control("DELETE", f"/sessions/{sid}").json()["status"] == "closed"
+    assert gateway.control("GET", f"/sessions/{sid}").json()["status"] == "closed"
+    assert gateway.control("GET", "/sessions/nope").status_code == 404
+    assert gateway.control("DELETE", "/sessions/nope").status_code == 404
 
 
 def test_session_ids_are_single_use(gateway: Gateway) -> None:
-    r = httpx.post(f"{gateway.url}/sessions", json={"session_id": "fixed-session-1"})
+    r = gateway.control("POST", "/sessions", json={"session_id": "fixed-session-1"})
     assert r.status_code == 201 and r.json()["session_id"] == "fixed-session-1"
-    r = httpx.post(f"{gateway.url}/sessions", json={"session_id": "fixed-session-1"})
+    r = gateway.control("POST", "/sessions", json={"session_id": "fixed-session-1"})
     assert r.status_code == 409
     for bad in (["x"], {"session_id": 5}, {"metadata": []}):
-        assert httpx.post(f"{gateway.url}/sessions", json=bad).status_code == 400
-    r = httpx.post(f"{gateway.url}/sessions", content=b"{nope", headers={"content-type": "application/json"})
+        assert gateway.control("POST", "/sessions", json=bad).status_code == 400
+    r = gateway.control("POST", "/sessions", content=b"{nope")
     assert r.status_code == 400
 
 
@@ -83,7 +86,7 @@ def test_unknown_missing_and_closed_keys_get_401_in_dialect(gateway: Gateway, di
         assert r.status_code == 401
         assert "key" in error_message(dialect, r.json()).lower()
     sid = gateway.new_session()
-    httpx.delete(f"{gateway.url}/sessions/{sid}")
+    gateway.control("DELETE", f"/sessions/{sid}")
     r = post(gateway, dialect, sid)
     assert r.status_code == 401 and "closed" in error_message(dialect, r.json())
 
@@ -98,7 +101,7 @@ def test_malformed_json_is_400_in_dialect(gateway: Gateway, dialect: str) -> Non
         assert error_message(dialect, r.json())
     # Failed calls are recorded as failures, never as completions.
     assert gateway.completions(sid) == []
-    failures = httpx.get(f"{gateway.url}/sessions/{sid}/failures").json()["failures"]
+    failures = gateway.control("GET", f"/sessions/{sid}/failures").json()["failures"]
     assert len(failures) == 4 and {f["status"] for f in failures} == {400}
 
 
@@ -139,7 +142,7 @@ def test_call_is_captured_exactly_and_committed_before_the_answer(
 
 def test_record_survives_kill_right_after_response(fake_backend: FakeBackend, tmp_path: Path) -> None:
     """A response the harness saw always has its record, even if the gateway is SIGKILLed at once."""
-    port = free_port()
+    port, control_port = free_port(), free_port()
     store = tmp_path / "kill.db"
     proc = subprocess.Popen(
         [
@@ -153,12 +156,14 @@ def test_record_survives_kill_right_after_response(fake_backend: FakeBackend, tm
             "m",
             "--port",
             str(port),
+            "--control-port",
+            str(control_port),
             "--store",
             str(store),
             "--log-level",
             "warning",
         ],
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "POLAR_TOKEN": TOKEN},
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -171,7 +176,9 @@ def test_record_survives_kill_right_after_response(fake_backend: FakeBackend, tm
                 pass
             assert time.monotonic() < deadline and proc.poll() is None, "gateway did not start"
             time.sleep(0.1)
-        sid = httpx.post(url + "/sessions").json()["session_id"]
+        sid = httpx.post(f"http://127.0.0.1:{control_port}/sessions", headers=bearer(TOKEN)).json()[
+            "session_id"
+        ]
         r = httpx.post(
             url + "/v1/chat/completions", json=CHAT_BODY, headers={"authorization": f"Bearer {sid}"}
         )
@@ -200,28 +207,35 @@ def test_body_limit_is_413_in_dialect(fake_backend: FakeBackend, tmp_path: Path)
         gw.server.stop()
 
 
-def test_control_token_guards_the_control_plane(fake_backend: FakeBackend, tmp_path: Path) -> None:
-    gw = start_gateway(fake_backend.url, tmp_path, control_token="sekrit")
+def test_control_plane_is_a_separate_listener_behind_the_token(
+    fake_backend: FakeBackend, tmp_path: Path
+) -> None:
+    gw = start_gateway(fake_backend.url, tmp_path, control_token="sekrit-sekrit-sekrit")
     try:
-        assert httpx.post(f"{gw.url}/sessions").status_code == 403
-        assert httpx.post(f"{gw.url}/sessions", headers={"authorization": "Bearer wrong"}).status_code == 403
+        control = f"{gw.control_url}/sessions"
+        assert httpx.post(control).status_code == 401
+        r = httpx.post(control, headers={"authorization": "Bearer wrong"})
+        assert r.status_code == 401 and "wrong control token" in r.json()["error"]["message"]
         sid = gw.new_session()  # uses the token
-        assert httpx.get(f"{gw.url}/sessions/{sid}/completions").status_code == 403
-        assert (
-            httpx.get(
-                f"{gw.url}/sessions/{sid}/completions", headers={"authorization": f"Bearer {sid}"}
-            ).status_code
-            == 403
-        )  # a harness's key does not open the control plane
-        assert post(gw, "chat", sid).status_code == 200  # the data plane still works with the session key
-        assert httpx.post(f"{gw.url}/admin/pause").status_code == 403
+        assert httpx.get(f"{control}/{sid}/completions").status_code == 401
+        r = httpx.get(f"{control}/{sid}/completions", headers={"authorization": f"Bearer {sid}"})
+        assert r.status_code == 401  # a harness's key does not open the control plane
+        assert httpx.post(f"{gw.control_url}/admin/pause").status_code == 401
+        assert post(gw, "chat", sid).status_code == 200  # the model API works with the session key
+        # The model API serves no control route at all, whatever the credentials.
+        for method, path in [("POST", "/sessions"), ("GET", f"/sessions/{sid}/completions"),
+                             ("POST", "/admin/pause"), ("POST", "/admin/resume")]:  # fmt: skip
+            for headers in ({}, bearer("sekrit-sekrit-sekrit"), bearer(sid)):
+                r = httpx.request(method, f"{gw.url}{path}", headers=headers)
+                assert r.status_code in (404, 405), (method, path, r.status_code)
     finally:
         gw.server.stop()
 
 
 def test_probes(gateway: Gateway) -> None:
     assert httpx.head(gateway.url + "/").status_code == 200
-    assert httpx.get(gateway.url + "/health").json()["status"] == "ok"
+    assert httpx.get(gateway.url + "/health").json() == {"status": "ok", "model": SERVED_MODEL}
+    assert gateway.control("GET", "/health").json()["paused"] is False
     models = httpx.get(gateway.url + "/v1/models").json()
     assert models["data"][0]["id"] == SERVED_MODEL
     assert httpx.get(gateway.url + "/v1/models/x").json()["id"] == "x"
@@ -255,7 +269,8 @@ def test_pause_drains_and_resume_admits(gateway: Gateway, fake_backend: FakeBack
                 )
             )
             await asyncio.sleep(0.2)
-            paused = (await client.post(gateway.url + "/admin/pause", params={"timeout": 10})).json()
+            control = httpx.AsyncClient(base_url=gateway.control_url, headers=bearer(gateway.control_token))
+            paused = (await control.post("/admin/pause", params={"timeout": 10})).json()
             assert paused == {"paused": True, "drained": True, "in_flight": 0}
             # The generation in flight finished upstream before the drain returned; its answer follows.
             assert (await asyncio.wait_for(slow, 5)).status_code == 200
@@ -269,11 +284,12 @@ def test_pause_drains_and_resume_admits(gateway: Gateway, fake_backend: FakeBack
             )
             await asyncio.sleep(0.3)
             assert not blocked.done()
-            assert (await client.get(gateway.url + "/health")).json()["paused"] is True
-            await client.post(gateway.url + "/admin/resume")
+            assert (await control.get("/health")).json()["paused"] is True
+            await control.post("/admin/resume")
             assert (await blocked).status_code == 200
+            await control.aclose()
 
     asyncio.run(scenario())
     assert len(gateway.completions(sid)) == 2
-    r = httpx.post(gateway.url + "/admin/pause", params={"timeout": "soon"})
+    r = gateway.control("POST", "/admin/pause", params={"timeout": "soon"})
     assert r.status_code == 400

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
-import httpx
 import openai
 
 from polar.gateway.canonical import CanonicalRequest, ToolCall
@@ -119,5 +118,5 @@ def test_anthropic_tool_use_objects_get_their_original_text(
     records = gateway.completions(sid)
     trajectory = build(records, strategy="prefix_merging")
     assert len(trajectory.traces) == 1 and audit(trajectory, records).ok
-    assert httpx.get(f"{gateway.url}/sessions/{sid}").json()["completions"] == 2
+    assert gateway.control("GET", f"/sessions/{sid}").json()["completions"] == 2
     assert records[0].model_served == SERVED_MODEL

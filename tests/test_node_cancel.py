@@ -6,10 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import httpx
-
 from polar.rollout.protocol import NodeSessionState, SessionStatus
-from tests.node_support import alive, fake_policy, running_node, shell_task, spec, until
+from tests.node_support import alive, control_client, fake_policy, running_node, shell_task, spec, until
 
 
 def _tree(tmp_path: Path) -> str:
@@ -49,7 +47,7 @@ async def test_delete_over_http_and_cancel_of_a_queued_session(tmp_path: Path) -
             await node.submit(spec(shell_task("true"), "sess-queued"))
             await until(lambda: node.status().by_stage.get("INITIALIZING") == 1, "the blocker in INIT")
             assert node.state("sess-queued").status == SessionStatus.DISPATCHED  # type: ignore[union-attr]
-            async with httpx.AsyncClient(base_url=node.url) as client:
+            async with control_client(node) as client:
                 r = await client.delete("/node/sessions/sess-queued", params={"reason": "trainer cancelled"})
                 assert r.status_code == 200, r.text
                 state = NodeSessionState.model_validate(r.json())

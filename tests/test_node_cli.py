@@ -16,21 +16,26 @@ from polar.rollout.protocol import SessionSpec
 from polar.serving import free_port
 from tests.conftest import SERVED_MODEL
 from tests.node_support import alive, fake_policy, shell_task
-from tests.server_support import start_server, wait_until
+from tests.server_support import AUTH, TOKEN, start_server, wait_until
 
 
 def test_polar_node_process(tmp_path: Path) -> None:
-    port = free_port()
+    port, control_port = free_port(), free_port()
     server = start_server(tmp_path / "server.db")
     try:
         with fake_policy() as (url, _):
             argv = [sys.executable, "-m", "polar", "node", "--backend", url, "--model", SERVED_MODEL]
-            argv += ["--port", str(port), "--store", str(tmp_path / "node.db"), "--server", server.url]
+            argv += ["--port", str(port), "--control-port", str(control_port)]
+            argv += ["--store", str(tmp_path / "node.db"), "--server", server.url]
             argv += ["--runtime-root", str(tmp_path / "rt"), "--node-id", "cli-node", "--heartbeat", "0.1"]
             argv += ["--capacity", "3", "--log-level", "warning"]
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            env = {**os.environ, "POLAR_TOKEN": TOKEN}  # the deployment's token, as the server has it
+            proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            )
             try:
-                with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+                control = f"http://127.0.0.1:{control_port}"
+                with httpx.Client(base_url=control, timeout=10, headers=AUTH) as client:
 
                     def status() -> dict[str, object] | None:
                         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -43,7 +48,8 @@ def test_polar_node_process(tmp_path: Path) -> None:
                     first = wait_until(status, timeout=30, what="the node to serve")
                     assert first["node_id"] == "cli-node" and first["capacity"] == 3
                     nodes = wait_until(
-                        lambda: httpx.get(f"{server.url}/nodes").json()["nodes"], what="registration"
+                        lambda: httpx.get(f"{server.url}/nodes", headers=AUTH).json()["nodes"],
+                        what="registration",
                     )
                     assert nodes[0]["node_id"] == "cli-node"
 
@@ -94,5 +100,5 @@ def test_unreachable_backend_without_model_fails_to_start(tmp_path: Path) -> Non
     argv += ["--store", str(tmp_path / "n.db"), "--log-level", "error"]
     bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
-    assert "the node's gateway did not start" in bad.stderr
+    assert "did not start" in bad.stderr
     assert "pass --model" in bad.stderr  # the gateway's own reason, logged

@@ -10,7 +10,7 @@ import pytest
 
 from polar.rollout.node import AdmissionError
 from polar.rollout.protocol import NodeSessionState, NodeStatus, SessionResult, SessionStatus
-from tests.node_support import fake_policy, running_node, shell_task, spec, until
+from tests.node_support import control_client, fake_policy, running_node, shell_task, spec, until
 
 
 def _body(session_id: str, **task: object) -> dict[str, object]:
@@ -19,7 +19,7 @@ def _body(session_id: str, **task: object) -> dict[str, object]:
 
 async def test_submit_get_and_single_use(tmp_path: Path) -> None:
     with fake_policy() as (url, _):
-        async with running_node(url, tmp_path) as node, httpx.AsyncClient(base_url=node.url) as client:
+        async with running_node(url, tmp_path) as node, control_client(node) as client:
             r = await client.post("/node/sessions", json=_body("sess-http-1"))
             assert r.status_code == 202, r.text
             assert r.json() == {"session_id": "sess-http-1", "accepted": True}
@@ -37,8 +37,9 @@ async def test_submit_get_and_single_use(tmp_path: Path) -> None:
             assert listing == [{"session_id": "sess-http-1", "status": "COMPLETED"}]
             assert (await client.get("/node/sessions/never-seen")).status_code == 404
             assert (await client.get("/node/nope")).status_code == 404
-            # The gateway's own routes are served beside the node's.
+            # The gateway's control routes are served beside the node's; its model API is not.
             assert (await client.get("/health")).json()["status"] == "ok"
+            assert (await client.get("/v1/models")).status_code == 404
 
 
 async def test_capacity_is_the_admission_limit(tmp_path: Path) -> None:
@@ -47,7 +48,7 @@ async def test_capacity_is_the_admission_limit(tmp_path: Path) -> None:
     with fake_policy() as (url, _):
         async with (
             running_node(url, tmp_path, capacity=2) as node,
-            httpx.AsyncClient(base_url=node.url) as client,
+            control_client(node) as client,
         ):
             for sid in ("sess-cap-1", "sess-cap-2"):
                 assert (
@@ -107,7 +108,7 @@ async def test_invalid_specs_are_refused_naming_the_field(
     tmp_path: Path, body: dict[str, object], field: str
 ) -> None:
     with fake_policy() as (url, _):
-        async with running_node(url, tmp_path) as node, httpx.AsyncClient(base_url=node.url) as client:
+        async with running_node(url, tmp_path) as node, control_client(node) as client:
             r = await client.post("/node/sessions", json=body)
             assert r.status_code == 422, r.text
             assert r.json()["error"]["field"] == field
@@ -115,16 +116,26 @@ async def test_invalid_specs_are_refused_naming_the_field(
             assert (await client.post("/node/sessions", content=b"{not json")).status_code == 422
 
 
-async def test_control_token_guards_node_routes(tmp_path: Path) -> None:
+async def test_node_routes_live_on_the_control_listener_behind_the_token(tmp_path: Path) -> None:
     with fake_policy() as (url, _):
         async with (
-            running_node(url, tmp_path, control_token="s3cret") as node,
-            httpx.AsyncClient(base_url=node.url) as client,
+            running_node(url, tmp_path, control_token="s3cret-s3cret-s3cret") as node,
+            httpx.AsyncClient(base_url=node.control_url) as client,
+            httpx.AsyncClient(base_url=node.url) as data,
         ):
-            assert (await client.get("/node/status")).status_code == 403
-            assert (await client.post("/node/sessions", json=_body("sess-tok"))).status_code == 403
-            ok = await client.get("/node/status", headers={"authorization": "Bearer s3cret"})
+            assert (await client.get("/node/status")).status_code == 401
+            assert (await client.post("/node/sessions", json=_body("sess-tok"))).status_code == 401
+            wrong = await client.get("/node/status", headers={"authorization": "Bearer nope"})
+            assert wrong.status_code == 401 and "wrong control token" in wrong.json()["error"]["message"]
+            ok = await client.get("/node/status", headers={"authorization": "Bearer s3cret-s3cret-s3cret"})
             assert ok.status_code == 200
+            # The model API (what sandboxes reach) serves no node or session route, token or not.
+            auth = {"authorization": "Bearer s3cret-s3cret-s3cret"}
+            for method, path in [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/status"),
+                                 ("POST", "/sessions"), ("POST", "/admin/pause")]:  # fmt: skip
+                r = await data.request(method, path, headers=auth, json={})
+                assert r.status_code in (404, 405), (method, path, r.status_code)
+            assert node.status().active == 0
 
 
 async def test_python_api_refusals(tmp_path: Path) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from polar.rollout.node.server import urls as _urls
 from polar.serving import free_port
+from polar.serving import urls as _urls
 from tests.node_support import (
     PY,
     alive,
@@ -21,7 +21,7 @@ from tests.node_support import (
     until,
     write_caller,
 )
-from tests.server_support import start_server
+from tests.server_support import AUTH, start_server
 
 
 def _task(task_id: str, command: str, **fields: Any) -> dict[str, Any]:
@@ -62,10 +62,10 @@ async def test_sessions_dispatched_by_the_server_complete_and_report(tmp_path: P
         with fake_policy() as (url, fake):
             async with (
                 running_node(url, tmp_path, server_url=server.url, heartbeat_s=0.05, capacity=4) as node,
-                httpx.AsyncClient(base_url=server.url) as client,
+                httpx.AsyncClient(base_url=server.url, headers=AUTH) as client,
             ):
                 nodes = await eventually(lambda: _registered(client), "registration")
-                assert nodes[0]["node_id"] == "node-test" and nodes[0]["url"] == node.url
+                assert nodes[0]["node_id"] == "node-test" and nodes[0]["url"] == node.control_url
                 metadata = {"group_id": "grp-7", "policy_version": 3}
                 body = _task("srv-t1", f"{PY} {caller}", num_samples=3, metadata=metadata)
                 r = await client.post("/rollout/task/submit", json=body)
@@ -100,7 +100,7 @@ async def test_result_delivery_is_retried_through_a_server_restart(tmp_path: Pat
                     report_backoff_s=0.05,
                     report_attempts=10,
                 ) as node,
-                httpx.AsyncClient(base_url=server.url) as client,
+                httpx.AsyncClient(base_url=server.url, headers=AUTH) as client,
             ):
                 await eventually(lambda: _registered(client), "registration")
                 command = f"while [ ! -f {gate} ]; do sleep 0.05; done"
@@ -133,7 +133,7 @@ async def test_early_stop_cancels_stragglers_on_the_node(tmp_path: Path) -> None
         with fake_policy() as (url, _):
             async with (
                 running_node(url, tmp_path, server_url=server.url, heartbeat_s=0.05, capacity=3) as node,
-                httpx.AsyncClient(base_url=server.url) as client,
+                httpx.AsyncClient(base_url=server.url, headers=AUTH) as client,
             ):
                 await eventually(lambda: _registered(client), "registration")
                 body = _task("srv-t3", command, num_samples=3, early_stop_min_usable=1)

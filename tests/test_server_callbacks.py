@@ -3,6 +3,7 @@ that is down. Retries, backoff and the recorded outcome; a down URL never holds 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from polar.serving import ServerThread, free_port, serve
-from tests.server_support import post_result, result, start_server, task, wait_until
+from tests.server_support import AUTH, StandInNode, result, start_server, task, wait_until
 
 
 class Trainer:
@@ -52,16 +53,25 @@ def server(tmp_path: Path) -> Iterator[ServerThread]:
         srv.stop()
 
 
+@contextlib.contextmanager
+def _node(http: httpx.Client, server: ServerThread) -> Iterator[StandInNode]:
+    node = StandInNode().register(http, server.url)
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
 def _sessions(http: httpx.Client, url: str, task_id: str) -> list[str]:
     return [s["session_id"] for s in http.get(f"{url}/rollout/task/{task_id}").json()["sessions"]]
 
 
 def test_callbacks_are_retried_until_acknowledged(server: ServerThread, trainer: tuple[Trainer, str]) -> None:
     endpoint, url = trainer
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=AUTH) as http, _node(http, server) as node:
         http.post(f"{server.url}/rollout/task/submit", json=task("t1", callback_url=url))
         (sid,) = _sessions(http, server.url, "t1")
-        post_result(http, server.url, result(sid, "t1", reward=1.0, trajectory={"status": "COMPLETED"}))
+        node.report(http, server.url, result(sid, "t1", reward=1.0, trajectory={"status": "COMPLETED"}))
 
         def delivered() -> Any:
             cbs = http.get(f"{server.url}/rollout/task/t1").json()["callbacks"]
@@ -85,15 +95,15 @@ def test_a_down_callback_url_is_recorded_and_blocks_nothing(
     endpoint, good = trainer
     endpoint.fail = 0
     down = f"http://127.0.0.1:{free_port()}/cb"
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=AUTH) as http, _node(http, server) as node:
         http.post(
             f"{server.url}/rollout/task/submit",
             json=[task("down", callback_url=down), task("up", callback_url=good)],
         )
         (d,) = _sessions(http, server.url, "down")
         (u,) = _sessions(http, server.url, "up")
-        assert post_result(http, server.url, result(d, "down")).status_code == 200
-        assert post_result(http, server.url, result(u, "up")).status_code == 200
+        assert node.report(http, server.url, result(d, "down")).status_code == 200
+        assert node.report(http, server.url, result(u, "up")).status_code == 200
 
         def settled() -> Any:
             down_cbs = http.get(f"{server.url}/rollout/task/down").json()["callbacks"]

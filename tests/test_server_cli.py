@@ -14,7 +14,9 @@ from click.testing import CliRunner
 from polar.cli import main
 from polar.serving import ServerThread, free_port
 from tests.node_support import eventually, fake_policy, running_node
-from tests.server_support import start_server
+from tests.server_support import AUTH, TOKEN, start_server
+
+ENV = {"POLAR_TOKEN": TOKEN}  # what an operator sets for `polar submit` / `polar status`
 
 BAD_HARNESS = """\
 tasks:
@@ -41,7 +43,7 @@ def test_submit_to_a_server_that_is_down(tmp_path: Path) -> None:
     f = tmp_path / "tasks.yaml"
     f.write_text("task_id: a\ninstruction: x\n")
     down = f"http://127.0.0.1:{free_port()}"
-    r = CliRunner().invoke(main, ["submit", str(f), "--server", down])
+    r = CliRunner().invoke(main, ["submit", str(f), "--server", down], env=ENV)
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit)  # a message, not a traceback
     assert f"{down}: POST {down}/rollout/task/submit: ConnectError" in r.output
 
@@ -51,14 +53,14 @@ def test_submit_maps_the_servers_refusal_to_the_line(tmp_path: Path) -> None:
     f.write_text(BAD_HARNESS)
     server = start_server(tmp_path / "server.db")
     try:
-        r = CliRunner().invoke(main, ["submit", str(f), "--server", server.url])
+        r = CliRunner().invoke(main, ["submit", str(f), "--server", server.url], env=ENV)
         assert r.exit_code == 1
         assert f"{f}:7: HTTP 400: agent.harness: unknown harness 'no-such-agent'" in r.output
-        r = CliRunner().invoke(main, ["status", "--server", server.url])
+        r = CliRunner().invoke(main, ["status", "--server", server.url], env=ENV)
         assert "tasks:    none" in r.output  # nothing of the refused file was stored
     finally:
         server.stop()
-    r = CliRunner().invoke(main, ["status", "--server", server.url])
+    r = CliRunner().invoke(main, ["status", "--server", server.url], env=ENV)
     assert r.exit_code == 1 and server.url in r.output
 
 
@@ -70,7 +72,7 @@ async def test_submit_wait_and_status_with_a_real_node(tmp_path: Path) -> None:
     )
     out = tmp_path / "results.jsonl"
     server = start_server(tmp_path / "server.db")
-    runner = CliRunner()
+    runner = CliRunner(env=ENV)
     try:
         with fake_policy() as (url, _):
             async with running_node(url, tmp_path, server_url=server.url, heartbeat_s=0.05):
@@ -95,7 +97,7 @@ async def test_submit_wait_and_status_with_a_real_node(tmp_path: Path) -> None:
 
 
 async def _node_up(server: ServerThread) -> bool:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=AUTH) as http:
         nodes = (await http.get(f"{server.url}/nodes")).json()["nodes"]
     return bool(nodes) and bool(nodes[0]["healthy"])
 
@@ -107,7 +109,7 @@ def test_polar_serve_runs_and_refuses_bad_options(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--node-lost-after" in r.output
     port = free_port()
     db = tmp_path / "srv.db"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "POLAR_TOKEN": TOKEN}
     cmd = [
         sys.executable,
         "-m",
@@ -122,7 +124,7 @@ def test_polar_serve_runs_and_refuses_bad_options(tmp_path: Path) -> None:
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        with httpx.Client() as http:
+        with httpx.Client(headers=AUTH) as http:
 
             def up() -> bool:
                 try:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from tests.server_support import start_server, task
+from tests.server_support import AUTH, StandInNode, start_server, task
 
 
 async def _read_events(lines: Any, until: str) -> list[tuple[str, dict[str, Any]]]:
@@ -26,19 +27,24 @@ async def _read_events(lines: Any, until: str) -> list[tuple[str, dict[str, Any]
 
 async def test_events_stream_task_lifecycle(tmp_path: Path) -> None:
     srv = start_server(tmp_path / "s.db")
+    node = StandInNode()
+    sync_http = httpx.Client(headers=AUTH)
     try:
-        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as http:
-            async with http.stream("GET", "/events") as stream:
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30, headers=AUTH) as http:
+            kinds_q = {"kinds": "task_submitted,session_dispatched,session_result,task_done"}
+            async with http.stream("GET", "/events", params=kinds_q) as stream:
                 assert stream.headers["content-type"].startswith("text/event-stream")
+                await asyncio.to_thread(node.register, sync_http, srv.url)
                 await http.post("/rollout/task/submit", json=task("t1", num_samples=1))
                 (sid,) = [s["session_id"] for s in (await http.get("/rollout/task/t1")).json()["sessions"]]
                 body = {"session_id": sid, "task_id": "t1", "status": "COMPLETED", "reward": 0.5}
-                await http.post("/callbacks/session_result", json=body)
+                r = await asyncio.to_thread(node.report, sync_http, srv.url, body)
+                assert r.status_code == 200, r.text
                 events = await _read_events(stream.aiter_lines(), until="task_done")
             kinds = [k for k, _ in events]
-            assert kinds == ["task_submitted", "session_result", "task_done"]
-            assert events[1][1]["session_id"] == sid and events[1][1]["reward"] == 0.5
-            assert events[2][1]["counts"] == {"COMPLETED": 1}
+            assert kinds == ["task_submitted", "session_dispatched", "session_result", "task_done"]
+            assert events[2][1]["session_id"] == sid and events[2][1]["reward"] == 0.5
+            assert events[3][1]["counts"] == {"COMPLETED": 1}
 
             # a filtered stream sees only the kinds it asked for
             async with http.stream("GET", "/events", params={"kinds": "task_done"}) as stream:
@@ -48,6 +54,8 @@ async def test_events_stream_task_lifecycle(tmp_path: Path) -> None:
             assert [k for k, _ in events] == ["task_done"] and events[0][1]["state"] == "CANCELLED"
     finally:
         srv.stop()
+        node.stop()
+        sync_http.close()
 
 
 def test_a_slow_subscriber_loses_old_events_not_memory() -> None:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from polar.serving import ServerThread
-from tests.server_support import post_result, result, start_server, task, wait_until
+from tests.server_support import AUTH, StandInNode, post_result, result, start_server, task, wait_until
 
 
 @pytest.fixture
@@ -25,8 +25,18 @@ def server(tmp_path: Path) -> Iterator[ServerThread]:
 
 @pytest.fixture
 def http() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=30) as c:
+    with httpx.Client(timeout=30, headers=AUTH) as c:
         yield c
+
+
+@pytest.fixture
+def node(server: ServerThread, http: httpx.Client) -> Iterator[StandInNode]:
+    """A registered node taking every dispatch; tests report results through it (with their credential)."""
+    n = StandInNode("n1").register(http, server.url)
+    try:
+        yield n
+    finally:
+        n.stop()
 
 
 def submit(http: httpx.Client, url: str, body: Any) -> httpx.Response:
@@ -64,10 +74,16 @@ def test_submit_accepts_a_list_and_the_tasks_wrapper(server: ServerThread, http:
     [
         (task("t", runtime={"backend": "kubernetes"}), "runtime.backend", "local"),
         ({"tasks": [task("ok"), task("bad", num_samples=0)]}, "tasks[1].num_samples", "greater than"),
-        (task("t", evaluator={"strategy": "nope.mod:Thing"}), "evaluator.strategy", "cannot import"),
+        (
+            task("t", evaluator={"strategy": "nope.mod:Thing"}),
+            "evaluator.strategy",
+            "not accepted from the network",
+        ),
+        (task("t", evaluator={"strategy": "tests.nope:Thing"}), "evaluator.strategy", "cannot import"),
         (task("t", evaluator={"strategy": "no-such-eval"}), "evaluator.strategy", "unknown evaluator"),
         (task("t", evaluator={"strategy": "command"}), "evaluator.config", "evaluator.config"),
-        (task("t", agent={"harness": "nope.mod:Agent"}), "agent.harness", "cannot load"),
+        (task("t", agent={"harness": "nope.mod:Agent"}), "agent.harness", "not accepted from the network"),
+        (task("t", agent={"harness": "tests.nope:Agent"}), "agent.harness", "cannot import"),
         (task("t", agent={"harness": "no-such-agent"}), "agent.harness", "unknown harness"),
         (task("t", agent={"harness": "shell"}), "agent.settings", "agent.settings"),
         (task("t", builder="no_such_builder"), "builder", "no_such_builder"),
@@ -129,20 +145,22 @@ def _sessions(http: httpx.Client, url: str, task_id: str) -> list[str]:
     return [s["session_id"] for s in http.get(f"{url}/rollout/task/{task_id}").json()["sessions"]]
 
 
-def test_results_are_recorded_once_and_the_task_finishes(server: ServerThread, http: httpx.Client) -> None:
+def test_results_are_recorded_once_and_the_task_finishes(
+    server: ServerThread, http: httpx.Client, node: StandInNode
+) -> None:
     submit(http, server.url, task("t1", num_samples=2, metadata={"policy_version": 3}))
     a, b = _sessions(http, server.url, "t1")
-    r = post_result(http, server.url, result(a, "t1", reward=1.0, node_id="n1"))
+    r = node.report(http, server.url, result(a, "t1", reward=1.0, node_id="n1"))
     assert r.json() == {"ack": True, "outcome": "recorded"}
     # a second report of the same session (a node retrying after a lost ack) does not replace the first
-    r = post_result(http, server.url, result(a, "t1", "ERROR", reason="late"))
+    r = node.report(http, server.url, result(a, "t1", "ERROR", reason="late"))
     assert r.status_code == 200 and r.json()["outcome"] == "duplicate"
     # progress reports move the stage without finishing anything
-    r = post_result(http, server.url, result(b, "t1", "RUNNING"))
+    r = node.report(http, server.url, result(b, "t1", "RUNNING"))
     assert r.json()["outcome"] == "progress"
     view = http.get(f"{server.url}/rollout/task/t1").json()
     assert view["counts"] == {"COMPLETED": 1, "RUNNING": 1} and view["state"] == "ACTIVE"
-    post_result(http, server.url, result(b, "t1", "TIMEOUT", reason="deadline", reward=0.0))
+    node.report(http, server.url, result(b, "t1", "TIMEOUT", reason="deadline", reward=0.0))
     view = http.get(f"{server.url}/rollout/task/t1").json()
     assert view["state"] == "DONE"
     assert [(x["session_id"], x["status"], x["reward"]) for x in view["results"]] == [
@@ -152,26 +170,28 @@ def test_results_are_recorded_once_and_the_task_finishes(server: ServerThread, h
     assert view["results"][0]["node_id"] == "n1"
 
 
-def test_session_result_errors(server: ServerThread, http: httpx.Client) -> None:
+def test_session_result_errors(server: ServerThread, http: httpx.Client, node: StandInNode) -> None:
     submit(http, server.url, [task("t1"), task("t2")])
     (a,) = _sessions(http, server.url, "t1")
-    r = post_result(http, server.url, result("polar-unknown", "t1"))
+    r = post_result(http, server.url, result("polar-unknown", "t1"), "made-up")
     assert r.status_code == 404 and error_of(r)["param"] == "session_id"
-    r = post_result(http, server.url, result(a, "t2"))
+    r = node.report(http, server.url, result(a, "t2"))
     assert r.status_code == 409 and error_of(r)["param"] == "task_id"
-    r = post_result(http, server.url, result(a, "t1", "FINISHED"))
+    r = node.report(http, server.url, result(a, "t1", "FINISHED"))
     assert r.status_code == 400 and error_of(r)["param"] == "status"
     r = post_result(http, server.url, {"session_id": a})
     assert r.status_code == 400 and error_of(r)["param"] in ("task_id", "status")
 
 
-def test_early_stop_cancels_the_rest_once_enough_are_usable(server: ServerThread, http: httpx.Client) -> None:
+def test_early_stop_cancels_the_rest_once_enough_are_usable(
+    server: ServerThread, http: httpx.Client, node: StandInNode
+) -> None:
     submit(http, server.url, task("t1", num_samples=4, early_stop_min_usable=2))
     s = _sessions(http, server.url, "t1")
-    post_result(http, server.url, result(s[0], "t1", "ERROR", reason="crash"))  # not usable
-    post_result(http, server.url, result(s[1], "t1"))
+    node.report(http, server.url, result(s[0], "t1", "ERROR", reason="crash"))  # not usable
+    node.report(http, server.url, result(s[1], "t1"))
     assert http.get(f"{server.url}/rollout/task/t1").json()["state"] == "ACTIVE"
-    post_result(http, server.url, result(s[2], "t1"))
+    node.report(http, server.url, result(s[2], "t1"))
     view = http.get(f"{server.url}/rollout/task/t1").json()
     assert view["state"] == "DONE" and view["reason"].startswith("early stop")
     assert view["counts"] == {"ERROR": 1, "COMPLETED": 2, "CANCELLED": 1}
@@ -190,16 +210,18 @@ def test_cancel_ends_queued_sessions_and_is_idempotent(server: ServerThread, htt
     assert http.delete(f"{server.url}/rollout/task/t1").json()["cancelled"] is False
 
 
-def test_results_long_poll_answers_when_a_result_lands(server: ServerThread, http: httpx.Client) -> None:
+def test_results_long_poll_answers_when_a_result_lands(
+    server: ServerThread, http: httpx.Client, node: StandInNode
+) -> None:
     submit(http, server.url, [task("t1", num_samples=2), task("t2")])
     a, b = _sessions(http, server.url, "t1")
     page = http.get(f"{server.url}/rollout/results", params={"task": "t1", "after": 0, "wait": 0}).json()
     assert page == {"results": [], "next": 0, "tasks": {"t1": "ACTIVE"}}
-    post_result(http, server.url, result(b, "t1"))
+    node.report(http, server.url, result(b, "t1"))
     page = http.get(f"{server.url}/rollout/results", params={"task": "t1", "after": 0, "wait": 5}).json()
     assert [x["session_id"] for x in page["results"]] == [b]
     cursor = page["next"]
-    post_result(http, server.url, result(a, "t1", "ERROR"))
+    node.report(http, server.url, result(a, "t1", "ERROR"))
     page = http.get(f"{server.url}/rollout/results", params={"task": "t1", "after": cursor, "wait": 5}).json()
     assert [x["session_id"] for x in page["results"]] == [a] and page["tasks"] == {"t1": "DONE"}
     r = http.get(f"{server.url}/rollout/results", params={"task": "nope"})
@@ -248,10 +270,12 @@ def test_a_dead_node_gets_nothing_and_sessions_wait(server: ServerThread, http: 
     assert res["status"] == "ERROR" and "not accepted by any node after 5 dispatch attempts" in res["reason"]
 
 
-def test_results_come_in_pages_behind_a_cursor(server: ServerThread, http: httpx.Client) -> None:
+def test_results_come_in_pages_behind_a_cursor(
+    server: ServerThread, http: httpx.Client, node: StandInNode
+) -> None:
     submit(http, server.url, task("t1", num_samples=5))
     for sid in _sessions(http, server.url, "t1"):
-        post_result(http, server.url, result(sid, "t1"))
+        node.report(http, server.url, result(sid, "t1"))
     seen: list[str] = []
     cursor = 0
     while True:

@@ -13,7 +13,7 @@ import httpx
 
 from polar.rollout.server.store import ServerStore
 from tests.node_support import PY, alive, eventually, fake_policy, running_node, until, write_caller
-from tests.server_support import start_server
+from tests.server_support import AUTH, start_server
 
 TERMINAL = ("COMPLETED", "ERROR", "TIMEOUT", "CANCELLED")
 
@@ -123,10 +123,10 @@ async def test_lost_dispatch_answers_never_run_a_session_twice(tmp_path: Path) -
         with fake_policy() as (url, fake):
             relay = Relay(0)
             async with running_node(url, tmp_path, server_url=server.url, heartbeat_s=0.05) as node:
-                relay.target_port = _port(node.url)
+                relay.target_port = _port(node.control_url)
                 await relay.start()
                 relay.lose_answers = 1
-                async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client:
                     await eventually(lambda: _healthy(client), "a healthy node")
                     # register again with the relay's URL: the server reaches the node only through it
                     reg = {"node_id": node.node_id, "url": relay.url, "capacity": 4}
@@ -167,7 +167,7 @@ async def test_a_node_that_stops_heartbeating_keeps_its_session_and_the_probe_co
                 running_node(
                     url, tmp_path, server_url=uplink.url, heartbeat_s=0.05, report_attempts=1
                 ) as node,
-                httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+                httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client,
             ):
                 await eventually(lambda: _healthy(client), "a healthy node")
                 command = f"while [ ! -f {gate} ]; do sleep 0.05; done"
@@ -202,9 +202,9 @@ async def test_a_vanished_node_ends_its_sessions_as_node_lost(tmp_path: Path) ->
             async with running_node(
                 url, tmp_path, server_url=uplink.url, heartbeat_s=0.05, report_attempts=1, node_id="node-a"
             ) as node:
-                down = Relay(_port(node.url))
+                down = Relay(_port(node.control_url))
                 await down.start()
-                async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client:
                     await eventually(lambda: _healthy(client), "a healthy node")
                     reg = {"node_id": "node-a", "url": down.url, "capacity": 1}
                     await client.post("/nodes/register", json=reg)
@@ -232,7 +232,7 @@ async def test_cancelling_a_task_kills_its_sessions_on_the_node(tmp_path: Path) 
         with fake_policy() as (url, _):
             async with (
                 running_node(url, tmp_path, server_url=server.url, heartbeat_s=0.05, capacity=4) as node,
-                httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+                httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client,
             ):
                 await eventually(lambda: _healthy(client), "a healthy node")
                 await client.post("/rollout/task/submit", json=_task("long", command, num_samples=2))
@@ -267,7 +267,7 @@ async def test_two_nodes_share_by_load_and_priority_decides_the_queue(tmp_path: 
                 running_node(
                     url, tmp_path / "b", server_url=server.url, heartbeat_s=0.05, capacity=3, node_id="b"
                 ),
-                httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+                httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client,
             ):
 
                 async def both() -> bool:

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from polar.rollout.server.callbacks import RetryPolicy
 from polar.serving import ServerThread, free_port
-from tests.server_support import post_result, result, start_server, task, wait_until
+from tests.server_support import AUTH, StandInNode, result, start_server, task, wait_until
 
 
 def test_restart_keeps_results_and_resumes_tasks(tmp_path: Path) -> None:
@@ -22,8 +22,9 @@ def test_restart_keeps_results_and_resumes_tasks(tmp_path: Path) -> None:
     trainer_port = free_port()  # nothing listens here until after the restart
     callback = f"http://127.0.0.1:{trainer_port}/cb"
     patient = RetryPolicy(attempts=1000, backoff_s=0.02, backoff_max_s=0.05, timeout_s=2.0)
-    http = httpx.Client(timeout=30)
+    http = httpx.Client(timeout=30, headers=AUTH)
     first = start_server(db, callbacks=patient)
+    node = StandInNode().register(http, first.url)
     try:
         r = http.post(
             f"{first.url}/rollout/task/submit",
@@ -31,7 +32,8 @@ def test_restart_keeps_results_and_resumes_tasks(tmp_path: Path) -> None:
         )
         assert r.status_code == 201
         a, b = r.json()["tasks"][0]["session_ids"]
-        post_result(http, first.url, result(a, "t1", reward=1.0, trajectory={"traces": [1, 2]}))
+        node.report(http, first.url, result(a, "t1", reward=1.0, trajectory={"traces": [1, 2]}))
+        node.result_token(b)  # b is on the node too, still running when the server goes down
     finally:
         first.stop()
 
@@ -49,18 +51,20 @@ def test_restart_keeps_results_and_resumes_tasks(tmp_path: Path) -> None:
         assert [(x["session_id"], x["reward"], x["trajectory"]) for x in view["results"]] == [
             (a, 1.0, {"traces": [1, 2]})
         ]
-        assert {s["session_id"]: s["status"] for s in view["sessions"]} == {a: "COMPLETED", b: "REGISTERED"}
+        assert {s["session_id"]: s["status"] for s in view["sessions"]} == {a: "COMPLETED", b: "DISPATCHED"}
         assert http.get(f"{second.url}/rollout/task/t2").json()["state"] == "ACTIVE"
         # the unfinished task carries on: its last session ends, the task finishes, the trainer hears of it
-        post_result(http, second.url, result(b, "t1", "ERROR", reason="boom"))
+        # the node reports b to the restarted server with the credential of b's dispatch, kept in its state
+        node.report(http, second.url, result(b, "t1", "ERROR", reason="boom"))
         assert http.get(f"{second.url}/rollout/task/t1").json()["state"] == "DONE"
         wait_until(lambda: len(received) == 3, what="the queued and new callbacks")
         assert sorted(x["event"] for x in received) == ["session_result", "session_result", "task_done"]
         # a session id is single-use across restarts too: a second report of `a` changes nothing
-        assert post_result(http, second.url, result(a, "t1", "ERROR")).json()["outcome"] == "duplicate"
+        assert node.report(http, second.url, result(a, "t1", "ERROR")).json()["outcome"] == "duplicate"
     finally:
         second.stop()
         trainer.stop()
+        node.stop()
         http.close()
 
 
@@ -84,7 +88,7 @@ async def test_after_a_restart_queued_sessions_run_and_kept_results_are_collecte
                 running_node(
                     url, tmp_path, server_url=server.url, heartbeat_s=0.05, report_attempts=1, capacity=1
                 ) as node,
-                httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+                httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client,
             ):
 
                 async def healthy() -> bool:

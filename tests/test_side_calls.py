@@ -23,11 +23,11 @@ from polar.rollout.task import Task
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
 from polar.trajectory import Trajectory, audit
-from tests.conftest import SERVED_MODEL
+from tests.conftest import SERVED_MODEL, serve_gateway
 from tests.fakes.fake_vllm import Reply, make_fake_backend
 from tests.fakes.server import serve
 from tests.node_support import PY, fake_policy, running_node, shell_task, spec
-from tests.server_support import start_server
+from tests.server_support import AUTH, start_server
 from tests.side_call_harness import SIDE_CALL_SCRIPT, TITLE_SYSTEM
 
 HARNESS = "tests.side_call_harness:SideCallShell"
@@ -215,7 +215,7 @@ def test_server_submit_refuses_route_without_backend(tmp_path: Path) -> None:
     srv = start_server(tmp_path / "server.db")
     try:
         body = {"task_id": "t", "instruction": "x", "agent": {"harness": HARNESS, "side_calls": "route"}}
-        r = httpx.post(f"{srv.url}/rollout/task/submit", json=body, timeout=30)
+        r = httpx.post(f"{srv.url}/rollout/task/submit", json=body, timeout=30, headers=AUTH)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "agent.side_call_backend"
         backend = {"url": "ftp://frozen", "kind": "vllm", "model": "m"}
@@ -225,7 +225,7 @@ def test_server_submit_refuses_route_without_backend(tmp_path: Path) -> None:
             "side_calls": "route",
             "side_call_backend": backend,
         }
-        r = httpx.post(f"{srv.url}/rollout/task/submit", json=[body], timeout=30)
+        r = httpx.post(f"{srv.url}/rollout/task/submit", json=[body], timeout=30, headers=AUTH)
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "[0].agent.side_call_backend.url"
     finally:
@@ -233,18 +233,18 @@ def test_server_submit_refuses_route_without_backend(tmp_path: Path) -> None:
 
 
 def test_gateway_refuses_a_malformed_route_in_session_metadata(tmp_path: Path) -> None:
-    from polar.gateway.app import create_app as create_gateway
     from polar.gateway.config import GatewayConfig
 
     with fake_policy() as (url, _):
         config = GatewayConfig(
             backend_url=url, served_model=SERVED_MODEL, store_path=tmp_path / "g.db", port=0
         )
-        with serve(create_gateway(config)) as gw:
+        gw = serve_gateway(config)
+        try:
             bad = {
                 "metadata": {ROUTE_KEY: {"harness": HARNESS, "backend": {"url": "http://h", "kind": "tpu"}}}
             }
-            r = httpx.post(f"{gw.url}/sessions", json=bad)
+            r = gw.control("POST", "/sessions", json=bad)
             assert r.status_code == 400, r.text
             assert "side_call_route.backend.kind" in r.text
             unknown = {
@@ -252,26 +252,28 @@ def test_gateway_refuses_a_malformed_route_in_session_metadata(tmp_path: Path) -
                     ROUTE_KEY: {"harness": "no.such:Thing", "backend": {"url": "http://h", "model": "m"}}
                 }
             }
-            r = httpx.post(f"{gw.url}/sessions", json=unknown)
+            r = gw.control("POST", "/sessions", json=unknown)
             assert r.status_code == 400, r.text
             assert "side_call_route.harness" in r.text
+        finally:
+            gw.server.stop()
 
 
 def test_a_failing_classifier_is_an_error_in_the_callers_dialect(tmp_path: Path) -> None:
-    from polar.gateway.app import create_app as create_gateway
     from polar.gateway.config import GatewayConfig
 
     with fake_policy([Reply("never")]) as (url, policy):
         config = GatewayConfig(
             backend_url=url, served_model=SERVED_MODEL, store_path=tmp_path / "g.db", port=0
         )
-        with serve(create_gateway(config)) as gw:
+        gw = serve_gateway(config)
+        try:
             route = {
                 "harness": "tests.side_call_harness:BrokenClassifier",
                 "settings": {"command": "true"},
                 "backend": {"url": "http://127.0.0.1:9", "kind": "vllm", "model": FROZEN_MODEL},
             }
-            r = httpx.post(f"{gw.url}/sessions", json={"metadata": {ROUTE_KEY: route}})
+            r = gw.control("POST", "/sessions", json={"metadata": {ROUTE_KEY: route}})
             assert r.status_code == 201, r.text
             sid = r.json()["session_id"]
             client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=sid, max_retries=0)
@@ -281,6 +283,8 @@ def test_a_failing_classifier_is_an_error_in_the_callers_dialect(tmp_path: Path)
                 )
             assert err.value.status_code == 502
             assert "side-call classifier failed: classifier bug" in str(err.value)
+        finally:
+            gw.server.stop()
     assert policy.requests == []  # nothing was served for a call the gateway could not place
     with SQLiteStore(tmp_path / "g.db") as store:
         (failure,) = store.failures(sid)

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from polar.auth import bearer, new_token
 from polar.client import RolloutClient
 from polar.engine.weights import load_checkpoint
 from polar.rollout.local import embedded_engine, local_stack
@@ -76,14 +77,15 @@ def new_trainer(base: Trainer) -> Trainer:
 class ProbingSync:
     """The real engine sync, plus a look at the gateway's /health while the weights move."""
 
-    def __init__(self, engine: Any, gateway_url: str) -> None:
+    def __init__(self, engine: Any, control_url: str, token: str) -> None:
         self.inner = EngineSync(engine)
-        self.gateway_url = gateway_url
+        self.control_url = control_url
+        self.token = token
         self.seen: list[dict[str, Any]] = []
 
     async def push(self, trainer: Trainer, version: int) -> None:
-        async with httpx.AsyncClient() as http:
-            self.seen.append((await http.get(f"{self.gateway_url}/health")).json())
+        async with httpx.AsyncClient(headers=bearer(self.token)) as http:
+            self.seen.append((await http.get(f"{self.control_url}/health")).json())
         await self.inner.push(trainer, version)
 
     async def aclose(self) -> None:
@@ -105,11 +107,11 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
     with embedded_engine(None, device="cpu") as (engine, server):
         assert engine.policy_version == 0
         async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
-            sync = ProbingSync(engine, stack.gateway_url)
-            gate = GatewayGate(stack.gateway_url, timeout_s=60)
+            sync = ProbingSync(engine, stack.control_url, stack.token)
+            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
             metrics = Metrics.create(out, steps=2)
             config = LoopConfig(steps=1, batch_groups=2, max_in_flight=2, max_staleness=0, out=out)
-            async with RolloutClient(stack.server_url) as client:
+            async with RolloutClient(stack.server_url, token=stack.token) as client:
                 # A group sampled by version 0 and kept aside: stale once the policy moved on.
                 before = [r async for r in client.run([task(tmp_path, "before", samples=2)])]
                 loop = TrainLoop([task(tmp_path)], trainer, client, gate, sync, metrics, config)
@@ -122,8 +124,9 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
                 assert engine.policy_version == 1 and loop.version == 1
                 # The gateway was paused while the weights moved, and open again afterwards.
                 assert [h["paused"] for h in sync.seen] == [True]
-                async with httpx.AsyncClient() as http:  # the node serves on this loop: never block it
-                    health = (await http.get(f"{stack.gateway_url}/health")).json()
+                # the node serves on this loop: never block it
+                async with httpx.AsyncClient(headers=bearer(stack.token)) as http:
+                    health = (await http.get(f"{stack.control_url}/health")).json()
                 assert health["paused"] is False and health["in_flight"] == 0
                 # The engine serves exactly the trainer's new weights.
                 served = engine.model.state_dict()
@@ -234,18 +237,18 @@ async def test_gateway_gate_pauses_and_always_resumes(tmp_path: Path) -> None:
     with fake_policy() as (url, _):
         gateway = start_gateway(url, tmp_path)
         try:
-            gate = GatewayGate(gateway.url, timeout_s=5)
+            gate = GatewayGate(gateway.control_url, control_token=gateway.control_token, timeout_s=5)
             with pytest.raises(RuntimeError, match="boom"):
                 async with gate.paused() as report:
                     assert report.drained and report.in_flight == 0
-                    health = await asyncio.to_thread(httpx.get, f"{gateway.url}/health")
+                    health = await asyncio.to_thread(gateway.control, "GET", "/health")
                     assert health.json()["paused"] is True
                     raise RuntimeError("boom")
-            assert httpx.get(f"{gateway.url}/health").json()["paused"] is False
+            assert gateway.control("GET", "/health").json()["paused"] is False
             await gate.aclose()
         finally:
             gateway.server.stop()
-    unreachable = GatewayGate("http://127.0.0.1:9", timeout_s=1)
+    unreachable = GatewayGate("http://127.0.0.1:9", control_token=new_token(), timeout_s=1)
     with pytest.raises(SyncError, match="/admin/pause"):
         async with unreachable.paused():
             pass

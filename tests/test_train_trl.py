@@ -52,7 +52,7 @@ from tests.engine_support import load_tiny  # noqa: E402
 from tests.fakes.fake_vllm import Reply, make_fake_backend  # noqa: E402
 from tests.fakes.server import serve  # noqa: E402
 from tests.node_support import eventually  # noqa: E402
-from tests.server_support import start_server  # noqa: E402
+from tests.server_support import AUTH, TOKEN, start_server  # noqa: E402
 from tests.trl_support import TOOL_AGENT  # noqa: E402
 
 GROUP = 4
@@ -94,6 +94,7 @@ async def _rollout_service(policy_url: str, served_model: str, tmp_path: Path) -
         store_path=tmp_path / "node.db",
         backend=BackendOptions(retries=0, timeout_s=60.0),
         port=0,
+        control_token=TOKEN,
     )
     config = NodeConfig(
         gateway=gateway,
@@ -114,7 +115,7 @@ async def _rollout_service(policy_url: str, served_model: str, tmp_path: Path) -
 
 
 async def _healthy(url: str) -> bool:
-    async with httpx.AsyncClient() as http:
+    async with httpx.AsyncClient(headers=AUTH) as http:
         nodes = (await http.get(f"{url}/nodes")).json()["nodes"]
     return bool(nodes) and bool(nodes[0]["healthy"])
 
@@ -189,7 +190,9 @@ async def test_trl_grpo_steps_train_on_the_engines_tokens_and_sync_weights(tmp_p
     try:
         with serve(create_engine_app(engine)) as policy:
             async with _rollout_service(policy.url, engine.name, tmp_path) as url:
-                rollout = PolarRollout(url, _task(max_turns=2, max_tokens=12), sync_weights=sync_and_keep)
+                rollout = PolarRollout(
+                    url, _task(max_turns=2, max_tokens=12), sync_weights=sync_and_keep, token=TOKEN
+                )
                 first = copy.deepcopy(engine.model)
                 trainer = _trainer(tmp_path, rollout, steps=2)
                 results: list[list[SessionResult | None]] = []
@@ -258,7 +261,7 @@ async def test_trl_masks_tool_output_and_gives_failed_sessions_no_gradient(tmp_p
     fake = make_fake_backend("vllm", script, fail_first_n=1)
     with serve(fake) as policy:
         async with _rollout_service(policy.url, "fake-policy", tmp_path) as url:
-            rollout = PolarRollout(url, template)
+            rollout = PolarRollout(url, template, token=TOKEN)
             # Three sessions (one fails): TRL's loss over Qwen3's 152k vocabulary is slow on CPU per token.
             trainer = _trainer(tmp_path, rollout, steps=1, group=3)
             await asyncio.to_thread(trainer.train)
@@ -347,10 +350,10 @@ def test_completion_of_masks_what_cannot_be_trained() -> None:
 async def test_sessions_that_do_not_finish_in_time_are_cancelled_and_reach_trl_masked(tmp_path: Path) -> None:
     server = start_server(tmp_path / "server.db")  # no node: nothing ever runs
     try:
-        rollout = PolarRollout(server.url, _task(), timeout_s=0.5, poll_wait_s=0.2)
+        rollout = PolarRollout(server.url, _task(), timeout_s=0.5, poll_wait_s=0.2, token=TOKEN)
         trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), eos_token_ids=[7])
         out = await asyncio.to_thread(rollout, ["a", "a", "b"], trainer)
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=AUTH) as http:
             states = [
                 (await http.get(f"{server.url}/rollout/task/trl-{rollout.run_id}-0-{g}")).json()["state"]
                 for g in (0, 1)

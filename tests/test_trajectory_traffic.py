@@ -696,7 +696,8 @@ def test_compaction_starts_a_new_chain_and_drops_nothing(gateway: Gateway, fake_
 
 def test_trajectory_endpoint_serves_what_build_makes(gateway: Gateway, fake_backend: FakeBackend) -> None:
     sid, recs = qwen_session(gateway, fake_backend, result_parts=True)
-    with httpx.Client(base_url=gateway.url, timeout=30) as http:
+    auth = {"authorization": f"Bearer {gateway.control_token}"}
+    with httpx.Client(base_url=gateway.control_url, timeout=30, headers=auth) as http:
         for strategy, traces in (("prefix_merging", 2), ("per_request", 3)):
             r = http.get(f"/sessions/{sid}/trajectory", params={"strategy": strategy})
             assert r.status_code == 200 and r.headers["content-type"] == "application/json"

@@ -8,6 +8,9 @@
 finished session as soon as the server has it (long polling `GET /rollout/results`, which answers the
 moment a result lands), `cancel` stops a group. The client rides out a server restart: reads are retried
 on connection errors, and the server keeps every finished result across restarts.
+
+Every request carries the deployment's control token: `token=`, else `POLAR_TOKEN`, else the default token
+file (`polar.auth.load_token`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from polar.auth import bearer, load_token
 from polar.rollout.protocol import SessionResult
 from polar.rollout.task import Task
 
@@ -49,6 +53,7 @@ class RolloutClient:
         self,
         url: str,
         *,
+        token: str | None = None,
         max_in_flight: int | None = None,
         poll_wait_s: float = 20.0,
         retry_window_s: float = 60.0,
@@ -60,7 +65,10 @@ class RolloutClient:
         self.max_in_flight = max_in_flight
         self.poll_wait_s = poll_wait_s
         self.retry_window_s = retry_window_s
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, read=timeout_s + poll_wait_s))
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, read=timeout_s + poll_wait_s),
+            headers=bearer(token if token is not None else load_token()),
+        )
         self.in_flight: set[str] = set()  # submitted task ids not yet seen finished
         self.session_ids: dict[str, list[str]] = {}
         self._freed = asyncio.Event()

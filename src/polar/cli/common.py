@@ -59,7 +59,27 @@ def host_port_options(port: int) -> Callable[[F], F]:
     return decorate
 
 
-def gateway_options(*, port: int, control_token_help: str) -> Callable[[F], F]:
+def token_file_option(f: F) -> F:
+    """`--token-file`: where the deployment's control token is (see `polar.auth`)."""
+    return click.option(
+        "--token-file",
+        type=click.Path(path_type=Path, dir_okay=False),
+        envvar="POLAR_TOKEN_FILE",
+        help="File holding the control token (default: $POLAR_TOKEN, else ~/.config/polar/token).",
+    )(f)
+
+
+def resolve_token(token_file: Path | None, *, create: bool) -> str:
+    """The control token for a command (`create`: servers make the default file when nothing is set)."""
+    from polar.auth import TokenError, load_token
+
+    try:
+        return load_token(token_file, create=create)
+    except TokenError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def gateway_options(*, port: int) -> Callable[[F], F]:
     """The gateway's options, shared by `polar gateway` and `polar node` (which serves one), so an option
     added here reaches both; `build_gateway_config` turns them into a `GatewayConfig`."""
 
@@ -98,8 +118,20 @@ def gateway_options(*, port: int, control_token_help: str) -> Callable[[F], F]:
                     help="SQLite file where every call is recorded.",
                 ),
                 click.option(
-                    "--control-token", envvar="POLAR_CONTROL_TOKEN", metavar="TOKEN", help=control_token_help
+                    "--control-host",
+                    default="127.0.0.1",
+                    show_default=True,
+                    help="Where the control listener binds (sessions, records, pause; never reachable from "
+                    "a sandbox). Loopback unless a server on another machine must reach it.",
                 ),
+                click.option(
+                    "--control-port",
+                    type=int,
+                    default=port + 1,
+                    show_default=True,
+                    help="The control listener's port (0: any free one).",
+                ),
+                token_file_option,
             ],
         )
 
@@ -114,7 +146,9 @@ def build_gateway_config(
     host: str,
     port: int,
     store_path: Path,
-    control_token: str | None,
+    control_token: str,
+    control_host: str,
+    control_port: int,
     **extra: Any,
 ) -> GatewayConfig:
     """A `GatewayConfig` from `gateway_options` (plus `extra` fields); a bad value is a usage error."""
@@ -129,7 +163,31 @@ def build_gateway_config(
             control_token=control_token,
             host=host,
             port=port,
+            control_host=control_host,
+            control_port=control_port,
             **extra,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def plugin_option(f: F) -> F:
+    """`--plugin MODULE`: modules whose classes tasks over HTTP may name as `module:Name`."""
+    return click.option(
+        "--plugin",
+        "plugins",
+        multiple=True,
+        metavar="MODULE",
+        help="Allow tasks to name harnesses, evaluators and builders from this Python module as "
+        "`MODULE:Name` (repeatable). Without it, tasks over HTTP name only built-ins and installed "
+        "entry points: code is never imported because a request named it.",
+    )(f)
+
+
+def allow_plugins(modules: tuple[str, ...]) -> None:
+    from polar.plugins import PluginError, allow_modules
+
+    try:
+        allow_modules(modules)
+    except PluginError as exc:
+        raise click.BadParameter(str(exc), param_hint="--plugin") from None

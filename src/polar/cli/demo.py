@@ -104,6 +104,7 @@ def _other_dialects(base_url: str, keys: dict[str, str], model: str, max_tokens:
 @click.option("--max-tokens", default=24, show_default=True, type=int, help="Tokens sampled per turn.")
 def demo(model: str | None, out: Path, turns: int, max_tokens: int) -> None:
     """Run the quickstart: engine + gateway + SQLite, driven by a real SDK, then trajectories and audit."""
+    from polar.auth import bearer
     from polar.engine import Engine, create_engine_app
     from polar.gateway.app import create_app
     from polar.gateway.config import GatewayConfig
@@ -131,15 +132,18 @@ def demo(model: str | None, out: Path, turns: int, max_tokens: int) -> None:
             config = GatewayConfig(
                 backend_url=servers[0].url, served_model=engine.name, store_path=store_path
             )
-            gateway = ServerThread(create_app(config)).start()
+            app = create_app(config)
+            gateway = ServerThread(app.data, also=[app.control]).start()
             servers.append(gateway)
             progress.update(step, total=1, completed=1, description=f"gateway on {gateway.url}")
-            keys = {
-                name: httpx.post(gateway.url + "/sessions", json={"task_id": "demo", "harness": name}).json()[
-                    "session_id"
-                ]
-                for name in ("chat", "responses", "anthropic", "gemini")
-            }
+            control = httpx.Client(base_url=gateway.urls[1], headers=bearer(config.control_token))
+            with control:  # sessions are made on the control listener; harnesses only see the model API
+                keys = {
+                    name: control.post("/sessions", json={"task_id": "demo", "harness": name}).json()[
+                        "session_id"
+                    ]
+                    for name in ("chat", "responses", "anthropic", "gemini")
+                }
             step = progress.add_task("agent loop (openai SDK, Chat)", total=turns)
             _agent_loop(
                 gateway.url, keys["chat"], engine.name, turns, max_tokens, lambda: progress.advance(step)

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 from pathlib import Path
+from typing import Any
 
 import click
 
-from polar.cli.common import build_gateway_config, gateway_options, log_level_option, setup_logging
+from polar.cli.common import (
+    build_gateway_config,
+    gateway_options,
+    log_level_option,
+    resolve_token,
+    setup_logging,
+)
 
 
 @click.command("gateway")
-@gateway_options(
-    port=8100,
-    control_token_help="Require this Bearer token on /sessions and /admin routes (env POLAR_CONTROL_TOKEN).",
-)
+@gateway_options(port=8100)
 @click.option(
     "--durability",
     type=click.Choice(["normal", "full"]),
@@ -50,28 +56,33 @@ def gateway(
     port: int,
     store_path: Path,
     durability: str,
-    control_token: str | None,
+    control_host: str,
+    control_port: int,
+    token_file: Path | None,
     max_body_mb: int,
     timeout_s: float,
     retries: int,
     max_connections: int,
     log_level: str,
 ) -> None:
-    """Serve the gateway in front of an inference server.
+    """Serve the gateway in front of an inference server, on two listeners.
 
-    Create a session with `POST /sessions`, give its `session_id` to a harness as its API key and point the
-    harness's base URL here. Every call is forwarded to the backend and recorded with its token ids and
-    logprobs; read them at `GET /sessions/{id}/completions`.
+    The model API (--host/--port) is what harnesses call: the four dialects, model listing, probes. The
+    control listener (--control-host/--control-port, loopback) holds sessions, records, trajectories and
+    pause/resume, and needs the control token (Authorization: Bearer). Create a session there, give its
+    `session_id` to a harness as its API key and point the harness's base URL at the model API. Every call
+    is forwarded to the backend and recorded with its token ids and logprobs.
 
     \b
     Example:
       polar gateway --backend http://127.0.0.1:8000 --model Qwen/Qwen3-0.6B --port 8100
-      curl -s -X POST localhost:8100/sessions -d '{"task_id": "t1"}'
+      TOKEN=$(cat ~/.config/polar/token)
+      curl -s -H "Authorization: Bearer $TOKEN" -X POST localhost:8101/sessions -d '{"task_id": "t1"}'
+      curl -s -H "Authorization: Bearer $TOKEN" localhost:8101/sessions/SESSION_ID/completions
     """
-    import uvicorn
-
     from polar.gateway.app import create_app
     from polar.gateway.backends.base import BackendOptions
+    from polar.serving import EmbeddedServer, start_all, stop_all
 
     setup_logging(log_level)
     config = build_gateway_config(
@@ -81,13 +92,38 @@ def gateway(
         host=host,
         port=port,
         store_path=store_path,
-        control_token=control_token,
+        control_token=resolve_token(token_file, create=True),
+        control_host=control_host,
+        control_port=control_port,
         durability=durability,
         max_body_bytes=max_body_mb << 20,
         backend=BackendOptions(timeout_s=timeout_s, retries=retries, max_connections=max_connections),
     )
-    logging.getLogger("polar").info("store: %s", store_path.resolve())
+    app = create_app(config)
     # No proxy-headers middleware: nothing sits in front of a gateway, and it costs time on every call.
-    uvicorn.run(
-        create_app(config), host=host, port=port, log_level=log_level, access_log=False, proxy_headers=False
-    )
+    options: dict[str, Any] = {"log_level": log_level, "proxy_headers": False}
+    servers = [
+        EmbeddedServer(app.data, host, port, **options),
+        EmbeddedServer(app.control, control_host, control_port, lifespan="off", **options),
+    ]
+
+    async def serve() -> None:
+        try:
+            await start_all(servers)
+        except (OSError, RuntimeError) as exc:
+            raise click.ClickException(str(exc)) from None
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        log = logging.getLogger("polar.gateway")
+        log.info("store: %s", store_path.resolve())
+        log.info("model API at %s, control at %s (bearer token required)", servers[0].url, servers[1].url)
+        waiting = asyncio.create_task(stop.wait())
+        await asyncio.wait(
+            [waiting, asyncio.create_task(servers[0].wait())], return_when=asyncio.FIRST_COMPLETED
+        )
+        waiting.cancel()
+        await stop_all(servers)
+
+    asyncio.run(serve())

@@ -9,15 +9,27 @@ from pathlib import Path
 
 import click
 
-from polar.cli.common import build_gateway_config, gateway_options, log_level_option, setup_logging
+from polar.cli.common import (
+    allow_plugins,
+    build_gateway_config,
+    gateway_options,
+    log_level_option,
+    plugin_option,
+    resolve_token,
+    setup_logging,
+)
 
 
 @click.command("node")
 @click.option(
     "--server", "server_url", metavar="URL", help="Rollout server to register with (omit: standalone)."
 )
-@gateway_options(port=8200, control_token_help="Bearer token for /node.")
-@click.option("--advertise-url", metavar="URL", help="How the server reaches this node (default: host:port).")
+@gateway_options(port=8200)
+@click.option(
+    "--advertise-url",
+    metavar="URL",
+    help="How the server reaches this node's control listener (default: control host:port).",
+)
 @click.option(
     "--runtime-gateway-url", metavar="URL", help="The gateway as runtimes reach it (default: the node's URL)."
 )
@@ -41,6 +53,7 @@ from polar.cli.common import build_gateway_config, gateway_options, log_level_op
     show_default=True,
     help="What of a session's directory survives it (artifacts: the harness's logs and transcripts).",
 )
+@plugin_option
 @click.option("--heartbeat", "heartbeat_s", default=5.0, show_default=True, type=float, help="Seconds.")
 @log_level_option
 def node(
@@ -59,24 +72,32 @@ def node(
     post_workers: int,
     ready_buffer: int,
     store_path: Path,
+    control_host: str,
+    control_port: int,
+    token_file: Path | None,
     runtime_root: Path | None,
     keep: str,
-    control_token: str | None,
+    plugins: tuple[str, ...],
     heartbeat_s: float,
     log_level: str,
 ) -> None:
     """Serve a gateway node: harnesses call its gateway, the rollout server dispatches sessions to it.
 
     Each session goes INIT (runtime, prepare steps, harness setup) -> READY -> RUNNING (the harness) ->
-    POSTRUN (trajectory, evaluation, rewards), each stage with its own worker pool.
+    POSTRUN (trajectory, evaluation, rewards), each stage with its own worker pool. Harnesses reach only
+    the model API (--port); the server talks to the control listener (--control-port) with the shared
+    control token, which must be the server's (POLAR_TOKEN, --token-file or ~/.config/polar/token).
 
     \b
     Example:
       polar node --server http://127.0.0.1:8300 --backend http://127.0.0.1:8000 --port 8200
+      # on another machine than the server: a control listener the server can reach
+      POLAR_TOKEN=... polar node --server http://head:8300 --backend http://gpu:8000 --control-host 0.0.0.0
     """
     from polar.rollout.node import Node, NodeConfig
 
     setup_logging(log_level)
+    allow_plugins(plugins)
     try:
         gateway = build_gateway_config(
             backend_url=backend_url,
@@ -85,7 +106,9 @@ def node(
             host=host,
             port=port,
             store_path=store_path,
-            control_token=control_token,
+            control_token=resolve_token(token_file, create=True),
+            control_host=control_host,
+            control_port=control_port,
         )
         extra = {"node_id": node_id} if node_id else {}
         config = NodeConfig(
@@ -122,7 +145,11 @@ def node(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-        click.echo(f"polar node {n.node_id} at {n.url} (store {store_path.resolve()})", err=True)
+        click.echo(
+            f"polar node {n.node_id}: model API at {n.url}, control at {n.control_url} "
+            f"(store {store_path.resolve()})",
+            err=True,
+        )
         await n.serve_forever()
         logging.getLogger("polar.node").info("node stopped")
 

@@ -83,7 +83,7 @@ async def _run(
 
             watcher = asyncio.create_task(watch())
             try:
-                async with RolloutClient(stack.server_url) as client:
+                async with RolloutClient(stack.server_url, token=stack.token) as client:
                     async for result in client.run(tasks):
                         results.append(result)
                         sink.write(orjson.dumps(result.model_dump(mode="json")) + b"\n")

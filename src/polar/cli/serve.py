@@ -7,7 +7,15 @@ from pathlib import Path
 
 import click
 
-from polar.cli.common import host_port_options, log_level_option, setup_logging
+from polar.cli.common import (
+    allow_plugins,
+    host_port_options,
+    log_level_option,
+    plugin_option,
+    resolve_token,
+    setup_logging,
+    token_file_option,
+)
 
 
 @click.command("serve")
@@ -44,6 +52,8 @@ from polar.cli.common import host_port_options, log_level_option, setup_logging
 @click.option(
     "--callback-attempts", default=8, show_default=True, type=int, help="Tries per trainer callback."
 )
+@plugin_option
+@token_file_option
 @log_level_option
 def serve(
     host: str,
@@ -53,13 +63,17 @@ def serve(
     heartbeat_timeout_s: float,
     node_lost_after_s: float,
     callback_attempts: int,
+    plugins: tuple[str, ...],
+    token_file: Path | None,
     log_level: str,
 ) -> None:
     """Serve the rollout server: trainers submit tasks, gateway nodes run their sessions.
 
     Each task expands into `num_samples` sessions, placed on the least-loaded healthy node. Finished
     results are kept in the database (a restart loses none and resumes unfinished tasks), posted to the
-    task's `callback_url`, and readable at `GET /rollout/task/{id}`.
+    task's `callback_url`, and readable at `GET /rollout/task/{id}`. Every route but /health needs the
+    control token (Authorization: Bearer): POLAR_TOKEN, --token-file, or ~/.config/polar/token, which is
+    written on first start when none is set; nodes and `polar submit` on this machine then find it.
 
     \b
     Example:
@@ -73,6 +87,7 @@ def serve(
     from polar.rollout.server.callbacks import RetryPolicy
 
     setup_logging(log_level)
+    allow_plugins(plugins)
     if public_url is not None and not public_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"must be an http(s) URL, not {public_url!r}", param_hint="--public-url")
     for name, value in (
@@ -91,6 +106,7 @@ def serve(
         heartbeat_timeout_s=heartbeat_timeout_s,
         node_lost_after_s=node_lost_after_s,
         callbacks=RetryPolicy(attempts=callback_attempts),
+        token=resolve_token(token_file, create=True),
     )
     logging.getLogger("polar").info("rollout server state: %s", db_path.resolve())
     # An open `GET /events` stream would otherwise hold uvicorn's graceful shutdown forever.

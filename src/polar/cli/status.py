@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from polar.cli.common import resolve_token, token_file_option
 from polar.cli.submit import SERVER
 
 
@@ -20,11 +22,22 @@ def _counts(counts: dict[str, int]) -> str:
 def _overview(console: Console, status: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
     console.print(f"tasks:    {_counts(status['tasks'])}")
     console.print(f"sessions: {_counts(status['sessions'])}")
+    security = status.get("security") or {}
+    if security.get("auth_refused") or security.get("results_refused"):
+        console.print(
+            f"[red]refused: {security['auth_refused']} request(s) with a missing or wrong control token, "
+            f"{security['results_refused']} result(s) not from the node their session was dispatched to[/red]"
+        )
+        for item in security.get("recent", [])[-5:]:
+            what = item.get("request") or f"result for {item.get('session_id')}"
+            console.print(f"  {item['kind']}: {what} from {item['client']}: {item['why']}")
     table = Table("node", "url", "load", "health", "stages")
     for n in nodes:
         health = (
             "lost" if n["lost"] else ("draining" if n["draining"] else ("ok" if n["healthy"] else "silent"))
         )
+        if n.get("auth_error"):
+            health = f"refuses our token ({n['auth_error']})"
         stages = _counts((n.get("status") or {}).get("by_stage", {}))
         table.add_row(n["node_id"], n["url"], f"{n['load']}/{n['capacity']}", health, stages)
     console.print(table if nodes else "nodes:    none registered")
@@ -54,13 +67,16 @@ def _task(console: Console, view: dict[str, Any]) -> None:
 @click.command("status")
 @click.argument("task_id", required=False)
 @click.option("--server", default=SERVER, show_default=True, envvar="POLAR_SERVER", metavar="URL")
+@token_file_option
 @click.option("--json", "as_json", is_flag=True, help="Print the server's JSON.")
-def status(task_id: str | None, server: str, as_json: bool) -> None:
+def status(task_id: str | None, server: str, token_file: Path | None, as_json: bool) -> None:
     """Show the server's tasks, sessions and nodes; with TASK_ID, that task's sessions and rewards."""
     from polar.client import RolloutClient, RolloutError
 
+    token = resolve_token(token_file, create=False)
+
     async def go() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        async with RolloutClient(server, retry_window_s=1) as client:
+        async with RolloutClient(server, token=token, retry_window_s=1) as client:
             if task_id is not None:
                 return await client.task(task_id, results=True), []
             return await client.status(), await client.nodes()

@@ -12,6 +12,8 @@ import click
 import orjson
 import yaml
 
+from polar.cli.common import resolve_token, token_file_option
+
 SERVER = "http://127.0.0.1:8300"
 
 
@@ -47,11 +49,12 @@ def locate(path: Path, param: str | None) -> str:
 @click.command("submit")
 @click.argument("taskfile", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--server", default=SERVER, show_default=True, envvar="POLAR_SERVER", metavar="URL")
+@token_file_option
 @click.option("--wait", is_flag=True, help="Stay until every session ended, printing each result.")
 @click.option(
     "--out", type=click.Path(path_type=Path, dir_okay=False), help="With --wait: write results as JSONL."
 )
-def submit(taskfile: Path, server: str, wait: bool, out: Path | None) -> None:
+def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out: Path | None) -> None:
     """Submit the tasks in TASKFILE (YAML or JSON: one task, a list, or {tasks: [...]}).
 
     The file is checked here (errors name the file, line and field) and again by the server (unknown
@@ -65,15 +68,16 @@ def submit(taskfile: Path, server: str, wait: bool, out: Path | None) -> None:
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
     try:
-        tasks = load_tasks(taskfile)
+        tasks = load_tasks(taskfile, resolve_imports=False)  # the server decides what code it runs
     except TaskFileError as exc:
         raise click.ClickException(str(exc)) from None
     if out is not None and not wait:
         raise click.BadParameter("needs --wait", param_hint="--out")
+    token = resolve_token(token_file, create=False)
 
     async def go() -> int:
         failed = 0
-        async with RolloutClient(server) as client:
+        async with RolloutClient(server, token=token) as client:
             await client.submit(tasks)
             for t in tasks:
                 click.echo(f"submitted {t.task_id}: {len(client.session_ids[t.task_id])} session(s)")

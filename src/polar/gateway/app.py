@@ -1,7 +1,9 @@
-"""The gateway's ASGI application: dialect routes, model probes, health and the control plane.
+"""The gateway's ASGI applications: the data plane (dialect routes, model probes, health) and the control
+plane (`polar.gateway.control`), each served on its own listener.
 
-`create_app(config)` is the one entry point (used by `polar gateway`, tests and other parts of polar). All
-state lives on `app.state` and is created in the lifespan, inside the serving event loop.
+`create_app(config)` is the one entry point (used by `polar gateway`, nodes, tests and other parts of polar).
+All state lives on the data app's `state`, created in its lifespan inside the serving event loop, and the
+control app shares it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -19,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from polar.auth import Refusal, RequireToken
 from polar.gateway import control
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
@@ -178,14 +182,8 @@ async def root(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    proxy = _proxy(request)
-    body = {
-        "status": "ok",
-        "model": proxy.served_model,
-        "backend": {"kind": proxy.backend.kind, "url": proxy.backend.url},
-        "paused": proxy.gate.paused,
-        "in_flight": proxy.gate.in_flight,
-    }
+    """Liveness for harnesses and probes; the backend, pause state and load are on the control listener."""
+    body = {"status": "ok", "model": _proxy(request).served_model}
     return Response(orjson.dumps(body), media_type="application/json")
 
 
@@ -260,7 +258,42 @@ class HotPath:
         await response(scope, receive, send)
 
 
-def create_app(config: GatewayConfig) -> HotPath:
+@dataclass(frozen=True)
+class GatewayApp:
+    """The gateway's two planes over one proxy.
+
+    `data` is the model API: the four dialects, model listing and probes. It is the only thing a session's
+    sandbox can reach, and a session key opens model calls for that one session and nothing else. `control`
+    holds sessions, records, trajectories and pause/resume, needs the control token on every route, and
+    is served on a listener of its own (loopback by default) that no sandbox can reach. `data` runs the
+    lifespan that opens the store and backend; serve `control` on the same event loop with lifespan off
+    (`polar.serving.ServerThread(app.data, also=[app.control])`, or two `EmbeddedServer`s).
+    """
+
+    data: HotPath
+    control: Any
+    config: GatewayConfig
+
+    @property
+    def state(self) -> Any:
+        return self.data.state
+
+
+def control_app(state: Any, token: str, routes: list[Route], on_refused: Refusal | None = None) -> Any:
+    """A token-guarded Starlette app over `routes` sharing the gateway's `state` (its proxy and config)."""
+    app = Starlette(
+        routes=routes,
+        exception_handlers={
+            404: control.not_found,
+            405: control.not_found,
+            Exception: control.internal_error,
+        },
+    )
+    app.state = state
+    return RequireToken(app, token, on_refused=on_refused)
+
+
+def create_app(config: GatewayConfig) -> GatewayApp:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         writer = AsyncWriter(config.store_path, config.durability)
@@ -289,6 +322,7 @@ def create_app(config: GatewayConfig) -> HotPath:
             writer.close()
             reader.close()
 
+    # The data plane: nothing here creates, lists, reads or steers sessions.
     routes = [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/health", health, methods=["GET"]),
@@ -300,11 +334,14 @@ def create_app(config: GatewayConfig) -> HotPath:
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/v1beta/models", gemini_models, methods=["GET"]),
         Route("/v1beta/models/{rest:path}", gemini, methods=["GET", "POST"]),
-        *control.routes,
     ]
-    app = Starlette(
+    data = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
     )
-    return HotPath(app)
+    return GatewayApp(
+        data=HotPath(data),
+        control=control_app(data.state, config.control_token, control.routes),
+        config=config,
+    )

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from polar.auth import MIN_TOKEN_CHARS, new_token
 from polar.gateway.backends.base import BackendOptions
 
 BackendKind = Literal["vllm", "sglang", "openai"]
@@ -18,17 +19,25 @@ class GatewayConfig:
     served_model: str | None = None  # None: ask the backend's /v1/models at start-up
     store_path: Path = Path("polar.db")
     durability: Literal["normal", "full"] = "normal"
-    control_token: str | None = None  # when set, /sessions and /admin need `Authorization: Bearer <token>`
+    # The control listener's token (`polar.auth`); a random one when not given, so no gateway ever serves
+    # its control plane unauthenticated.
+    control_token: str = field(default_factory=new_token)
     max_body_bytes: int = 32 << 20
     backend: BackendOptions = field(default_factory=BackendOptions)
     reasoning_key: bytes | None = None  # HMAC key of reasoning signatures; default: one kept in the store
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # the data plane (model API): what harnesses reach
     port: int = 8100
+    control_host: str = "127.0.0.1"  # the control plane: never reachable from a session's sandbox
+    control_port: int = 0  # 0: any free port
 
     def __post_init__(self) -> None:
         if self.backend_kind not in ("vllm", "sglang", "openai"):
             raise ValueError(f"backend_kind must be vllm, sglang or openai, not {self.backend_kind!r}")
         if not self.backend_url.startswith(("http://", "https://")):
             raise ValueError(f"backend_url must be an http(s) URL, not {self.backend_url!r}")
+        if len(self.control_token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"control_token must be at least {MIN_TOKEN_CHARS} characters")
+        if self.control_port != 0 and (self.control_host, self.control_port) == (self.host, self.port):
+            raise ValueError("the control listener needs its own port (control_port), not the data port")
         if self.max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")

@@ -1,13 +1,13 @@
 """The control plane: sessions, their records and trajectories, and the weight-sync gate.
 
-Harnesses never see these routes; rollout services, trainers and scripts do. When the gateway has a control
-token, every route here needs `Authorization: Bearer <token>` (a harness's session key cannot open them).
+Served on the gateway's control listener, never on the model API a session reaches; every route needs the
+control token (`polar.auth.RequireToken` wraps the app), which a harness's session key is not.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
+import logging
 from typing import Any
 
 import orjson
@@ -19,6 +19,8 @@ from polar.gateway.errors import GatewayError
 from polar.gateway.proxy import Proxy, read_json
 from polar.store.sqlite import SQLiteStore
 
+log = logging.getLogger("polar.gateway")
+
 
 def _json(body: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
@@ -26,15 +28,6 @@ def _json(body: Any, status: int = 200) -> Response:
 
 def _error(status: int, message: str, type_: str = "invalid_request_error") -> Response:
     return _json({"error": {"message": message, "type": type_}}, status)
-
-
-def _authorized(request: Request) -> bool:
-    token: str | None = request.app.state.config.control_token
-    if token is None:
-        return True
-    auth = request.headers.get("authorization", "")
-    scheme, _, given = auth.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
 def _proxy(request: Request) -> Proxy:
@@ -53,16 +46,6 @@ async def _read_store(request: Request, fn: Any) -> Any:
     return await asyncio.to_thread(work)
 
 
-def guarded(handler: Any) -> Any:
-    async def wrapper(request: Request) -> Response:
-        if not _authorized(request):
-            return _error(403, "the control plane needs the gateway's control token", "permission_error")
-        return await handler(request)
-
-    return wrapper
-
-
-@guarded
 async def create_session(request: Request) -> Response:
     metadata: dict[str, Any] = {}
     if request.headers.get("content-length") not in (None, "0"):
@@ -90,7 +73,6 @@ async def create_session(request: Request) -> Response:
     return _json({"session_id": state.session_id, "created_at": state.created_at, "metadata": metadata}, 201)
 
 
-@guarded
 async def get_session(request: Request) -> Response:
     sid = request.path_params["session_id"]
     state = _proxy(request).sessions.get(sid)
@@ -112,7 +94,6 @@ async def get_session(request: Request) -> Response:
 def _records_of(kind: str) -> Any:
     """`GET /sessions/{id}/completions` and `/failures`: the session's records of that kind, in call order."""
 
-    @guarded
     async def handler(request: Request) -> Response:
         sid = request.path_params["session_id"]
         if _proxy(request).sessions.get(sid) is None:
@@ -127,7 +108,6 @@ list_completions = _records_of("completions")
 list_failures = _records_of("failures")
 
 
-@guarded
 async def get_trajectory(request: Request) -> Response:
     from polar.trajectory import build, builders
 
@@ -142,7 +122,6 @@ async def get_trajectory(request: Request) -> Response:
     return Response(trajectory.model_dump_json(), media_type="application/json")
 
 
-@guarded
 async def delete_session(request: Request) -> Response:
     sid = request.path_params["session_id"]
     if not await _proxy(request).sessions.close(sid):
@@ -150,7 +129,6 @@ async def delete_session(request: Request) -> Response:
     return _json({"session_id": sid, "status": "closed"})
 
 
-@guarded
 async def pause(request: Request) -> Response:
     """Stop admitting generations and wait for those in flight (weight sync). `?timeout=` seconds."""
     raw = request.query_params.get("timeout")
@@ -163,13 +141,38 @@ async def pause(request: Request) -> Response:
     return _json({"paused": True, "drained": drained, "in_flight": gate.in_flight})
 
 
-@guarded
 async def resume(request: Request) -> Response:
     _proxy(request).gate.resume()
     return _json({"paused": False})
 
 
+async def health(request: Request) -> Response:
+    """The gateway's state for operators: model, backend, pause and load."""
+    proxy = _proxy(request)
+    body = {
+        "status": "ok",
+        "model": proxy.served_model,
+        "backend": {"kind": proxy.backend.kind, "url": proxy.backend.url},
+        "paused": proxy.gate.paused,
+        "in_flight": proxy.gate.in_flight,
+    }
+    return _json(body)
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_code", 404)
+    if status == 405:
+        return _error(405, f"method {request.method} is not allowed on {request.url.path}")
+    return _error(404, f"no route {request.method} {request.url.path}", "not_found_error")
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return _error(500, "internal error; see the gateway's log", "api_error")
+
+
 routes = [
+    Route("/health", health, methods=["GET"]),
     Route("/sessions", create_session, methods=["POST"]),
     Route("/sessions/{session_id}", get_session, methods=["GET"]),
     Route("/sessions/{session_id}", delete_session, methods=["DELETE"]),

@@ -3,10 +3,12 @@
 
     with embedded_engine(None) as (engine, engine_server):          # optional: or any inference server
         async with local_stack(out, engine_server.url, "vllm", engine.name, capacity=4) as stack:
-            async with RolloutClient(stack.server_url) as client: ...
-            stack.gateway_url                                          # the node's gateway (pause/resume)
+            async with RolloutClient(stack.server_url, token=stack.token) as client: ...
+            stack.control_url                                  # the node's gateway control (pause/resume)
 
 The rollout server runs in a thread (its own loop); the node, with its gateway, runs on the caller's loop.
+One control token is made per run and known only to this process: nothing else, in particular no session's
+agent, can steer the run.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 class LocalStack:
     server: Any  # polar.serving.ServerThread running the rollout server
     node: Any  # polar.rollout.node.Node (gateway + session pools)
+    token: str  # this run's control token
 
     @property
     def server_url(self) -> str:
@@ -29,7 +32,13 @@ class LocalStack:
 
     @property
     def gateway_url(self) -> str:
+        """The gateway's model API (what harnesses call)."""
         return str(self.node.url)
+
+    @property
+    def control_url(self) -> str:
+        """The node's control listener: its gateway's sessions, records and pause/resume (token required)."""
+        return str(self.node.control_url)
 
 
 @contextlib.asynccontextmanager
@@ -43,6 +52,7 @@ async def local_stack(
     stop_reason: str = "the local run finished",
 ) -> AsyncIterator[LocalStack]:
     """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)."""
+    from polar.auth import new_token
     from polar.gateway.config import GatewayConfig
     from polar.rollout.node import Node, NodeConfig
     from polar.rollout.server.app import create_app as create_server
@@ -50,7 +60,8 @@ async def local_stack(
     from polar.serving import ServerThread, free_port
 
     out.mkdir(parents=True, exist_ok=True)
-    server = ServerThread(create_server(ServerConfig(db_path=out / "server.db"))).start()
+    token = new_token()
+    server = ServerThread(create_server(ServerConfig(db_path=out / "server.db", token=token))).start()
     node = Node(
         NodeConfig(
             gateway=GatewayConfig(
@@ -59,6 +70,7 @@ async def local_stack(
                 served_model=model,
                 store_path=out / "gateway.db",
                 port=free_port(),
+                control_token=token,
             ),
             capacity=capacity,
             run_workers=capacity,
@@ -68,7 +80,7 @@ async def local_stack(
     )
     try:
         await node.start()
-        yield LocalStack(server, node)
+        yield LocalStack(server, node, token)
     finally:
         await node.stop(stop_reason)
         server.stop()

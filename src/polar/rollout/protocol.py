@@ -10,6 +10,11 @@ Node → server:  POST {server}/nodes/register     NodeRegistration    → {"nod
 
 A session id is single-use: a node refuses a second dispatch of an id it has seen (409), and the server,
 when a dispatch answer was lost, asks the node (GET) before trying another node.
+
+Every call in both directions carries the deployment's control token (`polar.auth`). A result POST also
+carries the dispatch's own credential in the `x-polar-result-token` header: the server makes one per
+dispatch and sends it in `SessionSpec.result_token`, so a result for a session is accepted only from the
+node it was dispatched to, and a forged one is refused and counted.
 """
 
 from __future__ import annotations
@@ -50,12 +55,16 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+RESULT_TOKEN_HEADER = "x-polar-result-token"
+
+
 class SessionSpec(_Wire):
     session_id: str
     task: Task
     sample_index: int = 0
     group_id: str | None = None  # defaults to the task id: the GRPO group
     server_url: str | None = None  # where to POST the SessionResult (None: keep it on the node)
+    result_token: str | None = None  # this dispatch's credential, sent back with the result (header)
 
 
 class SessionResult(_Wire):

@@ -328,9 +328,11 @@ def train(config: TrainConfig, tasks: Sequence[Task], console: Console | None = 
             async with local_stack(
                 out, backend_url, "vllm", model, config.capacity, stop_reason="training ended"
             ) as stack:
-                gate = GatewayGate(stack.gateway_url, timeout_s=config.drain_timeout_s)
+                gate = GatewayGate(
+                    stack.control_url, control_token=stack.token, timeout_s=config.drain_timeout_s
+                )
                 try:
-                    async with RolloutClient(stack.server_url) as client:
+                    async with RolloutClient(stack.server_url, token=stack.token) as client:
                         loop = TrainLoop(tasks, trainer, client, gate, sync, metrics, loop_config)
                         return await loop.run()
                 finally:

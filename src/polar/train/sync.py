@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from polar.auth import bearer
 from polar.train.trainer import Trainer
 
 
@@ -63,10 +64,10 @@ class PauseReport:
 class GatewayGate:
     """The gateway's weight-sync gate, over its control plane."""
 
-    def __init__(self, url: str, *, control_token: str | None = None, timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, *, control_token: str, timeout_s: float = 600.0) -> None:
+        """`url` is the gateway's control listener (not the model API harnesses call)."""
         self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {control_token}"} if control_token else {}
-        self._http = httpx.AsyncClient(headers=headers, timeout=timeout_s + 30.0)
+        self._http = httpx.AsyncClient(headers=bearer(control_token), timeout=timeout_s + 30.0)
         self.timeout_s = timeout_s
 
     @contextlib.asynccontextmanager

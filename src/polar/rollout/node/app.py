@@ -1,4 +1,5 @@
-"""The node's HTTP face: the gateway's routes for harnesses, and `/node/...` for the rollout server.
+"""The node's HTTP faces: the gateway's model API for harnesses (data listener), and `/node/...` with the
+gateway's control routes for the rollout server (control listener, token required).
 
     POST   /node/sessions        SessionSpec -> 202 {"session_id", "accepted": true}
                                  409 seen before (single use), 429 full, 503 draining, 422 invalid (names the field)
@@ -7,22 +8,22 @@
     DELETE /node/sessions/{id}   cancels (kills the process tree); answers the state once it ended
     GET    /node/status          NodeStatus
 
-When the gateway has a control token, the node routes need it too (a harness's session key cannot open them).
+Every control route needs the deployment's control token; a harness's session key opens none of them, and
+the control listener is never reachable from a session's sandbox.
 """
 
 from __future__ import annotations
 
-import hmac
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import BaseModel, ValidationError
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from polar.gateway.app import HotPath, create_app
+from polar.gateway.app import GatewayApp, HotPath, control_app, create_app
+from polar.gateway.control import routes as control_routes
 from polar.rollout.protocol import SessionSpec
 
 if TYPE_CHECKING:
@@ -51,42 +52,25 @@ def _validation_error(exc: ValidationError) -> Response:
 
 
 class NodeApp:
-    """Routes `/node/...` to the node, everything else (and the lifespan) to the gateway."""
+    """The node's two listeners: `data`, the gateway's model API (what runtimes are pointed at), and
+    `control`, the `/node/...` routes plus the gateway's control routes behind the control token."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.gateway: HotPath = create_app(node.config.gateway)
-        self.routes = Starlette(
-            routes=[
-                Route("/node/sessions", self.submit, methods=["POST"]),
-                Route("/node/sessions", self.list_sessions, methods=["GET"]),
-                Route("/node/sessions/{session_id}", self.get_session, methods=["GET"]),
-                Route("/node/sessions/{session_id}", self.cancel_session, methods=["DELETE"]),
-                Route("/node/status", self.status, methods=["GET"]),
-            ],
-            exception_handlers={404: self._not_found, 405: self._not_found},
-        )
+        self.gateway: GatewayApp = create_app(node.config.gateway)
+        node_routes = [
+            Route("/node/sessions", self.submit, methods=["POST"]),
+            Route("/node/sessions", self.list_sessions, methods=["GET"]),
+            Route("/node/sessions/{session_id}", self.get_session, methods=["GET"]),
+            Route("/node/sessions/{session_id}", self.cancel_session, methods=["DELETE"]),
+            Route("/node/status", self.status, methods=["GET"]),
+        ]
+        token = node.config.gateway.control_token
+        self.control = control_app(self.gateway.state, token, [*node_routes, *control_routes])
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and (scope["path"] == "/node" or scope["path"].startswith("/node/")):
-            if not self._authorized(scope):
-                await _error(403, "the node routes need the control token")(scope, receive, send)
-                return
-            await self.routes(scope, receive, send)
-        else:
-            await self.gateway(scope, receive, send)
-
-    def _authorized(self, scope: Any) -> bool:
-        token = self.node.config.gateway.control_token
-        if token is None:
-            return True
-        headers = dict(scope.get("headers") or [])
-        scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
-
-    async def _not_found(self, request: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 404)
-        return _error(status, f"no route {request.method} {request.url.path}")
+    @property
+    def data(self) -> HotPath:
+        return self.gateway.data
 
     async def submit(self, request: Request) -> Response:
         from polar.rollout.node.node import AdmissionError

@@ -38,7 +38,6 @@ from polar.rollout.node.lifecycle import (
 )
 from polar.rollout.node.pools import ReadyBuffer, StagePool
 from polar.rollout.node.reporter import Reporter
-from polar.rollout.node.server import EmbeddedServer
 from polar.rollout.node.session import NodeSession, SessionEnd
 from polar.rollout.protocol import (
     NodeRegistration,
@@ -50,6 +49,7 @@ from polar.rollout.protocol import (
 )
 from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
 from polar.runtime.factory import check_runtime
+from polar.serving import EmbeddedServer, start_all, stop_all
 from polar.trajectory import get_builder
 
 log = logging.getLogger("polar.node")
@@ -76,20 +76,29 @@ class Node:
         self._archived: dict[str, SessionResult] = {}  # older finished ones, without their trajectory
         self._seen: set[str] = set()
         self.draining = False
-        self.reporter = Reporter(config.report_attempts, config.report_backoff_s)
+        self.reporter = Reporter(
+            config.gateway.control_token, config.report_attempts, config.report_backoff_s
+        )
         self.asgi = create_node_app(self)
-        self.server = EmbeddedServer(self.asgi, config.gateway.host, config.gateway.port)
+        gw = config.gateway
+        self.data_server = EmbeddedServer(self.asgi.data, gw.host, gw.port)
+        self.control_server = EmbeddedServer(
+            self.asgi.control, gw.control_host, gw.control_port, lifespan="off"
+        )
         self._heartbeat: asyncio.Task[None] | None = None
         self._env: StageEnv | None = None
         self._stopping: asyncio.Task[None] | None = None
-        self.url = ""
+        self.url = ""  # the gateway's model API (what runtimes are pointed at)
+        self.control_url = ""  # /node/... and the gateway's control routes, token required
 
     # -- life of the node ---------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Serve the gateway and the node routes, then register with the server (when there is one)."""
+        """Serve the gateway's model API and the control listener, then register with the server (when
+        there is one)."""
         gw = self.config.gateway
-        await self.server.start()
-        self.url = self.server.url
+        await start_all([self.data_server, self.control_server])
+        self.url = self.data_server.url
+        self.control_url = self.control_server.url
         self._env = StageEnv(
             proxy=self.asgi.gateway.state.proxy,
             store_path=gw.store_path,
@@ -101,7 +110,7 @@ class Node:
         if self.config.server_url is not None:
             registration = NodeRegistration(
                 node_id=self.node_id,
-                url=self.config.advertise_url or self.server.public_url,
+                url=self.config.advertise_url or self.control_server.public_url,
                 capacity=self.config.capacity,
             )
             self._heartbeat = asyncio.create_task(
@@ -109,11 +118,17 @@ class Node:
                     self.config.server_url, registration, self.status, self.config.heartbeat_s
                 )
             )
-        log.info("node %s serving at %s (capacity %d)", self.node_id, self.url, self.config.capacity)
+        log.info(
+            "node %s: model API at %s, control at %s (capacity %d)",
+            self.node_id,
+            self.url,
+            self.control_url,
+            self.config.capacity,
+        )
 
     async def serve_forever(self) -> None:
-        """Until `stop()` (e.g. from a signal handler) ends the HTTP server."""
-        await self.server.wait()
+        """Until `stop()` (e.g. from a signal handler) ends the HTTP servers."""
+        await self.data_server.wait()
         await self.stop()  # the server died on its own: still free every runtime
 
     async def stop(self, reason: str = "node stopped") -> None:
@@ -131,7 +146,7 @@ class Node:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
         await self.reporter.aclose()
-        await self.server.stop()
+        await stop_all([self.data_server, self.control_server])
         self._env = None  # the gateway's store is closed with it
 
     # -- admission ----------------------------------------------------------------------------------------
@@ -345,7 +360,7 @@ class Node:
         log.info("session %s %s%s", s.session_id, result.status.value, f": {s.reason}" if s.reason else "")
         server = s.spec.server_url or self.config.server_url
         if server is not None:
-            self.reporter.report(server, result)
+            self.reporter.report(server, result, s.spec.result_token)
 
     def _trim(self) -> None:
         """Old results keep their status and reason but drop the trajectory (memory stays bounded)."""

@@ -9,7 +9,12 @@ Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} ->
             GET    /rollout/status           tasks by state, sessions by status, node capacity
             GET    /events                   SSE (?kinds=a,b to filter)
 Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result
-Anyone:     GET    /nodes, GET /health
+            GET    /nodes
+Anyone:     GET    /health
+
+Every route but /health needs the deployment's control token (`polar.auth`); refusals are counted and
+shown under `security` in `/rollout/status`. A session result is accepted only with the credential of that
+session's dispatch (`x-polar-result-token`), i.e. from the node it was dispatched to.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from polar.rollout.protocol import NodeRegistration, NodeStatus, SessionResult
+from polar.auth import RequireToken
+from polar.rollout.protocol import RESULT_TOKEN_HEADER, NodeRegistration, NodeStatus, SessionResult
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.events import sse_stream
 from polar.rollout.server.scheduler import is_healthy
+from polar.rollout.server.security import client_of
 from polar.rollout.server.service import RolloutService
 from polar.rollout.server.validate import SubmitError, check_task
 from polar.rollout.task import Task
@@ -241,6 +248,7 @@ async def rollout_status(request: Request) -> Response:
                 "capacity": sum(v.capacity for v in views if v.healthy and not v.lost),
                 "load": sum(v.load for v in views),
             },
+            "security": svc.security.view(),
         }
     )
 
@@ -249,7 +257,16 @@ async def rollout_status(request: Request) -> Response:
 @route
 async def session_result(request: Request) -> Response:
     result = _model(SessionResult, await _body(request))
-    outcome = _svc(request).record(result)
+    token = request.headers.get(RESULT_TOKEN_HEADER)
+    outcome = _svc(request).report(result, token, client_of(request.scope))
+    if outcome == "refused":
+        raise HTTPError(
+            403,
+            f"result for {result.session_id} refused: it does not carry the credential of that session's "
+            "dispatch, so it is not from the node the session was dispatched to",
+            RESULT_TOKEN_HEADER,
+            "permission_error",
+        )
     if outcome == "unknown":
         raise HTTPError(404, f"no session {result.session_id}", "session_id")
     if outcome == "mismatch":
@@ -300,6 +317,7 @@ async def list_nodes(request: Request) -> Response:
                 "lost": n.lost,
                 "last_heartbeat_s_ago": round(now - n.last_heartbeat, 3),
                 "status": n.status,
+                "auth_error": svc.dispatcher.auth_errors.get(n.node_id),
             }
         )
     return _json({"nodes": out})
@@ -330,7 +348,7 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     return _error(HTTPError(500, "internal server error", type_="server_error"))
 
 
-def create_app(config: ServerConfig) -> Starlette:
+def create_app(config: ServerConfig) -> RequireToken:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         service = RolloutService(config)
@@ -355,8 +373,16 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/nodes/{node_id}/heartbeat", heartbeat, methods=["POST"]),
         Route("/nodes", list_nodes, methods=["GET"]),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
     )
+
+    def refused(scope: dict[str, Any], why: str) -> None:
+        service: RolloutService | None = getattr(app.state, "service", None)
+        if service is not None:
+            service.security.refused_auth(client_of(scope), scope["method"], scope["path"], why)
+            log.warning("refused %s %s from %s: %s", scope["method"], scope["path"], client_of(scope), why)
+
+    return RequireToken(app, config.token, on_refused=refused)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar.auth import MIN_TOKEN_CHARS, new_token
 from polar.rollout.server.callbacks import RetryPolicy
 
 
@@ -22,3 +23,10 @@ class ServerConfig:
     tick_s: float = 0.5
     callbacks: RetryPolicy = field(default_factory=RetryPolicy)
     max_body_bytes: int = 64 << 20
+    # The deployment's control token (`polar.auth`): every route but /health needs it, and the server sends
+    # it to nodes. A random one when not given, so a server is never open.
+    token: str = field(default_factory=new_token)
+
+    def __post_init__(self) -> None:
+        if len(self.token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"token must be at least {MIN_TOKEN_CHARS} characters")

@@ -15,7 +15,7 @@ from typing import Any
 from polar.rollout.protocol import SessionResult, SessionSpec, SessionStatus
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.events import EventBus
-from polar.rollout.server.nodelink import NodeLink
+from polar.rollout.server.nodelink import NodeLink, outcome_is_auth
 from polar.rollout.server.scheduler import (
     DispatchOutcome,
     NodeView,
@@ -56,6 +56,7 @@ class Dispatcher:
         self._probed_at: dict[str, float] = {}  # session -> last probe (absent: never asked)
         self._tracked: dict[str, float] = {}  # session -> first seen on a node by this process
         self._cooldown: dict[str, float] = {}  # node -> no dispatches before this time (it refused one)
+        self.auth_errors: dict[str, str] = {}  # node -> why it refused our token (shown in /nodes)
 
     def forget(self, session_id: str) -> None:
         """The session ended: drop its clocks."""
@@ -117,9 +118,9 @@ class Dispatcher:
             s = queue[session_id]
             if s.attempts >= self.config.max_dispatch_attempts:
                 self.fail(s, f"not accepted by any node after {s.attempts} dispatch attempts")
-            elif self.store.claim(session_id, node_id):
+            elif (token := self.store.claim(session_id, node_id)) is not None:
                 self._dispatching.add(session_id)
-                self.spawn(self._dispatch(s, by_id[node_id]))
+                self.spawn(self._dispatch(s, by_id[node_id], token))
 
     def _node_lost(self, s: SessionRow) -> None:
         assert s.node_id is not None
@@ -130,7 +131,7 @@ class Dispatcher:
             self.events.publish("node_lost", node_id=s.node_id)
         self.fail(s, f"node lost: {s.node_id} stopped answering; not re-run (it may have run there)")
 
-    async def _dispatch(self, s: SessionRow, node: NodeView) -> None:
+    async def _dispatch(self, s: SessionRow, node: NodeView, result_token: str) -> None:
         try:
             task = self.store.task(s.task_id)
             assert task is not None
@@ -143,9 +144,11 @@ class Dispatcher:
                 sample_index=s.sample_index,
                 group_id=group if isinstance(group, str) else None,
                 server_url=server_url,
+                result_token=result_token,
             )
             outcome, error = await self.link.dispatch(node.url, spec)
             if outcome is DispatchOutcome.ACCEPTED:
+                self.auth_errors.pop(node.node_id, None)
                 self.store.confirm(s.session_id, node.node_id)
                 self.store.touch_node(node.node_id)
                 self.events.publish("session_dispatched", session_id=s.session_id, node_id=node.node_id)
@@ -155,7 +158,11 @@ class Dispatcher:
             elif outcome is DispatchOutcome.REFUSED:
                 self.store.release(s.session_id, node.node_id)
                 self._cooldown[node.node_id] = time.time() + self.config.refuse_cooldown_s
-                log.info("node %s refused %s: %s", node.node_id, s.session_id, error)
+                if outcome_is_auth(error):
+                    self.auth_errors[node.node_id] = str(error)
+                    log.error("node %s refused the server's control token: %s", node.node_id, error)
+                else:
+                    log.info("node %s refused %s: %s", node.node_id, s.session_id, error)
             elif outcome is DispatchOutcome.REJECTED:
                 self.store.touch_node(node.node_id)
                 self.fail(s, f"node {node.node_id} rejected the session: {error}")

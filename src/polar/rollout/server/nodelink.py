@@ -2,7 +2,8 @@
 
 Each call reports what the server may *conclude*, not just what happened: in particular a dispatch whose
 answer never arrived is UNKNOWN (the node may have accepted it), while one whose connection was refused
-is REFUSED (httpx raises ConnectError before a byte of the request is sent).
+is REFUSED (httpx raises ConnectError before a byte of the request is sent). Every call carries the
+deployment's control token; a node that refuses it (401) refused the dispatch, and the server says so.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 from pydantic import ValidationError
 
+from polar.auth import bearer
 from polar.rollout.protocol import NodeSessionState, SessionSpec
 from polar.rollout.server.scheduler import DispatchOutcome, classify_dispatch
 
@@ -32,9 +34,14 @@ def _error_text(r: httpx.Response) -> str:
     return f"HTTP {r.status_code}: {msg or r.text[:300]}"
 
 
+def outcome_is_auth(error: str | None) -> bool:
+    """Whether a dispatch error is the node refusing our token (an operator must fix the deployment)."""
+    return error is not None and error.startswith(("HTTP 401", "HTTP 403"))
+
+
 class NodeLink:
-    def __init__(self, timeout_s: float) -> None:
-        self._client = httpx.AsyncClient(timeout=timeout_s)
+    def __init__(self, timeout_s: float, token: str) -> None:
+        self._client = httpx.AsyncClient(timeout=timeout_s, headers=bearer(token))
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -105,7 +105,7 @@ def probe_decision(
 
 class DispatchOutcome(Enum):
     ACCEPTED = "accepted"  # 2xx: the node has it
-    REFUSED = "refused"  # the node certainly did not take it (connection refused, 429/503): requeue
+    REFUSED = "refused"  # the node certainly did not take it (connection refused, 401/403, 429/503): requeue
     REJECTED = "rejected"  # the node refused the spec itself (400/422): the session ends as ERROR
     UNKNOWN = "unknown"  # the answer was lost or ambiguous (timeout, 409, 5xx): ask before retrying
 
@@ -118,7 +118,7 @@ def classify_dispatch(status_code: int | None, *, connect_failed: bool = False) 
         return DispatchOutcome.UNKNOWN
     if 200 <= status_code < 300:
         return DispatchOutcome.ACCEPTED
-    if status_code in (429, 503):
+    if status_code in (401, 403, 429, 503):  # 401/403: it refused our token before reading the spec
         return DispatchOutcome.REFUSED
     if status_code in (400, 404, 413, 422):
         return DispatchOutcome.REJECTED

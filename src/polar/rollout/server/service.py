@@ -24,6 +24,7 @@ from polar.rollout.server.dispatch import Dispatcher
 from polar.rollout.server.events import EventBus
 from polar.rollout.server.nodelink import NodeLink
 from polar.rollout.server.scheduler import NodeView
+from polar.rollout.server.security import SecurityLog
 from polar.rollout.server.store import ServerStore, SessionRow, TaskRow
 from polar.rollout.task import Task
 
@@ -46,7 +47,7 @@ class RolloutService:
         self.store.grace_nodes()
         self.store.unconfirm()  # results nodes could not deliver while we were down: ask for them
         self.events = EventBus()
-        self.link = NodeLink(config.node_timeout_s)
+        self.link = NodeLink(config.node_timeout_s, config.token)
         self.deliverer = CallbackDeliverer(self.store, self.events, config.callbacks)
         self.dispatcher = Dispatcher(
             self.store,
@@ -62,6 +63,7 @@ class RolloutService:
         self._wake = asyncio.Event()
         self._results_changed = asyncio.Event()
         self._stopping: set[str] = set()  # tasks whose open sessions are being ended by an early stop
+        self.security = SecurityLog()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.Task[None] | None = None
 
@@ -227,6 +229,28 @@ class RolloutService:
         self._after_session(result.task_id)
         self.wake()
         return True
+
+    def report(self, result: SessionResult, result_token: str | None, client: str) -> str:
+        """A node's report over HTTP: `record` once its dispatch credential checks out, else 'refused'
+        (not from the node the session was dispatched to: counted, logged, published)."""
+        row = self.store.session(result.session_id)
+        if row is None:
+            return "unknown"
+        if not self.store.reported_by_dispatch(result.session_id, result.node_id, result_token):
+            why = "no result token" if result_token is None else "wrong result token or node"
+            self.security.refused_result(result.session_id, result.node_id, client, why)
+            self.events.publish(
+                "result_refused", session_id=result.session_id, node_id=result.node_id, client=client, why=why
+            )
+            log.warning(
+                "refused a result for %s from %s (node %s): %s",
+                result.session_id,
+                client,
+                result.node_id,
+                why,
+            )
+            return "refused"
+        return self.record(result)
 
     def record(self, result: SessionResult) -> str:
         """A node's report: 'recorded', 'progress', 'duplicate' (already terminal: first result wins),

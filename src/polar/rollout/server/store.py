@@ -9,6 +9,8 @@ same transaction as the result it carries.
 
 from __future__ import annotations
 
+import hmac
+import secrets
 import sqlite3
 import threading
 import time
@@ -48,7 +50,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     finish_seq INTEGER,              -- order in which sessions reached a terminal status
     reason TEXT,
     reward REAL,
-    result BLOB                      -- the terminal SessionResult as JSON
+    result BLOB,                     -- the terminal SessionResult as JSON
+    result_token TEXT                -- this dispatch's credential: only its node may report the result
 );
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions (task_id, sample_index);
 CREATE INDEX IF NOT EXISTS sessions_status ON sessions (status);
@@ -165,7 +168,14 @@ class ServerStore:
         self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses nothing
         self._conn.execute("PRAGMA busy_timeout=30000")
         self._conn.executescript(SCHEMA)
+        self._migrate()
         self._lock = threading.RLock()
+
+    def _migrate(self) -> None:
+        """Columns added since a database was made (a server upgraded in place keeps its state)."""
+        cols = {row[1] for row in self._conn.execute("PRAGMA table_info(sessions)")}
+        if "result_token" not in cols:
+            self._conn.execute("ALTER TABLE sessions ADD COLUMN result_token TEXT")
 
     def close(self) -> None:
         with self._lock:
@@ -281,15 +291,26 @@ class ServerStore:
         )
         return {node: n for node, n in rows}
 
-    def claim(self, session_id: str, node_id: str) -> bool:
-        """Write-ahead of a dispatch: the session is bound to `node_id` before the request is sent."""
+    def claim(self, session_id: str, node_id: str) -> str | None:
+        """Write-ahead of a dispatch: the session is bound to `node_id` before the request is sent, with a
+        fresh credential for its result. Returns that credential, or None if the session was not free."""
+        token = secrets.token_urlsafe(24)
         with self._tx() as c:
             cur = c.execute(
-                "UPDATE sessions SET node_id = ?, confirmed = 0, dispatched_at = ?, attempts = attempts + 1 "
-                "WHERE session_id = ? AND status = 'REGISTERED' AND node_id IS NULL",
-                (node_id, time.time(), session_id),
+                "UPDATE sessions SET node_id = ?, confirmed = 0, dispatched_at = ?, attempts = attempts + 1, "
+                "result_token = ? WHERE session_id = ? AND status = 'REGISTERED' AND node_id IS NULL",
+                (node_id, time.time(), token, session_id),
             )
-            return cur.rowcount == 1
+            return token if cur.rowcount == 1 else None
+
+    def reported_by_dispatch(self, session_id: str, node_id: str | None, token: str | None) -> bool:
+        """Whether a report carries the credential of the session's current dispatch, from its node."""
+        rows = self._all("SELECT node_id, result_token FROM sessions WHERE session_id = ?", (session_id,))
+        if not rows or token is None or rows[0][1] is None:
+            return False
+        bound, expected = rows[0]
+        same_node = node_id is None or node_id == bound
+        return same_node and hmac.compare_digest(token.encode(), str(expected).encode())
 
     def confirm(self, session_id: str, node_id: str) -> None:
         """The node acknowledged (or reported) the session: it is DISPATCHED unless already further on."""
@@ -306,8 +327,8 @@ class ServerStore:
         marks = ", ".join("?" * len(OPEN))
         with self._tx() as c:
             c.execute(
-                "UPDATE sessions SET node_id = NULL, confirmed = 0, dispatched_at = NULL, status = 'REGISTERED' "
-                f"WHERE session_id = ? AND node_id = ? AND status IN ({marks})",
+                "UPDATE sessions SET node_id = NULL, confirmed = 0, dispatched_at = NULL, status = 'REGISTERED', "
+                f"result_token = NULL WHERE session_id = ? AND node_id = ? AND status IN ({marks})",
                 (session_id, node_id, *OPEN),
             )
 

@@ -128,10 +128,12 @@ class PolarRollout:
         sync_weights: WeightSync | None = None,
         timeout_s: float = 3600.0,
         poll_wait_s: float = 5.0,
+        token: str | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.server_url = server_url
+        self.token = token  # the rollout server's control token (None: POLAR_TOKEN or the token file)
         self.task = task
         self.sync_weights = sync_weights
         self.timeout_s = timeout_s
@@ -195,7 +197,7 @@ class PolarRollout:
 
     async def _collect(self, tasks: list[Task]) -> list[SessionResult]:
         out: list[SessionResult] = []
-        async with RolloutClient(self.server_url, poll_wait_s=self.poll_wait_s) as client:
+        async with RolloutClient(self.server_url, token=self.token, poll_wait_s=self.poll_wait_s) as client:
             try:
                 async with asyncio.timeout(self.timeout_s):
                     async for result in client.run(tasks):
