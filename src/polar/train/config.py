@@ -59,10 +59,13 @@ class LossSection(_Section):
     (`clip_fraction` stays 0); the TIS weight is what corrects for the sampler's mismatch and staleness."""
 
     eps_low: float = Field(
-        0.2, ge=0.0, lt=1.0, description="PPO clip below 1: the ratio is kept >= 1 - eps_low."
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="Lower PPO clip: the clipped ratio range is [1 - eps_low, 1 + eps_high].",
     )
     eps_high: float = Field(
-        0.28, ge=0.0, description="PPO clip above 1 (DAPO's clip-higher): the ratio is kept <= 1 + eps_high."
+        0.28, ge=0.0, description="Upper PPO clip; larger than eps_low is DAPO's clip-higher."
     )
     tis_cap: float | None = Field(
         2.0,

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TRL_SOURCE = (
-    "TRL 1.16.0, `trl.GRPOConfig` (with the fields it inherits from transformers 5.24 `TrainingArguments`)"
-)
+TRL_SOURCE = "version 1.16.0, `trl.GRPOConfig` (with the fields it inherits from transformers 5.24 `TrainingArguments`)"
 VERL_SOURCE = (
-    "verl-project/verl: `verl/trainer/config/_generated_ppo_trainer.yaml` at commit `1a7e2cab`, "
+    "the verl-project/verl repository, `verl/trainer/config/_generated_ppo_trainer.yaml` at commit `1a7e2cab`, "
     "`verl/workers/config/optimizer.py` at `567db268`, and for asynchronous training "
     "`verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml` at `d23b2829`"
 )
