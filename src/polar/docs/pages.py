@@ -147,7 +147,7 @@ def results() -> str:
         "### `trajectory.metadata`",
         "From the builder (`polar.trajectory.stats.BuildStats`):",
         _keys(TRAJECTORY_BUILD),
-        "Added by the node: " + TASK_METADATA_NOTE[0].lower() + TASK_METADATA_NOTE[1:],
+        "Added by the node, with every key of the task's `metadata` (as in the result's `metadata`):",
         _keys(TRAJECTORY_NODE),
         "Added by the fail-closed reward rules (`polar.rollout.rewards`):",
         _keys(TRAJECTORY_REWARDS),
@@ -169,8 +169,9 @@ def metrics() -> str:
     return _page(
         "`metrics.jsonl`",
         "Written by `polar train` to `OUT/metrics.jsonl`: one JSON object per optimizer step, flushed "
-        "as it is written (a crashed run keeps its lines; a resumed run appends). The same keys go to "
-        "TensorBoard and W&B as `train/KEY` when `metrics.tensorboard` / `metrics.wandb` are on. A value "
+        "as it is written (a crashed run keeps its lines; a resumed run appends). The same keys but `step` "
+        "(their x axis) go to TensorBoard and W&B as `train/KEY` when `metrics.tensorboard` / `metrics.wandb` "
+        "are on. A value "
         "that is not finite (NaN, inf) is written as `null`. The keys are declared in "
         "`polar.train.metrics.METRICS`, which the writer also uses for their order.",
         "## Example line",

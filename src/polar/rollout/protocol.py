@@ -72,8 +72,8 @@ class SessionResult(_Wire):
     )
     reward: float | None = Field(
         None,
-        description="The evaluator's outcome reward after the fail-closed rules; null when the session is "
-        "masked or has no trajectory.",
+        description="The outcome reward after the fail-closed rules (0 for an agent-budget TIMEOUT); null "
+        "when the session is masked, has no trajectory, or was scored per trace (see the traces' rewards).",
     )
     trajectory: dict[str, Any] | None = Field(
         None, description="The trajectory the node built and rewarded (`Trajectory` as JSON), or null."

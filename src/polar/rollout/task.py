@@ -76,8 +76,7 @@ class AgentConfig(_Model):
 
     harness: str = Field(
         "builtin",
-        description="A preset (builtin, shell, codex, claude_code, gemini_cli, qwen_code, opencode, pi, "
-        'mini_swe_agent) or "package.module:Class".',
+        description='A preset (builtin, shell, or a CLI preset: docs/harnesses.md) or "package.module:Class".',
     )
     model: str | None = Field(
         None, description="The model name the harness asks for; null: the name the policy server serves."
