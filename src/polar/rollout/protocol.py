@@ -68,15 +68,33 @@ class SessionSpec(_Wire):
 
 
 class SessionResult(_Wire):
-    session_id: str
-    task_id: str
-    node_id: str | None = None
-    status: SessionStatus
-    reason: str | None = None  # why it ended so (error message, "agent budget exhausted", ...)
-    reward: float | None = None
-    trajectory: dict[str, Any] | None = None  # polar.trajectory.Trajectory as JSON
-    timings: dict[str, float] = Field(default_factory=dict)  # queued_s, init_s, ready_wait_s, run_s, post_s
-    metadata: dict[str, Any] = Field(default_factory=dict)  # task metadata + sample index + group id
+    """How one session ended: what the node reports to the server, and one line of `results.jsonl`."""
+
+    session_id: str = Field(description="The session (single-use: one session, one trajectory).")
+    task_id: str = Field(description="The task it sampled.")
+    node_id: str | None = Field(
+        None, description="The node that ran it; null when the server ended it (cancelled, node lost)."
+    )
+    status: SessionStatus = Field(description="COMPLETED, TIMEOUT, ERROR or CANCELLED.")
+    reason: str | None = Field(
+        None, description='Why it ended so: an error message, "agent budget exhausted (N s)", ...'
+    )
+    reward: float | None = Field(
+        None,
+        description="The outcome reward after the fail-closed rules (0 for an agent-budget TIMEOUT); null "
+        "when the session is masked, has no trajectory, or was scored per trace (see the traces' rewards).",
+    )
+    trajectory: dict[str, Any] | None = Field(
+        None, description="The trajectory the node built and rewarded (`Trajectory` as JSON), or null."
+    )
+    timings: dict[str, float] = Field(
+        default_factory=dict, description="Seconds per stage the session reached, and in all."
+    )
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The task's metadata plus task_id, group_id, sample_index, the harness's post-run "
+        "output and the evaluation.",
+    )
 
 
 class NodeRegistration(_Wire):

@@ -13,13 +13,21 @@
     out: polar-train
     resume: polar-train/checkpoints/step-4   # optional: continue a run (`steps` counts from the start)
 
-A bad field is reported as `train.yaml:7: optimizer.lr: Input should be greater than 0`.
+A bad field is reported as `train.yaml:7: optimizer.lr: Input should be greater than 0`. Any field can be
+changed from the command line with a dotted path (`polar train CONFIG --set loss.eps_high=0.3`, see
+`parse_override`); a bad override names itself: `--set loss.eps_high=abc: Input should be a valid number`.
+Every field's type, default and meaning: docs/reference/train-config.md (generated from these models).
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -28,10 +36,16 @@ from polar.rollout.task import Task, UploadAction
 from polar.rollout.taskfile import TaskFileError, field_path, line_of, load_tasks, locator, trust_imports
 from polar.train.advantages import Estimator
 from polar.train.loss import Aggregation, LossConfig
+from polar.train.names import polar_name_for
 
 
 class ConfigError(ValueError):
     """A training config that cannot be used, with `path:line: field: reason` in its message."""
+
+
+class OverrideError(ConfigError):
+    """A `--set` (or `--out`/`--steps`) that is malformed, names no field, or gives a bad value: a usage
+    error of the command line, reported with the override as the user wrote it."""
 
 
 class _Section(BaseModel):
@@ -39,11 +53,37 @@ class _Section(BaseModel):
 
 
 class LossSection(_Section):
-    eps_low: float = Field(0.2, ge=0.0, lt=1.0)
-    eps_high: float = Field(0.28, ge=0.0)
-    tis_cap: float | None = Field(2.0, gt=0.0)  # null: no truncated importance weight
-    kl_coef: float = Field(0.0, ge=0.0)  # > 0 keeps a frozen copy of the initial policy as the reference
-    aggregation: Aggregation = "token_mean"
+    """The policy loss (`polar.train.loss`): token-level PPO-clip with asymmetric bounds, a truncated
+    importance weight, an optional k3 KL. `polar train` takes one optimizer step per batch and measures the
+    PPO ratio against the policy just before it, so the ratio is 1 at that step and the clip never binds
+    (`clip_fraction` stays 0); the TIS weight is what corrects for the sampler's mismatch and staleness."""
+
+    eps_low: float = Field(
+        0.2,
+        ge=0.0,
+        lt=1.0,
+        description="Lower PPO clip: the clipped ratio range is [1 - eps_low, 1 + eps_high].",
+    )
+    eps_high: float = Field(
+        0.28, ge=0.0, description="Upper PPO clip; larger than eps_low is DAPO's clip-higher."
+    )
+    tis_cap: float | None = Field(
+        2.0,
+        gt=0.0,
+        description="Cap of the per-token truncated importance weight pi_trainer / pi_behaviour, which "
+        "corrects for sampler/trainer mismatch and stale samples; null: no weight (1).",
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of a k3 KL penalty to the initial policy; > 0 keeps a frozen copy of the "
+        "initial model in memory as the reference.",
+    )
+    aggregation: Aggregation = Field(
+        "token_mean",
+        description="token_mean: every trainable token of the batch counts once; sequence_mean: each "
+        "trace's mean, weighted so that each trajectory counts once.",
+    )
 
     def to_loss_config(self) -> LossConfig:
         return LossConfig(**self.model_dump())
@@ -52,11 +92,18 @@ class LossSection(_Section):
 class OptimizerSection(_Section):
     """AdamW. Defaults are the paper's (lr 1e-6, weight decay 0.1)."""
 
-    lr: float = Field(1e-6, gt=0.0)
-    weight_decay: float = Field(0.1, ge=0.0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0.0)
-    grad_clip: float | None = Field(1.0, gt=0.0)  # max global grad norm; null: no clipping
+    lr: float = Field(1e-6, gt=0.0, description="Learning rate (constant: no warm-up or schedule).")
+    weight_decay: float = Field(0.1, ge=0.0, description="AdamW's decoupled weight decay.")
+    betas: tuple[float, float] = Field(
+        (0.9, 0.999), description="AdamW's (beta1, beta2); each must be in [0, 1)."
+    )
+    eps: float = Field(1e-8, gt=0.0, description="AdamW's epsilon.")
+    grad_clip: float | None = Field(
+        1.0,
+        gt=0.0,
+        description="Clip the global gradient L2 norm to this before the step; null: no clipping "
+        "(`grad_norm` is measured either way).",
+    )
 
     @field_validator("betas")
     @classmethod
@@ -69,39 +116,126 @@ class OptimizerSection(_Section):
 class MetricsSection(_Section):
     """Where per-step metrics go besides the console and `out/metrics.jsonl` (always written)."""
 
-    tensorboard: bool = False  # needs the `tensorboard` package
-    wandb: bool = False  # needs `wandb`; project and run name below
-    wandb_project: str = "polar"
-    run_name: str | None = None
+    tensorboard: bool = Field(
+        False,
+        description="Also write TensorBoard scalars to out/tensorboard (needs the `tensorboard` package: "
+        "asking without it fails at start-up).",
+    )
+    wandb: bool = Field(False, description="Also log to Weights & Biases (needs the `wandb` package).")
+    wandb_project: str = Field("polar", description="W&B project.")
+    run_name: str | None = Field(None, description="W&B run name; null lets W&B choose one.")
 
 
 class TrainConfig(_Section):
-    model: str | None = None
-    tasks: str | list[dict[str, Any]]
-    group_size: int | None = Field(None, ge=1, le=4096)
-    batch_groups: int = Field(2, ge=1)
-    steps: int = Field(1, ge=1)
-    max_staleness: int = Field(2, ge=0)
-    max_in_flight: int | None = Field(None, ge=1)  # task groups running at once (default 2 x batch_groups)
-    estimator: Estimator = "rloo"
-    pass_threshold: float = 1.0
-    temperature: float = Field(1.0, gt=0.0)  # the harness's sampling temperature (logprobs are taken at it)
-    loss: LossSection = Field(default_factory=LossSection)
-    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
-    micro_batch_tokens: int = Field(4096, ge=1)  # tokens per forward pass (packed traces)
-    grad_accum: int = Field(1, ge=1)  # at least this many micro-batches per step (gradients accumulate)
-    gradient_checkpointing: bool = False
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bf16 autocast on CUDA that has it
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    seed: int = 0
-    out: str = "polar-train"
-    checkpoint_every: int | None = Field(None, ge=1)  # steps between checkpoints; the last step always
-    resume: str | None = None  # a checkpoints/step-N folder: weights, optimizer state and step count
-    backend: str = "embedded"  # "embedded" or the base URL of a vLLM server
-    served_model: str | None = None  # the name the vLLM server serves (default: what it lists)
-    capacity: int = Field(4, ge=1)  # sessions the node runs at once
-    drain_timeout_s: float = Field(600.0, gt=0.0)  # how long a weight sync waits for calls in flight
-    metrics: MetricsSection = Field(default_factory=MetricsSection)
+    """A `polar train` run: the policy, its tasks, the GRPO batch, the loss and optimizer, where it runs."""
+
+    model: str | None = Field(
+        None,
+        description="The policy to train: a Hugging Face model id or a local folder; null: the embedded "
+        "engine's offline tiny model (real Qwen3 tokenizer, random weights: for plumbing).",
+    )
+    tasks: str | list[dict[str, Any]] = Field(
+        description="A task file (YAML or JSON, relative to this config file; relative to the current "
+        "directory when given with --set) or a non-empty list of tasks inline (see task.md).",
+    )
+    group_size: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="Samples per task group (one GRPO group); overrides each task's `num_samples`. "
+        "null: each task's `num_samples`.",
+    )
+    batch_groups: int = Field(2, ge=1, description="Task groups per optimizer step.")
+    steps: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps in all (a resumed run counts from step 0, not from its checkpoint).",
+    )
+    max_staleness: int = Field(
+        2,
+        ge=0,
+        description="Drop a group whose oldest token was sampled more than this many policy versions "
+        "before the step that would train on it (0: on-policy only). Dropped groups are counted.",
+    )
+    max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description="Task groups submitted to the rollout server and not yet trained on; null: 2 x "
+        "batch_groups. More keeps the policy server busy while the trainer steps, at more staleness.",
+    )
+    estimator: Estimator = Field(
+        "rloo",
+        description="Group-relative advantage: grpo (r - mean) / std; rloo r - mean of the others; "
+        "dr_grpo r - mean (no std).",
+    )
+    pass_threshold: float = Field(
+        1.0,
+        description="For `pass_rate` only: a session passed when its evaluation says so, else when its "
+        "reward is at least this.",
+    )
+    temperature: float = Field(
+        1.0,
+        gt=0.0,
+        description="The temperature the harness samples at; the trainer divides logits by it so its "
+        "logprobs compare with the behaviour logprobs.",
+    )
+    loss: LossSection = Field(default_factory=LossSection, description="See the loss section.")
+    optimizer: OptimizerSection = Field(
+        default_factory=OptimizerSection, description="See the optimizer section."
+    )
+    micro_batch_tokens: int = Field(
+        4096,
+        ge=1,
+        description="Tokens per forward pass: traces are packed into micro-batches of about this many "
+        "tokens (a longer trace gets one of its own).",
+    )
+    grad_accum: int = Field(
+        1,
+        ge=1,
+        description="Split each step into at least this many micro-batches (when there are enough traces); "
+        "gradients accumulate over them.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory, more compute."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Autocast dtype of forward and backward; weights and optimizer state stay float32. "
+        "auto: bfloat16 on a CUDA device that has it, else float32.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the trainer (and the embedded engine) runs; auto: CUDA when available."
+    )
+    seed: int = Field(0, description="torch's random seed, set before the model is loaded.")
+    out: str = Field(
+        "polar-train",
+        description="Output directory (relative to the current directory): metrics.jsonl, checkpoints/, "
+        "gateway.db, server.db.",
+    )
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="Save a checkpoint every N steps; the last step is always saved."
+    )
+    resume: str | None = Field(
+        None,
+        description="A checkpoints/step-N folder written by polar train: continue from its weights, "
+        "optimizer state and step count (metrics are appended).",
+    )
+    backend: str = Field(
+        "embedded",
+        description="The policy server: embedded (polar's engine, in this process) or the base URL of a "
+        "vLLM server, whose weights are reloaded over its RL routes after each step.",
+    )
+    served_model: str | None = Field(
+        None, description="The model name the vLLM server serves; null: the first one it lists."
+    )
+    capacity: int = Field(4, ge=1, description="Sessions the local gateway node runs at once.")
+    drain_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="Seconds a weight sync waits, with the gateway paused, for calls in flight to finish; "
+        "past it the sync proceeds (`sync_drained` 0).",
+    )
+    metrics: MetricsSection = Field(default_factory=MetricsSection, description="See the metrics section.")
 
     @field_validator("backend")
     @classmethod
@@ -127,6 +261,137 @@ class TrainConfig(_Section):
         return self.loss.to_loss_config()
 
 
+# -- field paths: sections, suggestions, overrides ---------------------------------------------------------
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds (`X` or `X | None`), or None for a plain value."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = get_args(annotation)
+        models = [m for a in args if (m := _model_of(a)) is not None]
+        if len(models) == 1 and len(args) == 2 and type(None) in args:
+            return models[0]
+    return None
+
+
+def field_paths(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """Every dotted field path of `model` (default `TrainConfig`): sections and their fields, in order."""
+    out: list[str] = []
+    for name, info in (model or TrainConfig).model_fields.items():
+        out.append(prefix + name)
+        sub = _model_of(info.annotation)
+        if sub is not None:
+            out += field_paths(sub, f"{prefix}{name}.")
+    return out
+
+
+def suggest(path: Sequence[Any], model: type[BaseModel] | None = None) -> str | None:
+    """The field path of `model` (default `TrainConfig`) an unknown `path` most likely meant: polar's name
+    for a TRL or verl key (`learning_rate` -> `optimizer.lr`), the same name in another section (`lr` ->
+    `optimizer.lr`), else the closest spelling (`loss.eps_hi` -> `loss.eps_high`); None when nothing is
+    close or the path runs through a list."""
+    if not path or any(isinstance(p, int) for p in path):
+        return None
+    candidates = field_paths(model)
+    key, last = ".".join(map(str, path)), str(path[-1])
+    if model in (None, TrainConfig) and (known := polar_name_for(key)) is not None:
+        return known  # a TRL or verl name typed by habit
+    leaves: dict[str, str] = {}
+    for c in candidates:
+        leaves.setdefault(c.rsplit(".", 1)[-1], c)
+    if last in leaves and leaves[last] != key:
+        return leaves[last]
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    if close:
+        return close[0]
+    close = difflib.get_close_matches(last, list(leaves), n=1, cutoff=0.7)
+    return leaves[close[0]] if close else None
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """One command-line change: the field at `path` set to `value`. `label` is the override as typed
+    (`--set loss.eps_high=0.3`, `--steps 5`), so an error quotes what the user wrote."""
+
+    label: str
+    path: tuple[str, ...]
+    value: Any
+
+
+def _check_path(label: str, path: tuple[str, ...]) -> None:
+    """Raise `OverrideError` unless `path` names a field of `TrainConfig` (through sections only)."""
+    model: type[BaseModel] | None = TrainConfig
+    for i, name in enumerate(path):
+        info = model.model_fields.get(name) if model is not None else None
+        if info is None:
+            hint = suggest(path)
+            maybe = f" (did you mean {hint}?)" if hint else ""
+            raise OverrideError(f"{label}: no config field {'.'.join(path)}{maybe}")
+        model = _model_of(info.annotation)
+        if model is None and i < len(path) - 1:
+            here = ".".join(path[: i + 1])
+            raise OverrideError(
+                f"{label}: {here} is a single value, not a section: set it whole ({here}=...)"
+            )
+
+
+def parse_override(text: str) -> Override:
+    """`KEY=VALUE` from `--set`: KEY a dotted field path (`optimizer.lr`), VALUE parsed as YAML, so `2e-6`,
+    `true`, `null`, `[0.9, 0.95]`, `{eps_high: 0.3}` and `other.yaml` mean what they would in the file.
+    A path that names no field raises `OverrideError` at once, with the closest field name."""
+    label = f"--set {text}"
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise OverrideError(f"{label}: expected KEY=VALUE with a dotted KEY, e.g. --set loss.eps_high=0.3")
+    path = tuple(key.split("."))
+    if not all(path):
+        raise OverrideError(f"{label}: {key!r} has an empty name between dots")
+    _check_path(label, path)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise OverrideError(f"{label}: not a YAML value: {getattr(exc, 'problem', exc)}") from None
+    return Override(label, path, value)
+
+
+def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[Override]) -> dict[str, Any]:
+    """A copy of the config mapping with each override applied in order (a later one wins); a mapping
+    given for a section is merged into it, so `--set loss={eps_high: 0.3}` keeps the file's other keys."""
+    out = copy.deepcopy(data)
+    for o in overrides:
+        node = out
+        for name in o.path[:-1]:
+            if not isinstance(node.get(name), dict):
+                node[name] = {}
+            node = node[name]
+        leaf, value = o.path[-1], copy.deepcopy(o.value)
+        node[leaf] = (
+            _merged(node[leaf], value)
+            if isinstance(value, dict) and isinstance(node.get(leaf), dict)
+            else value
+        )
+    return out
+
+
+def _culprit(loc: Sequence[Any], overrides: Sequence[Override]) -> Override | None:
+    """The last override that set the value at `loc` (or a value inside it, or the section holding it)."""
+    for o in reversed(overrides):
+        n = min(len(o.path), len(loc))
+        if n and tuple(loc[:n]) == o.path[:n]:
+            return o
+    return None
+
+
 def _message(err: Any) -> str:
     msg = str(err["msg"])
     return msg.removeprefix("Value error, ")
@@ -135,6 +400,35 @@ def _message(err: Any) -> str:
 def _where(source: str, root: yaml.Node | None, loc: tuple[Any, ...]) -> str:
     line = line_of(root, loc)
     return f"{source}:{line}" if line else source
+
+
+def _error(
+    exc: ValidationError,
+    source: str,
+    root: yaml.Node | None,
+    overrides: Sequence[Override],
+    prefix: tuple[Any, ...] = (),
+    model: type[BaseModel] | None = None,
+) -> ConfigError:
+    """The first validation error as `file:line: field: reason`, or as `OVERRIDE: reason` when an override
+    set the bad value; an unknown key gets the closest field name."""
+    errors = exc.errors(include_url=False)
+    # A misspelt key also leaves the real one missing: the unknown key is the error worth naming.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc = (*prefix, *err["loc"])
+    msg = _message(err)
+    if err["type"] == "extra_forbidden":
+        hint = suggest(err["loc"], model)
+        if hint:
+            msg += f" (did you mean {field_path((*prefix, *hint.split('.')))}?)"
+    culprit = _culprit(loc, overrides)
+    if culprit is not None:
+        raw = culprit.label.partition("=")[2]
+        if err["type"] == "string_type" and raw and not isinstance(err["input"], (str, dict, list)):
+            msg += f" (YAML reads {raw} as {type(err['input']).__name__}; quote it: --set '{field_path(loc)}=\"{raw}\"')"
+        where = culprit.label if loc == culprit.path else f"{culprit.label}: {field_path(loc)}"
+        return OverrideError(f"{where}: {msg}")
+    return ConfigError(f"{_where(source, root, loc)}: {field_path(loc) or 'config'}: {msg}")
 
 
 def _anchor(task: Task, base: Path) -> Task:
@@ -149,9 +443,11 @@ def _anchor(task: Task, base: Path) -> Task:
 
 
 def parse_config(
-    text: str, source: str = "<config>", base: Path | None = None
+    text: str, source: str = "<config>", base: Path | None = None, overrides: Sequence[Override] = ()
 ) -> tuple[TrainConfig, list[Task]]:
-    """The config and its tasks (validated, uploads anchored at `base`); raises `ConfigError`."""
+    """The config with `overrides` applied, and its tasks (validated, uploads anchored at `base`, or at the
+    current directory when an override set `tasks`); raises `ConfigError`, or `OverrideError` when the bad
+    value came from an override."""
     try:
         data = yaml.safe_load(text)
         root = yaml.compose(text)
@@ -159,52 +455,49 @@ def parse_config(
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source
         raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if data is None and overrides:
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of settings (model, tasks, steps, ...)")
+    data = apply_overrides(data, overrides)
     try:
         config = TrainConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        loc = tuple(err["loc"])
-        raise ConfigError(
-            f"{_where(source, root, loc)}: {field_path(loc) or 'config'}: {_message(err)}"
-        ) from None
-    base = base or Path.cwd()
+        raise _error(exc, source, root, overrides) from None
+    by = _culprit(("tasks",), overrides)
+    base = Path.cwd() if by is not None else (base or Path.cwd())
+    fail = OverrideError if by is not None else ConfigError
+    where = by.label if by is not None else f"{_where(source, root, ('tasks',))}: tasks"
     if isinstance(config.tasks, str):
         try:
             tasks = load_tasks(base / config.tasks)
         except TaskFileError as exc:
-            raise ConfigError(f"{_where(source, root, ('tasks',))}: tasks: {exc}") from None
+            raise fail(f"{where}: {exc}") from None
     else:
         tasks = []
         for i, item in enumerate(config.tasks):
             try:
                 task = Task.model_validate(item)
             except ValidationError as exc:
-                err = exc.errors(include_url=False)[0]
-                loc = ("tasks", i, *err["loc"])
-                raise ConfigError(
-                    f"{_where(source, root, loc)}: {field_path(loc)}: {_message(err)}"
-                ) from None
+                raise _error(exc, source, root, overrides, ("tasks", i), Task) from None
             try:  # the user's own code, relative to this file
                 trust_imports(task, base, locator(source, root, ("tasks", i)))
             except TaskFileError as exc:
-                raise ConfigError(str(exc)) from None
+                raise fail(str(exc)) from None
             tasks.append(_anchor(task, base))
         ids = [t.task_id for t in tasks]
         dupes = sorted({t for t in ids if ids.count(t) > 1})
         if dupes:
-            raise ConfigError(
-                f"{_where(source, root, ('tasks',))}: tasks: duplicate task_id {', '.join(dupes)}"
-            )
+            raise fail(f"{where}: duplicate task_id {', '.join(dupes)}")
     return config, tasks
 
 
-def load_config(path: str | Path) -> tuple[TrainConfig, list[Task]]:
-    """Read and validate a training config file; a task file it names is relative to it."""
+def load_config(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[TrainConfig, list[Task]]:
+    """Read and validate a training config file, with command-line `overrides` applied; a task file it
+    names is relative to it."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
-    return parse_config(text, str(p), p.resolve().parent)
+    return parse_config(text, str(p), p.resolve().parent, overrides)

@@ -3,11 +3,15 @@
 `out/metrics.jsonl` is always written (one JSON object per line, flushed every step, so a crashed run keeps
 what it measured). TensorBoard and W&B are used only when enabled in the config *and* installed; asking for
 one that is missing is an error at start-up, not a silent no-op.
+
+`METRICS` declares every key a record can hold, with its unit and meaning: the writer orders each line by it,
+`polar.docs` renders it as the `metrics.jsonl` reference, and a test fails on a key written but not declared.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,6 +19,87 @@ from typing import Any, Protocol
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """What one metrics key measures: its `unit` and `meaning`, as the reference documents them."""
+
+    unit: str
+    meaning: str
+
+
+# Every key of a metrics line, in the order it is written. A key written without an entry here is an error
+# caught by the tests (`undeclared`), so a new metric cannot ship undocumented.
+METRICS: dict[str, Metric] = {
+    "step": Metric("count", "1-based optimizer step this line describes"),
+    "policy_version": Metric(
+        "version", "policy version the step produced and synced to the policy server (equals `step`)"
+    ),
+    "reward_mean": Metric(
+        "reward", "mean reward over the batch's unmasked trajectories (the evaluator's scale, e.g. 0..1)"
+    ),
+    "pass_rate": Metric(
+        "fraction 0..1",
+        "share of unmasked trajectories that passed: the evaluation's `passed`, else reward >= `pass_threshold`",
+    ),
+    "groups": Metric("count", "task groups in the batch (`batch_groups`)"),
+    "samples": Metric("count", "unmasked trajectories in the batch (masked ones are counted in `masked`)"),
+    "zero_variance_groups": Metric(
+        "count", "groups whose rewards were all equal: every advantage 0, no learning signal"
+    ),
+    "dropped_stale_groups": Metric(
+        "count", "groups dropped since the previous step for being more than `max_staleness` versions old"
+    ),
+    "staleness_mean": Metric(
+        "policy versions",
+        "mean over the batch's groups of (trainer version - oldest version that sampled a token of the group)",
+    ),
+    "staleness_max": Metric("policy versions", "largest staleness of a group in the batch"),
+    "traces": Metric("count", "traces trained on (trainable tokens, behaviour logprobs and a prompt)"),
+    "tokens": Metric("tokens", "prompt + response tokens through the model this step (padding excluded)"),
+    "trainable_tokens": Metric("tokens", "tokens with `loss_mask` 1 in the traces trained on"),
+    "loss": Metric(
+        "-",
+        "the batch's loss at the step (TIS-weighted PPO-clip term plus `kl_coef` x KL), before the update",
+    ),
+    "grad_norm": Metric("L2 norm", "global gradient norm before clipping to `optimizer.grad_clip`"),
+    "clip_fraction": Metric(
+        "fraction 0..1",
+        "trainable tokens whose PPO ratio was clipped; 0 in `polar train`, which takes one optimizer step "
+        "per batch, so the ratio against the policy before the step is 1",
+    ),
+    "kl": Metric(
+        "nats (k3 estimate)", "mean k3 KL to the frozen initial policy; 0 unless `loss.kl_coef` > 0"
+    ),
+    "tis_mean": Metric(
+        "ratio",
+        "mean truncated importance weight min(pi_trainer / pi_behaviour, `tis_cap`) over trainable tokens; "
+        "1 when `tis_cap` is null",
+    ),
+    "logprob_diff": Metric(
+        "nats",
+        "mean |trainer logprob - behaviour logprob| over trainable tokens before the step: sampler/trainer "
+        "mismatch plus staleness",
+    ),
+    "rollout_wait_s": Metric("seconds", "time waiting for a batch of finished, fresh groups"),
+    "train_s": Metric("seconds", "forward, backward and optimizer step"),
+    "sync_s": Metric("seconds", "gateway pause and drain, weight push to the policy server, resume"),
+    "masked": Metric(
+        "count", "masked trajectories in the batch (infrastructure errors, deadline timeouts): not trained"
+    ),
+    "untrainable_traces": Metric(
+        "count", "traces with trainable tokens skipped because they lack behaviour logprobs or a prompt"
+    ),
+    "sync_drained": Metric(
+        "0 or 1", "1 when every in-flight call finished before `drain_timeout_s`; 0 when the drain timed out"
+    ),
+}
+
+
+def undeclared(keys: Iterable[str]) -> list[str]:
+    """The keys not in `METRICS`, in the order given: what a test reports when a metric lacks its doc."""
+    return [k for k in keys if k not in METRICS]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +129,11 @@ class StepMetrics:
     extra: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        """One metrics line: declared keys in `METRICS` order, then any undeclared ones (kept, never lost)."""
         d = asdict(self)
-        extra = d.pop("extra")
-        return {**d, **extra}
+        d.update(d.pop("extra"))
+        ordered = {k: d.pop(k) for k in METRICS if k in d}
+        return {**ordered, **d}
 
 
 class Sink(Protocol):

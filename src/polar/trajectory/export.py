@@ -77,6 +77,7 @@ def rows(
 
 
 def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> int:
+    """Write rows as JSON Lines (one object per line); the number of rows written."""
     n = 0
     with open(path, "wb") as f:
         for row in records:
@@ -87,6 +88,7 @@ def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> int:
 
 
 def row_schema() -> Any:
+    """The pyarrow schema of trace rows: the column types of a Parquet export."""
     import pyarrow as pa
 
     ids = pa.list_(pa.int64())

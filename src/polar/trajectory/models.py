@@ -26,19 +26,40 @@ class TrajectoryStatus(StrEnum):
 
 
 class Trace(BaseModel):
+    """One token sequence: the prompt the policy was given, then response tokens where `loss_mask` marks
+    what the policy sampled (1) and what came from later prompts (0: tool results, template glue)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[Bit]
-    response_logprobs: list[float] | None
-    prompt_messages: list[dict[str, Any]] = Field(default_factory=list)
-    response_messages: list[dict[str, Any]] = Field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
-    finish_reason: str | None = None
-    reward: float | None = None
-    # session_id, completion_ids, seqs, turn_offsets, chain_index, policy_version, ... (see prefix_merging)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    prompt_ids: list[int] = Field(
+        description="The first call's prompt, as the inference server tokenized it."
+    )
+    response_ids: list[int] = Field(
+        description="Everything after the prompt: sampled turns and, between them, tool results and "
+        "template glue from later prompts."
+    )
+    loss_mask: list[Bit] = Field(
+        description="One per response token: 1 = sampled by the policy and trainable, 0 = not."
+    )
+    response_logprobs: list[float] | None = Field(
+        description="One per response token: the behaviour policy's logprob where the mask is 1, 0.0 "
+        "elsewhere; null only for builds with train_without_logprobs."
+    )
+    prompt_messages: list[dict[str, Any]] = Field(
+        default_factory=list, description="The first call's messages (OpenAI Chat form)."
+    )
+    response_messages: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The messages after them: assistant turns (with tool calls), tool results, user turns.",
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="The tools the policy was given (OpenAI Chat form)."
+    )
+    finish_reason: str | None = Field(None, description="How the last call ended: stop, tool_calls, length.")
+    reward: float | None = Field(None, description="The trace's reward (set by the node's reward rules).")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description="Reconstruction details: completion ids, turn offsets, versions."
+    )
 
     @model_validator(mode="after")
     def _aligned(self) -> Trace:
@@ -62,9 +83,16 @@ class Trace(BaseModel):
 
 
 class Trajectory(BaseModel):
+    """One session's traces: the unit a reward and an advantage belong to."""
+
     model_config = ConfigDict(extra="forbid")
 
-    status: TrajectoryStatus = TrajectoryStatus.COMPLETED
-    traces: list[Trace] = Field(default_factory=list)
-    # session_id, strategy, options and the reconstruction stats (calls, chains, breaks, coverage, ...)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    status: TrajectoryStatus = Field(
+        TrajectoryStatus.COMPLETED,
+        description="COMPLETED, TIMEOUT or ERROR (after the reward rules: an unusable evaluation is ERROR).",
+    )
+    traces: list[Trace] = Field(default_factory=list, description="The session's traces, in build order.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="session_id, the build's strategy, options and stats (coverage, ...), rewards.",
+    )
