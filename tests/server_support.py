@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from polar.netguard import OutboundPolicy
 from polar.rollout.server import ServerConfig, create_app
 from polar.rollout.server.callbacks import RetryPolicy
 from polar.serving import ServerThread
@@ -19,6 +20,8 @@ FAST = {
     "refuse_cooldown_s": 0.05,
     "node_timeout_s": 2.0,
     "callbacks": RetryPolicy(attempts=4, backoff_s=0.02, backoff_max_s=0.1, timeout_s=2.0),
+    # Test receivers (callback endpoints, frozen models) listen on loopback, which an operator must allow.
+    "outbound": OutboundPolicy(allow=("127.0.0.1",)),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar.netguard import OutboundPolicy
 from polar.rollout.server.callbacks import RetryPolicy
 
 
@@ -22,3 +23,5 @@ class ServerConfig:
     tick_s: float = 0.5
     callbacks: RetryPolicy = field(default_factory=RetryPolicy)
     max_body_bytes: int = 64 << 20
+    # Where tasks' callback and side-call URLs may point (checked at submit; callbacks again at delivery).
+    outbound: OutboundPolicy = field(default_factory=OutboundPolicy)
