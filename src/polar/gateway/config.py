@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from polar.gateway.backends.base import BackendOptions
+from polar.netguard import OutboundPolicy
 
 BackendKind = Literal["vllm", "sglang", "openai"]
 
@@ -24,6 +25,8 @@ class GatewayConfig:
     reasoning_key: bytes | None = None  # HMAC key of reasoning signatures; default: one kept in the store
     host: str = "127.0.0.1"
     port: int = 8100
+    # Where sessions' side-call routes (task-given URLs) may connect; checked at every connection.
+    outbound: OutboundPolicy = field(default_factory=OutboundPolicy)
 
     def __post_init__(self) -> None:
         if self.backend_kind not in ("vllm", "sglang", "openai"):
