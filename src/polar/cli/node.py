@@ -62,6 +62,7 @@ def node(
     runtime_root: Path | None,
     keep: str,
     control_token: str | None,
+    allow_callback: tuple[str, ...],
     heartbeat_s: float,
     log_level: str,
 ) -> None:
@@ -86,6 +87,7 @@ def node(
             port=port,
             store_path=store_path,
             control_token=control_token,
+            allow_callback=allow_callback,
         )
         extra = {"node_id": node_id} if node_id else {}
         config = NodeConfig(

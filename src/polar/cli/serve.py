@@ -7,7 +7,13 @@ from pathlib import Path
 
 import click
 
-from polar.cli.common import host_port_options, log_level_option, setup_logging
+from polar.cli.common import (
+    allow_callback_option,
+    host_port_options,
+    log_level_option,
+    outbound_policy,
+    setup_logging,
+)
 
 
 @click.command("serve")
@@ -44,6 +50,7 @@ from polar.cli.common import host_port_options, log_level_option, setup_logging
 @click.option(
     "--callback-attempts", default=8, show_default=True, type=int, help="Tries per trainer callback."
 )
+@allow_callback_option
 @log_level_option
 def serve(
     host: str,
@@ -53,13 +60,15 @@ def serve(
     heartbeat_timeout_s: float,
     node_lost_after_s: float,
     callback_attempts: int,
+    allow_callback: tuple[str, ...],
     log_level: str,
 ) -> None:
     """Serve the rollout server: trainers submit tasks, gateway nodes run their sessions.
 
     Each task expands into `num_samples` sessions, placed on the least-loaded healthy node. Finished
     results are kept in the database (a restart loses none and resumes unfinished tasks), posted to the
-    task's `callback_url`, and readable at `GET /rollout/task/{id}`.
+    task's `callback_url`, and readable at `GET /rollout/task/{id}`. Callback and side-call URLs must be
+    public addresses unless `--allow-callback` names them.
 
     \b
     Example:
@@ -91,6 +100,7 @@ def serve(
         heartbeat_timeout_s=heartbeat_timeout_s,
         node_lost_after_s=node_lost_after_s,
         callbacks=RetryPolicy(attempts=callback_attempts),
+        outbound=outbound_policy(allow_callback),
     )
     logging.getLogger("polar").info("rollout server state: %s", db_path.resolve())
     # An open `GET /events` stream would otherwise hold uvicorn's graceful shutdown forever.

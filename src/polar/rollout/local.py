@@ -41,16 +41,20 @@ async def local_stack(
     capacity: int,
     *,
     stop_reason: str = "the local run finished",
+    allow_callback: tuple[str, ...] = (),
 ) -> AsyncIterator[LocalStack]:
-    """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)."""
+    """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`).
+    `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs."""
     from polar.gateway.config import GatewayConfig
+    from polar.netguard import OutboundPolicy
     from polar.rollout.node import Node, NodeConfig
     from polar.rollout.server.app import create_app as create_server
     from polar.rollout.server.config import ServerConfig
     from polar.serving import ServerThread, free_port
 
     out.mkdir(parents=True, exist_ok=True)
-    server = ServerThread(create_server(ServerConfig(db_path=out / "server.db"))).start()
+    outbound = OutboundPolicy(allow=allow_callback)
+    server = ServerThread(create_server(ServerConfig(db_path=out / "server.db", outbound=outbound))).start()
     node = Node(
         NodeConfig(
             gateway=GatewayConfig(
@@ -59,6 +63,7 @@ async def local_stack(
                 served_model=model,
                 store_path=out / "gateway.db",
                 port=free_port(),
+                outbound=outbound,
             ),
             capacity=capacity,
             run_workers=capacity,
