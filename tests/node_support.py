@@ -12,6 +12,7 @@ from typing import Any
 
 from polar.gateway.backends.base import BackendOptions
 from polar.gateway.config import GatewayConfig
+from polar.netguard import OutboundPolicy
 from polar.rollout.node import Node, NodeConfig
 from polar.rollout.protocol import SessionSpec
 from polar.rollout.task import Task
@@ -52,6 +53,8 @@ async def running_node(backend_url: str, tmp_path: Path, **overrides: Any) -> As
         backend=BackendOptions(retries=0, timeout_s=30.0),
         port=0,
         control_token=overrides.pop("control_token", TOKEN),  # the test servers' token: nodes register
+        # Frozen side-call models in tests listen on loopback, which an operator must allow.
+        outbound=overrides.pop("outbound", OutboundPolicy(allow=("127.0.0.1",))),
     )
     defaults: dict[str, Any] = {"runtime_root": tmp_path / "runtimes", "node_id": "node-test"}
     node = Node(NodeConfig(gateway=gateway, **(defaults | overrides)))

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from polar.auth import bearer, new_token
+from polar.netguard import OutboundPolicy
 from polar.rollout.protocol import RESULT_TOKEN_HEADER, SessionSpec
 from polar.rollout.server import ServerConfig, create_app
 from polar.rollout.server.callbacks import RetryPolicy
@@ -30,6 +31,8 @@ FAST = {
     "refuse_cooldown_s": 0.05,
     "node_timeout_s": 2.0,
     "callbacks": RetryPolicy(attempts=4, backoff_s=0.02, backoff_max_s=0.1, timeout_s=2.0),
+    # Test receivers (callback endpoints, frozen models) listen on loopback, which an operator must allow.
+    "outbound": OutboundPolicy(allow=("127.0.0.1",)),
 }
 
 

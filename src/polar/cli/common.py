@@ -12,6 +12,7 @@ from rich.logging import RichHandler
 
 if TYPE_CHECKING:
     from polar.gateway.config import GatewayConfig
+    from polar.netguard import OutboundPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,6 +43,30 @@ def log_level_option(f: F) -> F:
         show_default=True,
         type=click.Choice(["debug", "info", "warning", "error"]),
     )(f)
+
+
+def allow_callback_option(f: F) -> F:
+    """`--allow-callback`, repeatable: where task-given URLs (callbacks, side-call backends) may point
+    beyond public addresses (see `polar.netguard`)."""
+    return click.option(
+        "--allow-callback",
+        "allow_callback",
+        multiple=True,
+        metavar="HOST_OR_CIDR",
+        help="Let task callback and side-call URLs reach this IP, CIDR or host name although it is not a "
+        "public address (e.g. 127.0.0.1, 10.0.0.0/8, trainer.internal); repeatable. Link-local and cloud "
+        "metadata addresses stay refused.",
+    )(f)
+
+
+def outbound_policy(allow_callback: tuple[str, ...], hint: str = "--allow-callback") -> OutboundPolicy:
+    """The `OutboundPolicy` of `--allow-callback` entries; a bad entry is a usage error."""
+    from polar.netguard import OutboundPolicy
+
+    try:
+        return OutboundPolicy(allow=tuple(allow_callback))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
 
 
 def host_port_options(port: int) -> Callable[[F], F]:
@@ -132,6 +157,7 @@ def gateway_options(*, port: int) -> Callable[[F], F]:
                     help="The control listener's port (0: any free one).",
                 ),
                 token_file_option,
+                allow_callback_option,
             ],
         )
 
@@ -149,11 +175,13 @@ def build_gateway_config(
     control_token: str,
     control_host: str,
     control_port: int,
+    allow_callback: tuple[str, ...] = (),
     **extra: Any,
 ) -> GatewayConfig:
     """A `GatewayConfig` from `gateway_options` (plus `extra` fields); a bad value is a usage error."""
     from polar.gateway.config import GatewayConfig
 
+    outbound = outbound_policy(allow_callback)
     try:
         return GatewayConfig(
             backend_url=backend_url,
@@ -165,6 +193,7 @@ def build_gateway_config(
             port=port,
             control_host=control_host,
             control_port=control_port,
+            outbound=outbound,
             **extra,
         )
     except ValueError as exc:

@@ -79,7 +79,8 @@ def _summary(counts: dict[str, Any]) -> Table:
               show_default=True)  # fmt: skip
 def generate(
     taskfile: Path, backend_url: str | None, backend_kind: str, model: str | None, policy: str | None,
-    out: Path, capacity: int, statuses: tuple[str, ...], min_reward: float | None, fmt: str,
+    out: Path, capacity: int, allow_callback: tuple[str, ...], statuses: tuple[str, ...],
+    min_reward: float | None, fmt: str,
 ) -> None:  # fmt: skip
     """Run TASKFILE, keep the sessions that pass the filter, and export them as training data.
 
@@ -96,7 +97,9 @@ def generate(
     from polar.train.export import Filter
 
     console = Console()
-    results = run_taskfile(taskfile, backend_url, backend_kind, model, policy, out, capacity, console)
+    results = run_taskfile(
+        taskfile, backend_url, backend_kind, model, policy, out, capacity, console, allow_callback
+    )
     keep = Filter(statuses=statuses, min_reward=min_reward)
     formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
     counts = write_outputs(results, keep, out, formats)

@@ -78,6 +78,7 @@ def node(
     runtime_root: Path | None,
     keep: str,
     plugins: tuple[str, ...],
+    allow_callback: tuple[str, ...],
     heartbeat_s: float,
     log_level: str,
 ) -> None:
@@ -109,6 +110,7 @@ def node(
             control_token=resolve_token(token_file, create=True),
             control_host=control_host,
             control_port=control_port,
+            allow_callback=allow_callback,
         )
         extra = {"node_id": node_id} if node_id else {}
         config = NodeConfig(

@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar.cli.common import allow_callback_option, outbound_policy
+
 STAGES = ("INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING")
 
 
@@ -53,6 +55,7 @@ async def _run(
     model: str | None,
     capacity: int,
     console: Console,
+    allow_callback: tuple[str, ...] = (),
 ) -> list[Any]:
     from polar.client import RolloutClient
     from polar.rollout.local import local_stack
@@ -67,7 +70,13 @@ async def _run(
         console=console,
     )
     async with local_stack(
-        out, backend_url, backend_kind, model, capacity, stop_reason="polar run finished"
+        out,
+        backend_url,
+        backend_kind,
+        model,
+        capacity,
+        stop_reason="polar run finished",
+        allow_callback=allow_callback,
     ) as stack:
         node = stack.node
         with progress, open(out / "results.jsonl", "wb") as sink:
@@ -114,6 +123,7 @@ def rollout_options(default_out: str) -> Any:
                          type=click.Path(path_type=Path, file_okay=False)),
             click.option("--capacity", default=4, show_default=True, type=int,
                          help="Sessions the node runs at once."),
+            allow_callback_option,
         ]  # fmt: skip
         for option in reversed(options):
             fn = option(fn)
@@ -131,6 +141,7 @@ def run_taskfile(
     out: Path,
     capacity: int,
     console: Console,
+    allow_callback: tuple[str, ...] = (),
 ) -> list[Any]:
     """Load TASKFILE (errors at file:line), start the embedded engine unless a backend is given, run every
     session through a local server and node, and return the results."""
@@ -142,6 +153,7 @@ def run_taskfile(
         raise click.ClickException(str(exc)) from None
     if capacity < 1:
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
+    outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         if backend_url is None:
@@ -151,7 +163,9 @@ def run_taskfile(
                 engine, engine_server = stack.enter_context(embedded_engine(policy))
             backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
             console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
-        return asyncio.run(_run(tasks, out, backend_url, backend_kind, model, capacity, console))
+        return asyncio.run(
+            _run(tasks, out, backend_url, backend_kind, model, capacity, console, allow_callback)
+        )
 
 
 @click.command("run")
@@ -165,6 +179,7 @@ def run(
     policy: str | None,
     out: Path,
     capacity: int,
+    allow_callback: tuple[str, ...],
 ) -> None:
     """Run every task in TASKFILE end to end on this machine and write the results.
 
@@ -176,6 +191,8 @@ def run(
       polar run examples/tasks.yaml --out polar-run
     """
     console = Console()
-    results = run_taskfile(taskfile, backend_url, backend_kind, model, policy, out, capacity, console)
+    results = run_taskfile(
+        taskfile, backend_url, backend_kind, model, policy, out, capacity, console, allow_callback
+    )
     console.print(_summary(results))
     console.print(f"results: {out / 'results.jsonl'}   records: {out / 'gateway.db'}")

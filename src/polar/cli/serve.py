@@ -8,9 +8,11 @@ from pathlib import Path
 import click
 
 from polar.cli.common import (
+    allow_callback_option,
     allow_plugins,
     host_port_options,
     log_level_option,
+    outbound_policy,
     plugin_option,
     resolve_token,
     setup_logging,
@@ -53,6 +55,7 @@ from polar.cli.common import (
     "--callback-attempts", default=8, show_default=True, type=int, help="Tries per trainer callback."
 )
 @plugin_option
+@allow_callback_option
 @token_file_option
 @log_level_option
 def serve(
@@ -64,6 +67,7 @@ def serve(
     node_lost_after_s: float,
     callback_attempts: int,
     plugins: tuple[str, ...],
+    allow_callback: tuple[str, ...],
     token_file: Path | None,
     log_level: str,
 ) -> None:
@@ -71,9 +75,10 @@ def serve(
 
     Each task expands into `num_samples` sessions, placed on the least-loaded healthy node. Finished
     results are kept in the database (a restart loses none and resumes unfinished tasks), posted to the
-    task's `callback_url`, and readable at `GET /rollout/task/{id}`. Every route but /health needs the
-    control token (Authorization: Bearer): POLAR_TOKEN, --token-file, or ~/.config/polar/token, which is
-    written on first start when none is set; nodes and `polar submit` on this machine then find it.
+    task's `callback_url`, and readable at `GET /rollout/task/{id}`. Callback and side-call URLs must be
+    public addresses unless `--allow-callback` names them. Every route but /health needs the control
+    token (Authorization: Bearer): POLAR_TOKEN, --token-file, or ~/.config/polar/token, which is written on
+    first start when none is set; nodes and `polar submit` on this machine then find it.
 
     \b
     Example:
@@ -107,6 +112,7 @@ def serve(
         node_lost_after_s=node_lost_after_s,
         callbacks=RetryPolicy(attempts=callback_attempts),
         token=resolve_token(token_file, create=True),
+        outbound=outbound_policy(allow_callback),
     )
     logging.getLogger("polar").info("rollout server state: %s", db_path.resolve())
     # An open `GET /events` stream would otherwise hold uvicorn's graceful shutdown forever.

@@ -311,6 +311,7 @@ def create_app(config: GatewayConfig) -> GatewayApp:
                 writer=writer,
                 codec=ReasoningCodec(_reasoning_key(config, reader)),
                 max_body_bytes=config.max_body_bytes,
+                outbound=config.outbound,
             )
             log.info("gateway serving %s from %s backend at %s", served, backend.kind, backend.url)
             yield

@@ -8,6 +8,7 @@ from typing import Literal
 
 from polar.auth import MIN_TOKEN_CHARS, new_token
 from polar.gateway.backends.base import BackendOptions
+from polar.netguard import OutboundPolicy
 
 BackendKind = Literal["vllm", "sglang", "openai"]
 
@@ -29,6 +30,8 @@ class GatewayConfig:
     port: int = 8100
     control_host: str = "127.0.0.1"  # the control plane: never reachable from a session's sandbox
     control_port: int = 0  # 0: any free port
+    # Where sessions' side-call routes (task-given URLs) may connect; checked at every connection.
+    outbound: OutboundPolicy = field(default_factory=OutboundPolicy)
 
     def __post_init__(self) -> None:
         if self.backend_kind not in ("vllm", "sglang", "openai"):

@@ -27,6 +27,7 @@ from polar.gateway.quirks import apply_quirks
 from polar.gateway.routing import FLAG_ROUTED, SIDE_CALL, SideRoute, provisional_record
 from polar.gateway.sessions import SessionRegistry, SessionState
 from polar.gateway.signatures import ReasoningCodec
+from polar.netguard import OutboundPolicy
 from polar.store.records import CompletionRecord, FailureRecord
 from polar.store.writer import AsyncWriter
 
@@ -122,6 +123,7 @@ class Proxy:
         writer: AsyncWriter,
         codec: ReasoningCodec,
         max_body_bytes: int,
+        outbound: OutboundPolicy | None = None,
     ) -> None:
         self.backend = backend
         self.served_model = served_model
@@ -130,13 +132,15 @@ class Proxy:
         self.codec = codec
         self.max_body_bytes = max_body_bytes
         self.gate = Gate()
+        # Side-call routes name task-given URLs: their connections go through this policy.
+        self.outbound = outbound or OutboundPolicy()
         # Frozen backends for routed side calls, one per (kind, url), opened on first use.
         self._side_backends: dict[tuple[str, str], Backend] = {}
         self._side_lock = asyncio.Lock()
 
     async def side_backend(self, route: SideRoute) -> Backend:
         """The (cached, started) client of a route's frozen backend, with the policy backend's timeouts
-        and retries but not its API key."""
+        and retries but not its API key, connecting only where the outbound policy allows."""
         key = (route.kind, route.url)
         backend = self._side_backends.get(key)
         if backend is not None:
@@ -145,7 +149,9 @@ class Proxy:
             backend = self._side_backends.get(key)
             if backend is None:
                 options = getattr(self.backend, "options", None) or BackendOptions()
-                backend = make_backend(route.kind, route.url, replace(options, api_key=None))
+                backend = make_backend(
+                    route.kind, route.url, replace(options, api_key=None, outbound=self.outbound)
+                )
                 await backend.start()
                 self._side_backends[key] = backend
         return backend

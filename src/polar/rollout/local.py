@@ -50,10 +50,13 @@ async def local_stack(
     capacity: int,
     *,
     stop_reason: str = "the local run finished",
+    allow_callback: tuple[str, ...] = (),
 ) -> AsyncIterator[LocalStack]:
-    """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)."""
+    """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`).
+    `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs."""
     from polar.auth import new_token
     from polar.gateway.config import GatewayConfig
+    from polar.netguard import OutboundPolicy
     from polar.rollout.node import Node, NodeConfig
     from polar.rollout.server.app import create_app as create_server
     from polar.rollout.server.config import ServerConfig
@@ -61,7 +64,9 @@ async def local_stack(
 
     out.mkdir(parents=True, exist_ok=True)
     token = new_token()
-    server = ServerThread(create_server(ServerConfig(db_path=out / "server.db", token=token))).start()
+    outbound = OutboundPolicy(allow=allow_callback)
+    server_config = ServerConfig(db_path=out / "server.db", token=token, outbound=outbound)
+    server = ServerThread(create_server(server_config)).start()
     node = Node(
         NodeConfig(
             gateway=GatewayConfig(
@@ -71,6 +76,7 @@ async def local_stack(
                 store_path=out / "gateway.db",
                 port=free_port(),
                 control_token=token,
+                outbound=outbound,
             ),
             capacity=capacity,
             run_workers=capacity,

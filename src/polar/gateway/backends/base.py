@@ -29,11 +29,15 @@ from polar.gateway.canonical import (
     ToolCall,
 )
 from polar.gateway.errors import GatewayError
+from polar.netguard import OutboundPolicy
 
 
 @dataclass(frozen=True, slots=True)
 class BackendOptions:
-    """Connection settings of one upstream. `retries` counts extra attempts after the first one."""
+    """Connection settings of one upstream. `retries` counts extra attempts after the first one.
+
+    `outbound`: None for the operator's own policy server; an `OutboundPolicy` for a URL a task named (a
+    side call's frozen backend), so every connection to it is checked (`polar.netguard`)."""
 
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
@@ -41,6 +45,7 @@ class BackendOptions:
     retries: int = 2
     retry_backoff_s: float = 0.25
     api_key: str | None = None
+    outbound: OutboundPolicy | None = None
 
 
 class Backend(Protocol):

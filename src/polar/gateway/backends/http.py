@@ -7,7 +7,7 @@ times cheaper than aiohttp's stdlib-json helpers.
 Retries are only for failures where the server certainly did not produce an answer we could use: a connection
 that could not be made or was dropped, and 502/503/504 (a proxy or a server that is starting or overloaded).
 A 4xx is the request's fault and is never retried; a timeout is not retried either, since the call already
-used its whole budget.
+used its whole budget. A destination the options' `OutboundPolicy` refuses is not retried either.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import orjson
 
 from polar.gateway.backends.base import BackendOptions
 from polar.gateway.errors import GatewayError
+from polar.netguard import OutboundRefused, guarded_session
 
 _RETRY_STATUS = frozenset((502, 503, 504))
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -41,21 +42,24 @@ class UpstreamClient:
         if self._session is not None and not self._session.closed:
             return
         o = self.options
-        connector = aiohttp.TCPConnector(
-            limit=o.max_connections,
-            limit_per_host=o.max_connections,
+        connector: dict[str, Any] = {
+            "limit": o.max_connections,
+            "limit_per_host": o.max_connections,
             # vLLM (VLLM_HTTP_TIMEOUT_KEEP_ALIVE) and SGLang serve through uvicorn, which closes idle keep-alive
             # connections after 5 s by default; letting go first avoids reusing one the server is closing.
-            keepalive_timeout=4.0,
-            ttl_dns_cache=300,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=o.timeout_s, sock_connect=o.connect_timeout_s),
+            "keepalive_timeout": 4.0,
+            "ttl_dns_cache": 300,
+        }
+        session: dict[str, Any] = {
+            "timeout": aiohttp.ClientTimeout(total=o.timeout_s, sock_connect=o.connect_timeout_s),
             # No cookies: every call stands alone, and the jar costs time per response.
-            cookie_jar=aiohttp.DummyCookieJar(),
-            headers=self._headers,
-        )
+            "cookie_jar": aiohttp.DummyCookieJar(),
+            "headers": self._headers,
+        }
+        if o.outbound is not None:
+            self._session = guarded_session(o.outbound, connector=connector, **session)
+        else:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(**connector), **session)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -88,6 +92,10 @@ class UpstreamClient:
                 async with self._session.request(method, url, data=payload, allow_redirects=False) as resp:
                     raw = await resp.read()
                     status = resp.status
+            except OutboundRefused as e:
+                raise GatewayError(
+                    "upstream_error", f"inference server at {self.base_url} is not allowed: {e}"
+                ) from None
             except TimeoutError:
                 # aiohttp's ServerTimeoutError/ConnectionTimeoutError are TimeoutError subclasses too.
                 raise GatewayError(

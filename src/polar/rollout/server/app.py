@@ -39,7 +39,7 @@ from polar.rollout.server.events import sse_stream
 from polar.rollout.server.scheduler import is_healthy
 from polar.rollout.server.security import client_of
 from polar.rollout.server.service import RolloutService
-from polar.rollout.server.validate import SubmitError, check_task
+from polar.rollout.server.validate import SubmitError, check_outbound, check_task
 from polar.rollout.task import Task
 
 log = logging.getLogger("polar.server")
@@ -122,6 +122,7 @@ async def submit(request: Request) -> Response:
     if not isinstance(items, list) or not items:
         raise HTTPError(400, "tasks must be a non-empty list", "tasks")
     tasks: list[Task] = []
+    located: list[tuple[Task, str]] = []
     for i, item in enumerate(items):
         where = "" if prefix is None else f"{prefix}[{i}]"
         task = _model(Task, item, where)
@@ -130,6 +131,11 @@ async def submit(request: Request) -> Response:
         except SubmitError as err:
             raise HTTPError(400, err.message, err.param) from None
         tasks.append(task)
+        located.append((task, f"{where}." if where else ""))
+    try:
+        await check_outbound(located, _svc(request).config.outbound)
+    except SubmitError as err:
+        raise HTTPError(400, err.message, err.param) from None
     ids = [t.task_id for t in tasks]
     dupes = sorted({t for t in ids if ids.count(t) > 1})
     if dupes:

@@ -5,6 +5,10 @@ Callbacks are queued in the store in the same transaction as the result they car
 delivery. Delivery runs in its own tasks: a callback URL that is down, slow or answers 500 costs its own
 retries and nothing else; when the attempts run out the callback is recorded as `failed` with the last
 error (visible in `GET /rollout/task/{id}`), and the result stays available by polling.
+
+The URL is the task submitter's, so every connection goes through the server's `OutboundPolicy`
+(`polar.netguard`), resolved again at delivery, and redirects are never followed. A refused destination
+fails the callback at once (no retries: retrying would only probe it again) with the reason.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import logging
 import time
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 
+from polar.netguard import OutboundPolicy, OutboundRefused, guarded_session
 from polar.rollout.server.events import EventBus
 from polar.rollout.server.store import CallbackRow, ServerStore
 
@@ -36,12 +41,18 @@ class RetryPolicy:
 
 class CallbackDeliverer:
     def __init__(
-        self, store: ServerStore, events: EventBus, policy: RetryPolicy, concurrency: int = 16
+        self,
+        store: ServerStore,
+        events: EventBus,
+        policy: RetryPolicy,
+        concurrency: int = 16,
+        outbound: OutboundPolicy | None = None,
     ) -> None:
         self.store = store
         self.events = events
         self.policy = policy
-        self._client = httpx.AsyncClient(timeout=policy.timeout_s)
+        self.outbound = outbound or OutboundPolicy()
+        self._client: aiohttp.ClientSession | None = None  # opened on the loop, in start()
         self._sem = asyncio.Semaphore(concurrency)
         self._busy: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -49,6 +60,12 @@ class CallbackDeliverer:
         self._loop: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        self._client = guarded_session(
+            self.outbound,
+            connector={"limit": 0},  # the semaphore bounds concurrency
+            timeout=aiohttp.ClientTimeout(total=self.policy.timeout_s),
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
         self._loop = asyncio.create_task(self._run(), name="polar-callbacks")
 
     def wake(self) -> None:
@@ -62,7 +79,8 @@ class CallbackDeliverer:
             if task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-        await self._client.aclose()
+        if self._client is not None:
+            await self._client.close()
 
     async def _run(self) -> None:
         while True:
@@ -81,11 +99,11 @@ class CallbackDeliverer:
     async def _deliver(self, cb: CallbackRow) -> None:
         try:
             async with self._sem:
-                error = await self._post(cb)
+                error, refused = await self._post(cb)
             attempts = cb.attempts + 1
             if error is None:
                 self.store.callback_attempt(cb.id, "delivered", None, time.time())
-            elif attempts >= self.policy.attempts:
+            elif refused or attempts >= self.policy.attempts:
                 self.store.callback_attempt(cb.id, "failed", error, time.time())
                 log.warning("callback to %s gave up after %d attempts: %s", cb.url, attempts, error)
                 self.events.publish(
@@ -99,14 +117,20 @@ class CallbackDeliverer:
             self._busy.discard(cb.id)
             self._wake.set()
 
-    async def _post(self, cb: CallbackRow) -> str | None:
-        """One attempt; the error text, or None when the trainer acknowledged with a 2xx."""
+    async def _post(self, cb: CallbackRow) -> tuple[str | None, bool]:
+        """One attempt: (the error text, or None when the trainer acknowledged with a 2xx; whether the
+        outbound policy refused the destination)."""
+        if self._client is None:
+            return "the callback deliverer is not started", False
         try:
-            r = await self._client.post(
-                cb.url, content=cb.payload, headers={"content-type": "application/json"}
-            )
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if 200 <= r.status_code < 300:
-            return None
-        return f"HTTP {r.status_code}: {r.text[:200]}"
+            async with self._client.post(
+                cb.url, data=cb.payload, headers={"content-type": "application/json"}, allow_redirects=False
+            ) as r:
+                if 200 <= r.status < 300:
+                    return None, False
+                body = await r.content.read(200)
+                return f"HTTP {r.status}: {body.decode('utf-8', errors='replace')}", False
+        except OutboundRefused as exc:
+            return f"refused by the outbound policy: {exc}", True
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__), False

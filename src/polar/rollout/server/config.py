@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar.auth import MIN_TOKEN_CHARS, new_token
+from polar.netguard import OutboundPolicy
 from polar.rollout.server.callbacks import RetryPolicy
 
 
@@ -23,6 +24,8 @@ class ServerConfig:
     tick_s: float = 0.5
     callbacks: RetryPolicy = field(default_factory=RetryPolicy)
     max_body_bytes: int = 64 << 20
+    # Where tasks' callback and side-call URLs may point (checked at submit; callbacks again at delivery).
+    outbound: OutboundPolicy = field(default_factory=OutboundPolicy)
     # The deployment's control token (`polar.auth`): every route but /health needs it, and the server sends
     # it to nodes. A random one when not given, so a server is never open.
     token: str = field(default_factory=new_token)

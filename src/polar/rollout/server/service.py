@@ -48,7 +48,9 @@ class RolloutService:
         self.store.unconfirm()  # results nodes could not deliver while we were down: ask for them
         self.events = EventBus()
         self.link = NodeLink(config.node_timeout_s, config.token)
-        self.deliverer = CallbackDeliverer(self.store, self.events, config.callbacks)
+        self.deliverer = CallbackDeliverer(
+            self.store, self.events, config.callbacks, outbound=config.outbound
+        )
         self.dispatcher = Dispatcher(
             self.store,
             self.link,

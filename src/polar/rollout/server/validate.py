@@ -11,10 +11,13 @@ with the reason and the server records it as ERROR.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from polar.evaluate.registry import evaluator_names, fresh_runtime_wanted, get_evaluator
 from polar.harness.registry import get_harness, harness_names
+from polar.netguard import OutboundPolicy, OutboundRefused
 from polar.rollout.task import Task
 from polar.trajectory import get_builder
 
@@ -70,3 +73,25 @@ def check_task(task: Task, prefix: str = "") -> None:
             f"early_stop_min_usable ({task.early_stop_min_usable}) exceeds num_samples ({task.num_samples})",
             f"{prefix}early_stop_min_usable",
         )
+
+
+async def check_outbound(tasks: Sequence[tuple[Task, str]], policy: OutboundPolicy) -> None:
+    """The tasks' callback and side-call URLs against the server's outbound policy (`polar.netguard`),
+    resolved now: SubmitError names the first refused field and says why. Each distinct URL is resolved
+    once per submission (a batch usually shares one callback URL)."""
+    fields: list[tuple[str, str]] = []
+    for task, prefix in tasks:
+        side = task.agent.side_call_backend
+        if side is not None:
+            fields.append((f"{prefix}agent.side_call_backend.url", side.url))
+        if task.callback_url is not None:
+            fields.append((f"{prefix}callback_url", task.callback_url))
+    urls = list(dict.fromkeys(url for _, url in fields))
+    outcomes = await asyncio.gather(*(policy.vet(url) for url in urls), return_exceptions=True)
+    refused = dict(zip(urls, outcomes, strict=True))
+    for name, url in fields:
+        err = refused[url]
+        if isinstance(err, OutboundRefused):
+            raise SubmitError(f"{name}: {url!r} is refused: {err}", name)
+        if isinstance(err, BaseException):
+            raise err
