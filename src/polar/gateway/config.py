@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from polar.gateway.backends.base import BackendOptions
+from polar.limits import DEFAULT_BODY_TIMEOUT_S
 
 BackendKind = Literal["vllm", "sglang", "openai"]
 
@@ -20,6 +21,7 @@ class GatewayConfig:
     durability: Literal["normal", "full"] = "normal"
     control_token: str | None = None  # when set, /sessions and /admin need `Authorization: Bearer <token>`
     max_body_bytes: int = 32 << 20
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body not received whole by then is refused (408)
     backend: BackendOptions = field(default_factory=BackendOptions)
     reasoning_key: bytes | None = None  # HMAC key of reasoning signatures; default: one kept in the store
     host: str = "127.0.0.1"
@@ -32,3 +34,5 @@ class GatewayConfig:
             raise ValueError(f"backend_url must be an http(s) URL, not {self.backend_url!r}")
         if self.max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
+        if not self.body_timeout_s > 0:
+            raise ValueError("body_timeout_s must be positive")
