@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar.limits import DEFAULT_BODY_TIMEOUT_S
 from polar.rollout.server.callbacks import RetryPolicy
 
 
@@ -22,3 +23,4 @@ class ServerConfig:
     tick_s: float = 0.5
     callbacks: RetryPolicy = field(default_factory=RetryPolicy)
     max_body_bytes: int = 64 << 20
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body not received whole by then is refused (408)
