@@ -16,6 +16,8 @@ from typing import Any
 
 import uvicorn
 
+from polar.http_server import http_protocol
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -29,7 +31,7 @@ class ServerThread:
     def __init__(self, app: Any, port: int | None = None, **uvicorn_kwargs: Any) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        kwargs: dict[str, Any] = {"log_level": "warning", "lifespan": "on"}
+        kwargs: dict[str, Any] = {"log_level": "warning", "lifespan": "on", "http": http_protocol()}
         kwargs.update(uvicorn_kwargs)
         self.config = uvicorn.Config(app, host="127.0.0.1", port=self.port, **kwargs)
         self.server = uvicorn.Server(self.config)

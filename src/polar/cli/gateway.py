@@ -72,6 +72,7 @@ def gateway(
 
     from polar.gateway.app import create_app
     from polar.gateway.backends.base import BackendOptions
+    from polar.http_server import http_protocol
 
     setup_logging(log_level)
     config = build_gateway_config(
@@ -89,5 +90,11 @@ def gateway(
     logging.getLogger("polar").info("store: %s", store_path.resolve())
     # No proxy-headers middleware: nothing sits in front of a gateway, and it costs time on every call.
     uvicorn.run(
-        create_app(config), host=host, port=port, log_level=log_level, access_log=False, proxy_headers=False
+        create_app(config),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        proxy_headers=False,
+        http=http_protocol(),
     )

@@ -14,6 +14,8 @@ from typing import Any
 
 import uvicorn
 
+from polar.http_server import http_protocol
+
 
 class _Server(uvicorn.Server):
     @contextlib.contextmanager
@@ -49,7 +51,10 @@ class EmbeddedServer:
             sock.close()
             raise
         self.url, self.public_url = urls(self.host, sock.getsockname()[1])
-        server = _Server(uvicorn.Config(self.app, log_level="warning", lifespan="on", access_log=False))
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="on", access_log=False, http=http_protocol()
+        )
+        server = _Server(config)
         self._task = asyncio.create_task(self._serve(server, sock))
         while not server.started:
             if self._task.done():
