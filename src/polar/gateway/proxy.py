@@ -284,7 +284,10 @@ class Proxy:
                 # The harness asked for an SSE stream: answer in its grammar, with the dialect's error event.
                 # (Gemini's JSON-array stream is one JSON document, so its errors stay plain JSON.)
                 return Response(
-                    dialect.stream_error(err), media_type="text/event-stream", headers=SSE_HEADERS
+                    dialect.stream_error(err),
+                    status_code=dialect.stream_error_status(err),
+                    media_type="text/event-stream",
+                    headers=SSE_HEADERS,
                 )
             return error_response(dialect, err)
         if not req.stream:

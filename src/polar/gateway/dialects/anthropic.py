@@ -214,6 +214,9 @@ class AnthropicDialect:
     def stream_error(self, err: GatewayError) -> bytes:
         return sse(orjson.dumps(self.error(err)[1]), "error")
 
+    def stream_error_status(self, err: GatewayError) -> int:
+        return 200
+
 
 # ---- request conversion helpers ---------------------------------------------------------------------
 

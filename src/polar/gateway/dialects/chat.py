@@ -131,6 +131,9 @@ class ChatDialect:
         # `Stream.__stream__`); `[DONE]` then closes the stream for clients that keep reading.
         return b"data: " + orjson.dumps({"error": _error_object(err)}) + b"\n\n" + _DONE
 
+    def stream_error_status(self, err: GatewayError) -> int:
+        return 200
+
 
 class ChatChunkWriter:
     """Writes `chat.completion.chunk` SSE frames, one method per kind of delta.
