@@ -665,10 +665,13 @@ def test_context_length_wording() -> None:
 
 
 def test_stream_error_frame() -> None:
-    """A bare JSON line: @google/genai (JS 1.52.0, Pi 0.73.1) reads a `data:` error event as an empty answer."""
-    frame = D.stream_error(GatewayError("overloaded", "paused"))
-    assert not frame.startswith(b"data:") and frame.endswith(b"}\n")
-    assert orjson.loads(frame) == {"error": {"code": 503, "message": "paused", "status": "UNAVAILABLE"}}
+    """One SSE event, sent with the error's own status: @google/genai (JS 1.52.0, Pi 0.73.1) reads a `data:`
+    error event on a 200 as an empty answer, but raises on any non-2xx status before reading the stream."""
+    err = GatewayError("overloaded", "paused")
+    frame = D.stream_error(err)
+    assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+    assert orjson.loads(frame[6:]) == {"error": {"code": 503, "message": "paused", "status": "UNAVAILABLE"}}
+    assert D.stream_error_status(err) == 503
 
 
 def test_parse_does_not_mutate_the_body() -> None:

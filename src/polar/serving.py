@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 import uvicorn
 
+from polar.http_server import http_protocol
+
 Lifespan = Literal["auto", "on", "off"]
 
 
@@ -56,7 +58,8 @@ class EmbeddedServer:
     def __init__(self, app: Any, host: str, port: int, *, lifespan: Lifespan = "on", **config: Any) -> None:
         self.app, self.host, self.port = app, host, port
         self.lifespan = lifespan
-        self.config = {"log_level": "warning", "access_log": False, **config}
+        # JSON errors for malformed HTTP (polar.http_server), like every other answer polar gives.
+        self.config = {"log_level": "warning", "access_log": False, "http": http_protocol(), **config}
         self.url = ""
         self.public_url = ""
         self._server: _Server | None = None

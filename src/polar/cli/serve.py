@@ -88,6 +88,7 @@ def serve(
     """
     import uvicorn
 
+    from polar.http_server import http_protocol
     from polar.rollout.server import ServerConfig, create_app
     from polar.rollout.server.callbacks import RetryPolicy
 
@@ -123,4 +124,5 @@ def serve(
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=3,
+        http=http_protocol(),
     )

@@ -66,6 +66,7 @@ def serve_model(
     import uvicorn
 
     from polar.engine import Engine, EngineConfig, create_engine_app
+    from polar.http_server import http_protocol
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = EngineConfig(
@@ -96,4 +97,6 @@ def serve_model(
         err=True,
     )
     app = create_engine_app(engine, manage_engine=True)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), access_log=False)
+    uvicorn.run(
+        app, host=host, port=port, log_level=log_level.lower(), access_log=False, http=http_protocol()
+    )

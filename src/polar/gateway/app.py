@@ -79,7 +79,7 @@ async def count_tokens(request: Request) -> Response:
     proxy = _proxy(request)
     try:
         proxy.authenticate(request)
-        body = await read_json(request, proxy.max_body_bytes)
+        body = await read_json(request, proxy.max_body_bytes, proxy.body_timeout_s)
         req = ANTHROPIC.parse_count_tokens(body, proxy.codec)
         n = await proxy.backend.count_tokens(req, proxy.served_model)
     except GatewayError as err:
@@ -104,7 +104,7 @@ async def gemini(request: Request) -> Response:
     if method == "countTokens":
         try:
             proxy.authenticate(request)
-            body = await read_json(request, proxy.max_body_bytes)
+            body = await read_json(request, proxy.max_body_bytes, proxy.body_timeout_s)
             # countTokens takes either a bare `contents` list or a whole `generateContentRequest`.
             if isinstance(body, dict) and isinstance(body.get("generateContentRequest"), dict):
                 body = body["generateContentRequest"]
@@ -312,6 +312,7 @@ def create_app(config: GatewayConfig) -> GatewayApp:
                 codec=ReasoningCodec(_reasoning_key(config, reader)),
                 max_body_bytes=config.max_body_bytes,
                 outbound=config.outbound,
+                body_timeout_s=config.body_timeout_s,
             )
             log.info("gateway serving %s from %s backend at %s", served, backend.kind, backend.url)
             yield

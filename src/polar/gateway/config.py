@@ -8,6 +8,7 @@ from typing import Literal
 
 from polar.auth import MIN_TOKEN_CHARS, new_token
 from polar.gateway.backends.base import BackendOptions
+from polar.limits import DEFAULT_BODY_TIMEOUT_S
 from polar.netguard import OutboundPolicy
 
 BackendKind = Literal["vllm", "sglang", "openai"]
@@ -24,6 +25,7 @@ class GatewayConfig:
     # its control plane unauthenticated.
     control_token: str = field(default_factory=new_token)
     max_body_bytes: int = 32 << 20
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body not received whole by then is refused (408)
     backend: BackendOptions = field(default_factory=BackendOptions)
     reasoning_key: bytes | None = None  # HMAC key of reasoning signatures; default: one kept in the store
     host: str = "127.0.0.1"  # the data plane (model API): what harnesses reach
@@ -44,3 +46,5 @@ class GatewayConfig:
             raise ValueError("the control listener needs its own port (control_port), not the data port")
         if self.max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
+        if not self.body_timeout_s > 0:
+            raise ValueError("body_timeout_s must be positive")

@@ -27,6 +27,15 @@ from polar.gateway.quirks import apply_quirks
 from polar.gateway.routing import FLAG_ROUTED, SIDE_CALL, SideRoute, provisional_record
 from polar.gateway.sessions import SessionRegistry, SessionState
 from polar.gateway.signatures import ReasoningCodec
+from polar.limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    BodyError,
+    format_path,
+    json_error,
+    nesting_message,
+    nesting_path,
+    read_body,
+)
 from polar.netguard import OutboundPolicy
 from polar.store.records import CompletionRecord, FailureRecord
 from polar.store.writer import AsyncWriter
@@ -35,42 +44,54 @@ log = logging.getLogger("polar.gateway")
 
 JSON = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+CLOSE = {"connection": "close"}
 
 
 def error_response(dialect: Dialect, err: GatewayError) -> Response:
     status, body = dialect.error(err)
-    return Response(orjson.dumps(body), status_code=status, media_type=JSON)
+    # A body that did not arrive in time leaves the connection mid-request: whatever the client sends next
+    # would be read as the rest of it, so the connection is closed with the answer.
+    headers = CLOSE if err.status == 408 else None
+    return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body as JSON, refusing bodies over `limit` bytes before reading them whole."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit():
-        if int(declared) > limit:
-            raise GatewayError(
-                "request_too_large", f"request body of {declared} bytes exceeds the limit of {limit}"
-            )
-        raw = await request.body()  # the server stops at the declared length
-    else:
-        raw = await _read_capped(request, limit)
+async def read_json(request: Request, limit: int, timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> Any:
+    """The request body as JSON: at most `limit` bytes, read within `timeout_s`, nested at most
+    `MAX_JSON_DEPTH` deep (so that whatever is accepted can be stored)."""
+    body = parse_json(await read_raw(request, limit, timeout_s))
+    check_nesting(body)
+    return body
+
+
+async def read_raw(request: Request, limit: int, timeout_s: float) -> bytes:
+    try:
+        return await read_body(request, limit, timeout_s)
+    except BodyError as exc:
+        if exc.status == 413:
+            raise GatewayError("request_too_large", exc.message) from None
+        raise GatewayError("invalid_request", exc.message, status=exc.status) from None
+
+
+def parse_json(raw: bytes) -> Any:
     if not raw:
         raise invalid("request body is empty; expected a JSON object")
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise invalid(f"request body is not valid JSON: {exc}") from None
+        raise invalid(json_error(exc)) from None
 
 
-async def _read_capped(request: Request, limit: int) -> bytes:
-    """A body without Content-Length (chunked): read it, refusing to hold more than `limit` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise GatewayError("request_too_large", f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+def check_nesting(body: Any) -> None:
+    """Refuse a body nested deeper than `MAX_JSON_DEPTH`, naming where, before any generation for it."""
+    path = nesting_path(body)
+    if path is not None:
+        raise invalid(nesting_message(path), format_path(path))
+
+
+def request_summary(body: Any, reason: str) -> dict[str, Any]:
+    """What a failure record keeps of a body it cannot store whole: why, and the top-level keys."""
+    keys = [str(k)[:64] for k in list(body)[:64]] if isinstance(body, dict) else []
+    return {"polar_unstored_body": {"reason": reason[:512], "keys": keys}}
 
 
 class Gate:
@@ -124,6 +145,7 @@ class Proxy:
         codec: ReasoningCodec,
         max_body_bytes: int,
         outbound: OutboundPolicy | None = None,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         self.backend = backend
         self.served_model = served_model
@@ -131,6 +153,7 @@ class Proxy:
         self.writer = writer
         self.codec = codec
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.gate = Gate()
         # Side-call routes name task-given URLs: their connections go through this policy.
         self.outbound = outbound or OutboundPolicy()
@@ -215,7 +238,8 @@ class Proxy:
         body: Any = None
         req: CanonicalRequest | None = None
         try:
-            body = await read_json(request, self.max_body_bytes)
+            body = parse_json(await read_raw(request, self.max_body_bytes, self.body_timeout_s))
+            check_nesting(body)  # before any generation: whatever is accepted can be stored
             req = dialect.parse(body, self.codec, path_model=path_model, path_stream=path_stream)
             req, quirks = apply_quirks(req)
             req, restored = state.tool_arguments.restore(req)
@@ -266,7 +290,10 @@ class Proxy:
                 # The harness asked for an SSE stream: answer in its grammar, with the dialect's error event.
                 # (Gemini's JSON-array stream is one JSON document, so its errors stay plain JSON.)
                 return Response(
-                    dialect.stream_error(err), media_type="text/event-stream", headers=SSE_HEADERS
+                    dialect.stream_error(err),
+                    status_code=dialect.stream_error_status(err),
+                    media_type="text/event-stream",
+                    headers=SSE_HEADERS,
                 )
             return error_response(dialect, err)
         if not req.stream:
@@ -314,6 +341,12 @@ class Proxy:
     async def _record_failure(
         self, state: SessionState, seq: int, dialect: Dialect, created: float, body: Any, err: GatewayError
     ) -> None:
+        """Store the failure; a body that cannot be stored (refused for its nesting, or refused by the store)
+        is replaced by a summary, so the failure itself is never lost."""
+        request: dict[str, Any] | None = None
+        if isinstance(body, dict):
+            deep = nesting_path(body)
+            request = body if deep is None else request_summary(body, nesting_message(deep))
         failure = FailureRecord(
             session_id=state.session_id,
             seq=seq,
@@ -322,10 +355,18 @@ class Proxy:
             status=err.status,
             kind=err.kind,
             message=err.message,
-            request=body if isinstance(body, dict) else None,
+            request=request,
         )
         state.counts["failures"] += 1
         try:
             await self.writer.write(lambda w: w.add_failure(failure))
-        except Exception:  # the store itself failed: the caller still gets its error, and we say why
+            return
+        except Exception as exc:
+            if failure.request is None:  # the store itself failed: the caller still gets its error
+                log.exception("could not record failure of session %s call %d", state.session_id, seq)
+                return
+            summary = replace(failure, request=request_summary(body, f"the store refused it: {exc}"))
+        try:
+            await self.writer.write(lambda w: w.add_failure(summary))
+        except Exception:
             log.exception("could not record failure of session %s call %d", state.session_id, seq)

@@ -41,6 +41,7 @@ from polar.gateway.dialects import anthropic_schema as s
 from polar.gateway.dialects.anthropic_blocks import document_text, function_line, functions_block
 from polar.gateway.dialects.anthropic_stream import MessageStream
 from polar.gateway.dialects.base import sse
+from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
 from polar.gateway.dialects.wire import (
     PLAIN_STYLE,
@@ -213,6 +214,9 @@ class AnthropicDialect:
     def stream_error(self, err: GatewayError) -> bytes:
         return sse(orjson.dumps(self.error(err)[1]), "error")
 
+    def stream_error_status(self, err: GatewayError) -> int:
+        return 200
+
 
 # ---- request conversion helpers ---------------------------------------------------------------------
 
@@ -344,6 +348,7 @@ def _tools(tools: list[s.Tool] | None) -> tuple[list[dict[str, Any]], list[str]]
         schema = tool.get("input_schema")
         if schema is None:
             raise invalid(f"missing required field tools[{k}].input_schema", f"tools[{k}].input_schema")
+        check_tool_schema(schema, f"tools[{k}]", tool["name"], "input_schema")
         fn: dict[str, Any] = {"name": tool["name"]}
         if (description := tool.get("description")) is not None:
             fn["description"] = description

@@ -48,6 +48,11 @@ class Dialect(Protocol):
         """The in-stream error event(s) of the dialect, as SSE bytes."""
         ...
 
+    def stream_error_status(self, err: GatewayError) -> int:
+        """The HTTP status of a stream that carries only `stream_error(err)`: 200 where the dialect's SDKs
+        raise on the in-stream event, the error's own status where some SDK only raises on that."""
+        ...
+
 
 def sse(data: bytes, event: str | None = None) -> bytes:
     """One SSE frame. `data` must be a single line (orjson output is)."""

@@ -22,6 +22,7 @@ from polar.gateway.dialects.openai_wire import (
     unix_now,
     upstream_effort,
 )
+from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
@@ -52,7 +53,7 @@ class ChatDialect:
                 raise invalid(f"'{legacy}' (legacy function calling) is not supported; use 'tools'.", legacy)
 
         messages = [_message(m) for m in req["messages"]]
-        tools = [_tool(t) for t in req.get("tools") or ()] or None
+        tools = [_tool(t, i) for i, t in enumerate(req.get("tools") or ())] or None
 
         params: dict[str, Any] = {}
         max_tokens = req.get("max_completion_tokens")
@@ -129,6 +130,9 @@ class ChatDialect:
         # The openai SDK raises `APIError` on any SSE data with a top-level "error" key (openai-python
         # `Stream.__stream__`); `[DONE]` then closes the stream for clients that keep reading.
         return b"data: " + orjson.dumps({"error": _error_object(err)}) + b"\n\n" + _DONE
+
+    def stream_error_status(self, err: GatewayError) -> int:
+        return 200
 
 
 class ChatChunkWriter:
@@ -243,12 +247,13 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:
     return settle_tool_choice(choice, bool(tools))
 
 
-def _tool(t: Any) -> dict[str, Any]:
+def _tool(t: Any, i: int) -> dict[str, Any]:
     """A chat function tool with only the fields the template and upstream use."""
     fn = t["function"]
     out: dict[str, Any] = {"name": fn["name"]}
     if fn.get("description") is not None:
         out["description"] = fn["description"]
     if fn.get("parameters") is not None:
+        check_tool_schema(fn["parameters"], f"tools[{i}]", fn["name"], "function.parameters")
         out["parameters"] = fn["parameters"]
     return {"type": "function", "function": out}

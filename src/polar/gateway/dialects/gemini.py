@@ -132,7 +132,13 @@ class GeminiDialect:
         return err.status, {"error": {"code": err.status, "message": message, "status": _STATUS[err.kind]}}
 
     def stream_error(self, err: GatewayError) -> bytes:
-        """The error as a bare JSON line, not a `data:` event. Both Google SDKs look for an error sent as plain
-        JSON in the stream; @google/genai (JS 1.52.0, in Pi 0.73.1) raises only on that form and reads a
-        `data: {"error": ...}` event as an empty answer, so Pi exited 0 with nothing said."""
-        return orjson.dumps(self.error(err)[1]) + b"\n"
+        """The error as one SSE event, `data: {"error": {...}}`, which google-genai (Python) raises on."""
+        return sse(orjson.dumps(self.error(err)[1]))
+
+    def stream_error_status(self, err: GatewayError) -> int:
+        """The error's own status, not 200: @google/genai (JS 1.52.0, in Pi 0.73.1 and Gemini CLI) raises on
+        an in-stream error only when a network read is a bare JSON object, and reads a `data:` error event
+        as an empty answer (Pi then exited 0 with nothing said). On a non-2xx status both SDKs raise before
+        reading the stream (JS `throwErrorIfNotOK`, Python `APIError.raise_for_response`), with the status
+        their retry logic keys on."""
+        return err.status

@@ -25,6 +25,7 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest
 from polar.gateway.dialects import gemini_schema as g
+from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
 from polar.gateway.dialects.wire import PLAIN_STYLE, SignatureCache, data_url, tool_arguments
 from polar.gateway.errors import invalid
@@ -214,17 +215,21 @@ def _tools(tools: list[g.Tool] | None) -> tuple[list[dict[str, Any]], list[str],
     out: list[dict[str, Any]] = []
     names: list[str] = []
     dropped: list[str] = []
-    for tool in tools or ():
+    for i, tool in enumerate(tools or ()):
         # googleSearch, codeExecution, urlContext, retrieval...: run by Google, not by the policy.
         dropped.extend(k for k in tool if k != "function_declarations")
-        for decl in tool.get("function_declarations") or ():
+        for j, decl in enumerate(tool.get("function_declarations") or ()):
             fn: dict[str, Any] = {"name": decl["name"]}
+            where = f"tools[{i}].functionDeclarations[{j}]"
             if (description := decl.get("description")) is not None:
                 fn["description"] = description
             if (json_schema := decl.get("parameters_json_schema")) is not None:
+                check_tool_schema(json_schema, where, decl["name"], "parametersJsonSchema")
                 fn["parameters"] = json_schema
             elif (openapi := decl.get("parameters")) is not None:
+                # Gemini's OpenAPI-style Schema is checked as the JSON Schema it becomes upstream.
                 fn["parameters"] = g.to_json_schema(openapi)
+                check_tool_schema(fn["parameters"], where, decl["name"], "parameters")
             out.append({"type": "function", "function": fn})
             names.append(decl["name"])
     return out, names, dropped

@@ -113,6 +113,9 @@ class ResponsesDialect:
     def stream_error(self, err: GatewayError) -> bytes:
         return ResponsesEventWriter().failed(error_body(err))
 
+    def stream_error_status(self, err: GatewayError) -> int:
+        return 200
+
 
 def error_body(err: GatewayError) -> dict[str, Any]:
     """OpenAI's error object; a context overflow carries `context_length_exceeded`, which is what Codex

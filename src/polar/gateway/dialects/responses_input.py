@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.wire import SignatureCache
 from polar.gateway.errors import invalid
 from polar.gateway.signatures import ReasoningCodec
@@ -23,13 +24,15 @@ def convert_tools(
     custom: set[str] = set()
     functions: set[str] = set()
     dropped: list[str] = []
-    for t in specs or ():
+    for i, t in enumerate(specs or ()):
         kind = t["type"]
         if kind == "function":
             fn: dict[str, Any] = {"name": t["name"]}
             if t.get("description") is not None:
                 fn["description"] = t["description"]
             params = t.get("parameters")
+            if params is not None:
+                check_tool_schema(params, f"tools[{i}]", t["name"], "parameters")
             fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
             tools.append({"type": "function", "function": fn})
             functions.add(t["name"])

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from polar.gateway.app import GatewayApp, HotPath, control_app, create_app
 from polar.gateway.control import routes as control_routes
+from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
 from polar.rollout.protocol import SessionSpec
 
 if TYPE_CHECKING:
@@ -75,9 +76,23 @@ class NodeApp:
     async def submit(self, request: Request) -> Response:
         from polar.rollout.node.node import AdmissionError
 
-        body = await request.body()
-        if len(body) > MAX_SPEC_BYTES:
-            return _error(413, f"a session spec is limited to {MAX_SPEC_BYTES} bytes")
+        try:
+            body = await read_body(request, MAX_SPEC_BYTES, self.node.config.gateway.body_timeout_s)
+        except BodyError as exc:
+            response = _error(exc.status, f"session spec: {exc.message}")
+            if exc.status == 408:  # the rest may still come: it must not be read as the next request
+                response.headers["connection"] = "close"
+            return response
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            if "depth limit" in str(exc):
+                return _error(422, json_error(exc), "body")
+            data = None  # pydantic names what is wrong with it below
+        # The task's metadata and the agent's settings are free-form: refuse what could not be stored.
+        path = nesting_path(data)
+        if path is not None:
+            return _error(422, nesting_message(path), format_path(path))
         try:
             spec = SessionSpec.model_validate_json(body)
         except ValidationError as exc:

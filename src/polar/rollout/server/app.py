@@ -33,6 +33,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar.auth import RequireToken
+from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
 from polar.rollout.protocol import RESULT_TOKEN_HEADER, NodeRegistration, NodeStatus, SessionResult
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.events import sse_stream
@@ -58,7 +59,10 @@ def _json(body: Any, status: int = 200) -> Response:
 
 
 def _error(err: HTTPError) -> Response:
-    return _json({"error": {"message": err.message, "type": err.type, "param": err.param}}, err.status)
+    response = _json({"error": {"message": err.message, "type": err.type, "param": err.param}}, err.status)
+    if err.status == 408:  # the rest of the body may still come: it must not be read as the next request
+        response.headers["connection"] = "close"
+    return response
 
 
 def _svc(request: Request) -> RolloutService:
@@ -74,18 +78,23 @@ def _loc(loc: tuple[Any, ...], prefix: str = "") -> str:
 
 
 async def _body(request: Request) -> Any:
-    limit = _svc(request).config.max_body_bytes
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise HTTPError(413, f"body larger than {limit} bytes")
+    """The JSON body, read within the configured time and size and nested at most `MAX_JSON_DEPTH` deep
+    (a task's `metadata` and its agent's `settings` are free-form, and are stored and sent on)."""
+    config = _svc(request).config
+    try:
+        data = await read_body(request, config.max_body_bytes, config.body_timeout_s)
+    except BodyError as exc:
+        raise HTTPError(exc.status, exc.message) from None
     if not data:
         raise HTTPError(400, "empty body; expected JSON")
     try:
-        return orjson.loads(data)
+        body = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise HTTPError(400, f"body is not valid JSON: {exc}") from None
+        raise HTTPError(400, json_error(exc)) from None
+    path = nesting_path(body)
+    if path is not None:
+        raise HTTPError(400, nesting_message(path), format_path(path))
+    return body
 
 
 def _model(cls: type[M], data: Any, prefix: str = "") -> M:

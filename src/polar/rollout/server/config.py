@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar.auth import MIN_TOKEN_CHARS, new_token
+from polar.limits import DEFAULT_BODY_TIMEOUT_S
 from polar.netguard import OutboundPolicy
 from polar.rollout.server.callbacks import RetryPolicy
 
@@ -24,6 +25,7 @@ class ServerConfig:
     tick_s: float = 0.5
     callbacks: RetryPolicy = field(default_factory=RetryPolicy)
     max_body_bytes: int = 64 << 20
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body not received whole by then is refused (408)
     # Where tasks' callback and side-call URLs may point (checked at submit; callbacks again at delivery).
     outbound: OutboundPolicy = field(default_factory=OutboundPolicy)
     # The deployment's control token (`polar.auth`): every route but /health needs it, and the server sends
