@@ -34,7 +34,7 @@ from polar.store.sqlite import SQLiteStore
 from tests.conftest import SERVED_MODEL, start_gateway
 from tests.fakes.fake_vllm import Reply, make_fake_backend
 from tests.node_support import PY, eventually, fake_policy, running_node, shell_task
-from tests.server_support import post_result, result, start_server, task, wait_until
+from tests.server_support import AUTH, StandInNode, result, start_server, task, wait_until
 from tests.side_call_harness import SIDE_CALL_SCRIPT
 
 INTERNAL = [
@@ -90,7 +90,7 @@ def _route_agent(url: str) -> dict[str, Any]:
 
 
 def _submit(server: ServerThread, body: Any) -> httpx.Response:
-    return httpx.post(f"{server.url}/rollout/task/submit", json=body, timeout=30)
+    return httpx.post(f"{server.url}/rollout/task/submit", json=body, timeout=30, headers=AUTH)
 
 
 def _bodies(url: str) -> list[tuple[str, dict[str, Any]]]:
@@ -112,7 +112,7 @@ def test_internal_urls_are_refused_at_submit_naming_the_field(tmp_path: Path, ur
             assert error["message"].startswith(f"{field}: {url!r} is refused: ")
             r = _submit(server, {"tasks": [task("ok"), body]})  # located in a batch too
             assert r.status_code == 400 and r.json()["error"]["param"] == f"tasks[1].{field}"
-        assert httpx.get(f"{server.url}/rollout/status").json()["tasks"] == {}  # nothing stored
+        assert httpx.get(f"{server.url}/rollout/status", headers=AUTH).json()["tasks"] == {}  # nothing stored
     finally:
         server.stop()
 
@@ -155,11 +155,13 @@ def test_an_allowlisted_loopback_receiver_gets_its_callbacks(
     finally:
         closed.stop()
     server = start_server(tmp_path / "open.db", outbound=OutboundPolicy(allow=("127.0.0.1",)))
+    node = StandInNode()
     try:
-        with httpx.Client(timeout=30) as http:
+        with httpx.Client(timeout=30, headers=AUTH) as http:
+            node.register(http, server.url)
             assert _submit(server, task("t1", callback_url=url)).status_code == 201
             (s,) = http.get(f"{server.url}/rollout/task/t1").json()["sessions"]
-            post_result(http, server.url, result(s["session_id"], "t1", reward=1.0))
+            node.report(http, server.url, result(s["session_id"], "t1", reward=1.0))
 
             def delivered() -> Any:
                 cbs = http.get(f"{server.url}/rollout/task/t1").json()["callbacks"]
@@ -168,6 +170,7 @@ def test_an_allowlisted_loopback_receiver_gets_its_callbacks(
             wait_until(delivered, what="both callbacks to be delivered")
     finally:
         server.stop()
+        node.stop()
     assert sorted(b["event"] for b in endpoint.seen) == ["session_result", "task_done"]
 
 
@@ -191,8 +194,10 @@ async def test_a_callback_name_rebound_to_loopback_is_refused_at_delivery(
     names = Resolutions({"trainer.rebind.test": [PUBLIC_IP]})
     server = start_server(tmp_path / "server.db", outbound=OutboundPolicy(lookup=names))
     url = f"http://trainer.rebind.test:{srv.port}/cb"  # the receiver's port: loopback would reach it
+    node = StandInNode()
     try:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as http:
+            await asyncio.to_thread(node.register, httpx.Client(headers=AUTH), server.url)
             assert (
                 await http.post("/rollout/task/submit", json=task("t1", callback_url=url))
             ).status_code == 201
@@ -201,7 +206,9 @@ async def test_a_callback_name_rebound_to_loopback_is_refused_at_delivery(
             (s,) = (await http.get("/rollout/task/t1")).json()["sessions"]
             async with http.stream("GET", "/events", params={"kinds": "callback_failed"}) as stream:
                 body = result(s["session_id"], "t1", reward=1.0)
-                assert (await http.post("/callbacks/session_result", json=body)).status_code == 200
+                with httpx.Client(headers=AUTH) as sync_http:
+                    r = await asyncio.to_thread(node.report, sync_http, server.url, body)
+                assert r.status_code == 200, r.text
                 event = await _first_event(stream.aiter_lines(), "callback_failed")
 
             async def failed() -> Any:
@@ -211,6 +218,7 @@ async def test_a_callback_name_rebound_to_loopback_is_refused_at_delivery(
             cbs = await eventually(failed, "both callbacks to be refused")
     finally:
         server.stop()
+        node.stop()
     assert endpoint.seen == []  # nothing reached the loopback listener
     assert names.asked.count("trainer.rebind.test") >= 2  # resolved again at delivery
     for cb in cbs:
@@ -245,7 +253,7 @@ async def test_a_side_call_backend_rebound_to_loopback_is_refused_at_connect(tmp
         with serve(frozen) as frozen_srv, fake_policy([Reply("Done.")]) as (url, main_policy):
             side_task = _side_task(tmp_path, f"http://frozen.rebind.test:{frozen_srv.port}")
             async with (
-                httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+                httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as http,
                 running_node(url, tmp_path, server_url=server.url, heartbeat_s=0.05, outbound=policy),
             ):
                 body = side_task.model_dump(mode="json")

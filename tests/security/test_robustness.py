@@ -26,7 +26,6 @@ from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from polar.rollout.node.server import EmbeddedServer
 
 from polar.cli import main
 from polar.gateway.dialects.anthropic import AnthropicDialect
@@ -37,13 +36,13 @@ from polar.gateway.proxy import check_nesting, request_summary
 from polar.gateway.signatures import ReasoningCodec
 from polar.http_server import http_protocol
 from polar.limits import MAX_JSON_DEPTH
-from polar.serving import ServerThread
+from polar.serving import EmbeddedServer, ServerThread
 from polar.store.records import CompletionRecord, FailureRecord
 from polar.store.sqlite import SQLiteStore
 from tests.conftest import FakeBackend, Gateway, start_gateway
 from tests.json_strategies import json_value
-from tests.node_support import fake_policy, running_node, shell_task, spec
-from tests.server_support import start_server, task
+from tests.node_support import control_client, fake_policy, running_node, shell_task, spec
+from tests.server_support import AUTH, TOKEN, start_server, task
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 USER = [{"role": "user", "content": "hi"}]
@@ -158,18 +157,20 @@ def test_rollout_submit_refuses_deep_metadata_and_settings_naming_the_field(tmp_
             ("agent.settings", task("deep-settings", agent={"harness": "shell", "settings": "DEEP"})),
         ):
             raw = body_with(template, "DEEP", deep_json(300))
-            r = httpx.post(f"{server.url}/rollout/task/submit", content=raw)
+            r = httpx.post(f"{server.url}/rollout/task/submit", content=raw, headers=AUTH)
             assert r.status_code == 400, r.text
             error = r.json()["error"]
             assert error["param"].startswith(field) and f"deeper than {MAX_JSON_DEPTH}" in error["message"]
-        assert httpx.get(f"{server.url}/rollout/task/deep-meta").status_code == 404  # nothing was stored
+        assert (
+            httpx.get(f"{server.url}/rollout/task/deep-meta", headers=AUTH).status_code == 404
+        )  # not stored
     finally:
         server.stop()
 
 
 async def test_the_node_refuses_a_deep_session_spec_naming_the_field(tmp_path: Path) -> None:
     with fake_policy() as (url, _):
-        async with running_node(url, tmp_path) as node, httpx.AsyncClient(base_url=node.url) as client:
+        async with running_node(url, tmp_path) as node, control_client(node) as client:
             body = spec(shell_task("true", metadata={"k": "DEEP"}), "sess-deep").model_dump(mode="json")
             r = await client.post("/node/sessions", content=body_with(body, "DEEP", deep_json(300)))
             assert r.status_code == 422, r.text
@@ -294,7 +295,10 @@ def test_a_content_length_larger_than_the_body_gets_a_408(slow_gateway: Gateway,
     assert [f.status for f in failures(slow_gateway, sid)] == [408, 408]
     server = start_server(tmp_path / "server.db", body_timeout_s=0.5)
     try:
-        ((status, headers, body),) = responses(raw_request(server.url, short_body("/rollout/task/submit")))
+        token = f"authorization: Bearer {TOKEN}\r\n"
+        ((status, headers, body),) = responses(
+            raw_request(server.url, short_body("/rollout/task/submit", token))
+        )
         assert status == 408 and headers["connection"] == "close"
         assert "did not arrive" in orjson.loads(body)["error"]["message"]
     finally:
@@ -352,11 +356,11 @@ async def test_the_node_server_answers_malformed_http_with_json() -> None:
 def test_the_cli_servers_use_the_json_error_protocol(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     started: list[dict[str, Any]] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(kw))
-    args = ["gateway", "--backend", "http://127.0.0.1:9", "--model", "m", "--store", str(tmp_path / "g.db")]
-    assert CliRunner().invoke(main, args).exit_code == 0
     assert CliRunner().invoke(main, ["serve", "--db", str(tmp_path / "s.db")]).exit_code == 0
-    assert [kw["http"] for kw in started] == [http_protocol(), http_protocol()]
-    assert ServerThread(None).config.http is http_protocol()
+    assert [kw["http"] for kw in started] == [http_protocol()]
+    # `polar gateway`, `polar node` and in-process servers run EmbeddedServers (one per listener).
+    assert EmbeddedServer(None, "127.0.0.1", 0).config["http"] is http_protocol()
+    assert all(s.config["http"] is http_protocol() for s in ServerThread(None, also=[None]).servers)
 
 
 # -- 5. tool schemas are checked as JSON Schema at the edge --------------------------------------------------
