@@ -16,6 +16,7 @@ from polar import plugins
 from polar.gateway.app import create_app
 from polar.gateway.backends.base import BackendOptions
 from polar.gateway.config import GatewayConfig
+from polar.harness.registry import classifier
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
 from tests.fakes.server import ServerThread, serve
@@ -82,7 +83,7 @@ def start_gateway(backend_url: str, tmp_path: Path, **overrides: Any) -> Gateway
 
 def serve_gateway(config: GatewayConfig) -> Gateway:
     """Both listeners of a gateway made from `config`, on one loop in a thread; `.server.stop()` ends it."""
-    app = create_app(config)
+    app = create_app(config, classifier)
     server = ServerThread(app.data, also=[app.control]).start()
     return Gateway(server.url, config.store_path, server, config.control_token, server.urls[1])
 

@@ -83,6 +83,7 @@ def gateway(
     """
     from polar.gateway.app import create_app
     from polar.gateway.backends.base import BackendOptions
+    from polar.harness.registry import classifier
     from polar.serving import EmbeddedServer, start_all, stop_all
 
     setup_logging(log_level)
@@ -101,7 +102,7 @@ def gateway(
         max_body_bytes=max_body_mb << 20,
         backend=BackendOptions(timeout_s=timeout_s, retries=retries, max_connections=max_connections),
     )
-    app = create_app(config)
+    app = create_app(config, classifier)
     # No proxy-headers middleware: nothing sits in front of a gateway, and it costs time on every call.
     options: dict[str, Any] = {"log_level": log_level, "proxy_headers": False}
     servers = [

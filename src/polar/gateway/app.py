@@ -34,6 +34,7 @@ from polar.gateway.dialects.gemini import GeminiDialect
 from polar.gateway.dialects.responses import ResponsesDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.proxy import Proxy, error_response, read_json
+from polar.gateway.routing import Classifiers
 from polar.gateway.sessions import SessionRegistry
 from polar.gateway.signatures import ReasoningCodec
 from polar.store.sqlite import SQLiteStore
@@ -293,7 +294,10 @@ def control_app(state: Any, token: str, routes: list[Route], on_refused: Refusal
     return RequireToken(app, token, on_refused=on_refused)
 
 
-def create_app(config: GatewayConfig) -> GatewayApp:
+def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) -> GatewayApp:
+    """The gateway's two apps. `classifiers` builds a harness's side-call classifier for sessions that route
+    side calls (`polar.gateway.routing`); without it such sessions are refused."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         writer = AsyncWriter(config.store_path, config.durability)
@@ -307,7 +311,7 @@ def create_app(config: GatewayConfig) -> GatewayApp:
             app.state.proxy = Proxy(
                 backend=backend,
                 served_model=served,
-                sessions=SessionRegistry(writer, reader),
+                sessions=SessionRegistry(writer, reader, classifiers),
                 writer=writer,
                 codec=ReasoningCodec(_reasoning_key(config, reader)),
                 max_body_bytes=config.max_body_bytes,

@@ -5,10 +5,12 @@ A session opts in through its metadata (the rollout node writes it for `agent.si
     {"side_call_route": {"harness": "opencode", "settings": {...},
                          "backend": {"url": "http://frozen:8000", "kind": "vllm", "model": "judge"}}}
 
-The gateway builds the harness preset once per session and asks its `classify` about a provisional record
-of each incoming call (the request, its canonical tools and upstream body; no token data yet). A call tagged
-"side_call" goes to the frozen backend; its record is flagged so no builder trains on it. Sessions without
-this key are never classified: routing costs them nothing.
+The gateway asks the harness preset's `classify` (built once per session by the `Classifiers` factory its
+owner injects: the node, or `polar gateway`, pass `polar.harness.registry.classifier`; the gateway itself
+knows no harness) about a provisional record of each incoming call (the request, its canonical tools and
+upstream body; no token data yet). A call tagged "side_call" goes to the frozen backend; its record is
+flagged so no builder trains on it. Sessions without this key are never classified: routing costs them
+nothing.
 """
 
 from __future__ import annotations
@@ -27,18 +29,22 @@ FLAG_ROUTED = "routed:side_call"
 
 BACKEND_KINDS = ("openai", "vllm", "sglang")
 
+Classify = Callable[[CompletionRecord], tuple[str, ...]]
+# (harness name, settings) -> that harness's classifier; raises ValueError for a harness it cannot build.
+Classifiers = Callable[[str, dict[str, Any]], Classify]
+
 
 @dataclass(frozen=True)
 class SideRoute:
     """Where a session's side calls go, and the preset's classifier that finds them."""
 
-    classify: Callable[[CompletionRecord], tuple[str, ...]]
+    classify: Classify
     kind: str
     url: str
     model: str
 
 
-def side_route(metadata: dict[str, Any]) -> SideRoute | None:
+def side_route(metadata: dict[str, Any], classifiers: Classifiers | None) -> SideRoute | None:
     """The route a session's metadata asks for, or None; raises ValueError naming the bad field."""
     spec = metadata.get(ROUTE_KEY)
     if spec is None:
@@ -59,14 +65,13 @@ def side_route(metadata: dict[str, Any]) -> SideRoute | None:
         raise ValueError(f"{ROUTE_KEY}.harness must name a harness preset or import path")
     if not isinstance(settings, dict):
         raise ValueError(f"{ROUTE_KEY}.settings must be an object")
-    # Imported here: the gateway runs without the harness layer unless a session routes.
-    from polar.harness.registry import get_harness
-
+    if classifiers is None:
+        raise ValueError(f"{ROUTE_KEY}: this gateway was started without harness classifiers")
     try:
-        preset = get_harness(harness, dict(settings))
+        classify = classifiers(harness, dict(settings))
     except Exception as exc:
         raise ValueError(f"{ROUTE_KEY}.harness {harness!r}: {exc}") from None
-    return SideRoute(classify=preset.classify, kind=str(kind), url=str(url), model=str(model))
+    return SideRoute(classify=classify, kind=str(kind), url=str(url), model=str(model))
 
 
 def provisional_record(

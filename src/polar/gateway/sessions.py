@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar.gateway.restore import ToolArguments
-from polar.gateway.routing import SideRoute, side_route
+from polar.gateway.routing import Classifiers, SideRoute, side_route
 from polar.store.records import SessionInfo
 from polar.store.sqlite import SQLiteStore
 from polar.store.writer import AsyncWriter
@@ -37,8 +37,11 @@ class SessionState:
 
 
 class SessionRegistry:
-    def __init__(self, writer: AsyncWriter, reader: SQLiteStore) -> None:
+    def __init__(
+        self, writer: AsyncWriter, reader: SQLiteStore, classifiers: Classifiers | None = None
+    ) -> None:
         self._writer = writer
+        self._classifiers = classifiers  # builds side-call routes (polar.gateway.routing)
         self._reader = reader  # used only on the event loop thread
         self._live: dict[str, SessionState] = {}
 
@@ -47,7 +50,7 @@ class SessionRegistry:
         sid = session_id or "polar-" + secrets.token_urlsafe(18)
         if sid in self._live or self._reader.session(sid) is not None:
             raise KeyError(sid)
-        route = side_route(metadata)
+        route = side_route(metadata, self._classifiers)
         state = SessionState(session_id=sid, created_at=time.time(), metadata=metadata, route=route)
         info = SessionInfo(session_id=sid, created_at=state.created_at, status="open", metadata=metadata)
         await self._writer.write(lambda w: w.add_session(info))
@@ -69,7 +72,7 @@ class SessionRegistry:
             next_seq=self._reader.next_seq(session_id),
             closed=info.status == "closed",
             counts={"completions": info.completions, "failures": info.failures},
-            route=side_route(info.metadata),  # checked when the session was created
+            route=side_route(info.metadata, self._classifiers),  # checked when the session was created
         )
         self._live[session_id] = state
         return state

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from typing import Any
 
 from polar import plugins
 from polar.harness import presets
 from polar.harness.base import Harness
+from polar.store.records import CompletionRecord
 
 _PRESETS = {
     "builtin": "polar.harness.builtin:BuiltinHarness",
@@ -67,3 +69,9 @@ def get_harness(name_or_import_path: str, settings: dict[str, Any] | None = None
         )
     result: Harness = harness
     return result
+
+
+def classifier(name: str, settings: dict[str, Any]) -> Callable[[CompletionRecord], tuple[str, ...]]:
+    """The side-call classifier of harness `name` (`polar.gateway.routing.Classifiers`), which nodes and
+    `polar gateway` hand the gateway so that it needs no knowledge of harnesses."""
+    return get_harness(name, settings).classify

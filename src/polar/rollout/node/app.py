@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from polar.gateway.app import GatewayApp, HotPath, control_app, create_app
 from polar.gateway.control import routes as control_routes
+from polar.harness.registry import classifier
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
 from polar.rollout.protocol import SessionSpec
 
@@ -58,7 +59,7 @@ class NodeApp:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.gateway: GatewayApp = create_app(node.config.gateway)
+        self.gateway: GatewayApp = create_app(node.config.gateway, classifier)
         node_routes = [
             Route("/node/sessions", self.submit, methods=["POST"]),
             Route("/node/sessions", self.list_sessions, methods=["GET"]),
