@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from polar.evaluate.base import EvalResult
-from polar.gateway.canonical import FLAG_TOOL_PARSE_ERROR
 from polar.rollout.protocol import SessionStatus
 from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, assign_rewards, has_tool_parse_error
+from polar.store.records import FLAG_TOOL_PARSE_ERROR
 from polar.trajectory.models import Trace, Trajectory, TrajectoryStatus
 
 

@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from polar.gateway.canonical import FLAG_NO_LOGPROBS, FLAG_NO_PROMPT_IDS, FLAG_NOT_TRAINABLE
-from polar.store.records import CompletionRecord
+from polar.store.records import FLAG_NO_LOGPROBS, FLAG_NO_PROMPT_IDS, FLAG_NOT_TRAINABLE, CompletionRecord
 from polar.trajectory import Trajectory, audit, build
 
 EOT = 2

@@ -79,12 +79,3 @@ class Completion:
                 for tc in self.tool_calls
             ]
         return msg
-
-
-# Record flags. A flagged record keeps everything the backend returned; trajectories mask what is unsure.
-FLAG_NO_PROMPT_IDS = "missing_prompt_ids"
-FLAG_NO_RESPONSE_IDS = "missing_response_ids"
-FLAG_NO_LOGPROBS = "missing_logprobs"
-FLAG_LOGPROB_MISMATCH = "logprob_count_mismatch"
-FLAG_NOT_TRAINABLE = "not_trainable"
-FLAG_TOOL_PARSE_ERROR = "tool_call_parse_error"

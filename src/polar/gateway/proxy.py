@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend, BackendOptions
-from polar.gateway.canonical import FLAG_NOT_TRAINABLE, CanonicalRequest, Completion
+from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects.base import Dialect
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.keys import session_key
@@ -37,7 +37,7 @@ from polar.limits import (
     read_body,
 )
 from polar.netguard import OutboundPolicy
-from polar.store.records import CompletionRecord, FailureRecord
+from polar.store.records import FLAG_NOT_TRAINABLE, CompletionRecord, FailureRecord
 from polar.store.writer import AsyncWriter
 
 log = logging.getLogger("polar.gateway")

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from polar.evaluate.base import EvalResult
-from polar.gateway.canonical import FLAG_TOOL_PARSE_ERROR
+from polar.store.records import FLAG_TOOL_PARSE_ERROR
 from polar.trajectory.models import Trace, Trajectory, TrajectoryStatus
 
 # The node's reason for a TIMEOUT when the agent ran out of its own budget (counted from RUN), as opposed

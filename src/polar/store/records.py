@@ -10,6 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+# Record flags (set by the gateway, read by builders, rewards and trainers). A flagged record keeps everything
+# the backend returned; trajectories mask what is unsure.
+FLAG_NO_PROMPT_IDS = "missing_prompt_ids"
+FLAG_NO_RESPONSE_IDS = "missing_response_ids"
+FLAG_NO_LOGPROBS = "missing_logprobs"
+FLAG_LOGPROB_MISMATCH = "logprob_count_mismatch"
+FLAG_NOT_TRAINABLE = "not_trainable"
+FLAG_TOOL_PARSE_ERROR = "tool_call_parse_error"
+
 
 @dataclass(frozen=True, slots=True)
 class CompletionRecord:

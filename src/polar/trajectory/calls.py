@@ -14,8 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from polar.gateway.canonical import FLAG_NO_LOGPROBS, FLAG_NOT_TRAINABLE
-from polar.store.records import CompletionRecord
+from polar.store.records import FLAG_NO_LOGPROBS, FLAG_NOT_TRAINABLE, CompletionRecord
 from polar.trajectory.tokens import n_tokens, pack
 
 # Flags `train_without_logprobs` may look past: exactly the ones the gateway sets for missing logprobs.

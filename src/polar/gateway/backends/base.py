@@ -16,20 +16,17 @@ from typing import Any, Protocol
 
 import orjson
 
-from polar.gateway.canonical import (
+from polar.gateway.canonical import CanonicalRequest, Completion, FinishReason, ToolCall
+from polar.gateway.errors import GatewayError
+from polar.netguard import OutboundPolicy
+from polar.store.records import (
     FLAG_LOGPROB_MISMATCH,
     FLAG_NO_LOGPROBS,
     FLAG_NO_PROMPT_IDS,
     FLAG_NO_RESPONSE_IDS,
     FLAG_NOT_TRAINABLE,
     FLAG_TOOL_PARSE_ERROR,
-    CanonicalRequest,
-    Completion,
-    FinishReason,
-    ToolCall,
 )
-from polar.gateway.errors import GatewayError
-from polar.netguard import OutboundPolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from polar.gateway.canonical import FLAG_NOT_TRAINABLE
 from polar.gateway.routing import FLAG_ROUTED, ROUTE_KEY, SIDE_CALL
 from polar.rollout.task import AgentConfig
-from polar.store.records import CompletionRecord
+from polar.store.records import FLAG_NOT_TRAINABLE, CompletionRecord
 
 FLAG_EXCLUDED = "not_trainable:side_call_excluded"
 
