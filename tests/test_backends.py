@@ -13,16 +13,16 @@ import pytest
 from polar.gateway.backends import BackendOptions, OpenAIBackend, SGLangBackend, VLLMBackend, make_backend
 from polar.gateway.backends.base import Backend, float_list, int_list
 from polar.gateway.backends.http import context_numbers, error_detail, is_context_overflow, map_status
-from polar.gateway.canonical import (
+from polar.gateway.canonical import CanonicalRequest
+from polar.gateway.errors import GatewayError
+from polar.store.records import (
     FLAG_LOGPROB_MISMATCH,
     FLAG_NO_LOGPROBS,
     FLAG_NO_PROMPT_IDS,
     FLAG_NO_RESPONSE_IDS,
     FLAG_NOT_TRAINABLE,
     FLAG_TOOL_PARSE_ERROR,
-    CanonicalRequest,
 )
-from polar.gateway.errors import GatewayError
 from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, logprob
 from tests.fakes.fake_vllm import FakeInferenceServer, Reply, make_fake_backend
 from tests.fakes.server import ServerThread, free_port

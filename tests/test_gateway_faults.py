@@ -25,13 +25,13 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from polar.gateway.backends.base import BackendOptions
-from polar.gateway.canonical import (
+from polar.store.records import (
     FLAG_NO_LOGPROBS,
     FLAG_NO_PROMPT_IDS,
     FLAG_NO_RESPONSE_IDS,
     FLAG_NOT_TRAINABLE,
+    CompletionRecord,
 )
-from polar.store.records import CompletionRecord
 from tests.conftest import Gateway, start_gateway
 from tests.fakes.fake_vllm import FakeInferenceServer, make_fake_backend
 from tests.fakes.server import ServerThread, free_port, serve

@@ -22,13 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from polar.gateway.canonical import (
+from polar.store.records import (
     FLAG_NO_LOGPROBS,
     FLAG_NO_PROMPT_IDS,
     FLAG_NO_RESPONSE_IDS,
     FLAG_NOT_TRAINABLE,
+    CompletionRecord,
 )
-from polar.store.records import CompletionRecord
 from polar.trajectory import audit, build
 from tests.test_trajectory_invariants import check_session
 
