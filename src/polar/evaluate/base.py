@@ -10,15 +10,18 @@ and zeroes non-completed sessions (see `polar.rollout.rewards`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polar.runtime.base import ExecResult, Runtime
 from polar.trajectory.models import Trajectory
 
+if TYPE_CHECKING:  # the task model is data; evaluators read it, rollout builds it
+    from polar.rollout.task import Task
+
 
 @dataclass(frozen=True)
 class EvalContext:
-    task: Any  # polar.rollout.task.Task
+    task: Task | None  # None only when an evaluator is driven outside a rollout (tests, notebooks)
     session_id: str
     runtime: Runtime  # the agent's runtime, after the agent finished
     fresh: Runtime | None  # a clean runtime prepared from the task (when the evaluator asked for one)
