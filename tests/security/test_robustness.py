@@ -444,7 +444,7 @@ def test_invalid_tool_schemas_are_400s_naming_the_tool(gateway: Gateway, fake_ba
             assert r.status_code == 400, (path, r.text)
             error = r.json()["error"]
             tool, rel = field.split(".", 1) if "functionDeclarations" not in field else field.rsplit(".", 1)
-            assert f"{tool} (tool 'Bash'): {rel} is not a valid JSON Schema" in error["message"], error
+            assert f"{tool}.{rel} (tool 'Bash') is not a valid JSON Schema" in error["message"], error
             assert error.get("param", field) == field
         assert fake_backend.app.calls == before
         valid = {**BAD_TOOLS[0][1], "tools": BAD_TOOLS[0][1]["tools"][:1]}

@@ -28,7 +28,7 @@ from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
 from polar.gateway.config import GatewayConfig
 from polar.gateway.dialects.anthropic import AnthropicDialect
-from polar.gateway.dialects.base import Dialect
+from polar.gateway.dialects.base import Dialect, StreamFormat
 from polar.gateway.dialects.chat import ChatDialect
 from polar.gateway.dialects.gemini import GeminiDialect
 from polar.gateway.dialects.responses import ResponsesDialect
@@ -100,7 +100,7 @@ async def gemini(request: Request) -> Response:
     if method == "generateContent":
         return await proxy.call(GEMINI, request, path_model=model, path_stream=False)
     if method == "streamGenerateContent":
-        fmt = "sse" if request.query_params.get("alt") == "sse" else "json-array"
+        fmt: StreamFormat = "sse" if request.query_params.get("alt") == "sse" else "json-array"
         return await proxy.call(GEMINI, request, path_model=model, path_stream=True, stream_format=fmt)
     if method == "countTokens":
         try:

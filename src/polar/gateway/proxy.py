@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -20,7 +20,7 @@ from starlette.responses import Response
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend, BackendOptions
 from polar.gateway.canonical import CanonicalRequest, Completion
-from polar.gateway.dialects.base import Dialect
+from polar.gateway.dialects.base import Dialect, StreamFormat
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.keys import session_key
 from polar.gateway.quirks import apply_quirks
@@ -45,6 +45,46 @@ log = logging.getLogger("polar.gateway")
 JSON = "application/json"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 CLOSE = {"connection": "close"}
+
+
+@dataclass
+class Call:
+    """One generation call on its way through the proxy's layers; a failure record needs what it got to."""
+
+    state: SessionState
+    seq: int
+    dialect: Dialect
+    created: float  # unix seconds at arrival
+    started: float  # perf_counter at arrival
+    body: Any = None
+    req: CanonicalRequest | None = None
+
+
+def render(
+    dialect: Dialect, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec, fmt: StreamFormat
+) -> Response:
+    """The dialect's three response shapes: one JSON body, an SSE stream, or Gemini's JSON-array stream."""
+    if not req.stream:
+        return Response(orjson.dumps(dialect.render(req, comp, codec)), media_type=JSON)
+    if fmt == "json-array":
+        return Response(orjson.dumps(dialect.stream_json(req, comp, codec)), media_type=JSON)
+    # A stream synthesized from one upstream call: every frame is known, so send them in one write.
+    return Response(
+        b"".join(dialect.stream(req, comp, codec)), media_type="text/event-stream", headers=SSE_HEADERS
+    )
+
+
+def failure_response(call: Call, err: GatewayError, fmt: StreamFormat) -> Response:
+    """A failed call's answer: the dialect's in-stream error event when the harness asked for an SSE stream
+    (Gemini's JSON-array stream is one JSON document, so its errors stay plain JSON), else its envelope."""
+    if call.req is not None and call.req.stream and fmt == "sse":
+        return Response(
+            call.dialect.stream_error(err),
+            status_code=call.dialect.stream_error_status(err),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    return error_response(call.dialect, err)
 
 
 def error_response(dialect: Dialect, err: GatewayError) -> Response:
@@ -224,86 +264,97 @@ class Proxy:
         *,
         path_model: str | None = None,
         path_stream: bool | None = None,
-        stream_format: str = "sse",
+        stream_format: StreamFormat = "sse",
     ) -> Response:
-        """Serve one generation call. `stream_format` is "sse" or, for Gemini's stream route without
-        `alt=sse`, "json-array"."""
-        t_start = time.perf_counter()
-        created = time.time()
+        """Serve one generation call: authenticate its key, then `_call_handling_errors`.
+
+        `stream_format` is "sse", or "json-array" for Gemini's stream route without `alt=sse`."""
         try:
             state = self.authenticate(request)
         except GatewayError as err:
             return error_response(dialect, err)
-        seq = state.take_seq()
-        body: Any = None
-        req: CanonicalRequest | None = None
+        call = Call(state, state.take_seq(), dialect, time.time(), time.perf_counter())
+        return await self._call_handling_errors(call, request, path_model, path_stream, stream_format)
+
+    async def _call_handling_errors(
+        self,
+        call: Call,
+        request: Request,
+        path_model: str | None,
+        path_stream: bool | None,
+        stream_format: StreamFormat,
+    ) -> Response:
+        """A call's failure is recorded and answered in the caller's dialect (and stream grammar); its
+        success is rendered in one of the dialect's three response shapes."""
         try:
-            body = parse_json(await read_raw(request, self.max_body_bytes, self.body_timeout_s))
-            check_nesting(body)  # before any generation: whatever is accepted can be stored
-            req = dialect.parse(body, self.codec, path_model=path_model, path_stream=path_stream)
-            req, quirks = apply_quirks(req)
-            req, restored = state.tool_arguments.restore(req)
-            if restored:
-                quirks = (*quirks, "tool_arguments_restored")
-            backend = self.backend
-            upstream = backend.build_body(req, self.served_model)
-            tags: tuple[str, ...] = ()
-            route = state.route
-            if route is not None:  # only sessions that route side calls pay for classification
-                tags = self._side_tags(route, state, seq, dialect, body, upstream, req)
-                if SIDE_CALL in tags:
-                    backend = await self.side_backend(route)
-                    upstream = backend.build_body(req, route.model)
-            await self.gate.enter()
-            try:
-                t_up = time.perf_counter()
-                comp = await backend.complete(upstream)
-                upstream_ms = (time.perf_counter() - t_up) * 1000.0
-            finally:
-                self.gate.leave()
-            overhead_ms = (time.perf_counter() - t_start) * 1000.0 - upstream_ms
-            record = self._record(state, seq, dialect, created, body, upstream, req, comp, quirks)
-            record = replace(
-                record, upstream_latency_ms=round(upstream_ms, 3), gateway_overhead_ms=round(overhead_ms, 3)
-            )
-            if backend is not self.backend:
-                # The frozen model's tokens are never the policy's, whatever its server returned. Its ids
-                # are its own (a hosted API may send none; another server counts from the same start), so
-                # the record's id is made unique in the session by the call's seq.
-                flags = tuple(dict.fromkeys((*record.flags, FLAG_NOT_TRAINABLE, FLAG_ROUTED)))
-                cid = f"routed-{seq}-{comp.id}" if comp.id else f"routed-{seq}"
-                record = replace(record, completion_id=cid, flags=flags, tags=tags)
-            elif tags:
-                record = replace(record, tags=tags)
-            try:
-                # Alone: no other generation in flight, so no commit to share (see AsyncWriter.write).
-                await self.writer.write(lambda w: w.add_completion(record), alone=self.gate.in_flight == 0)
-            except Exception:
-                # Never hand out a response whose record did not land: the harness retries instead.
-                log.exception("could not record session %s call %d", state.session_id, seq)
-                raise GatewayError("overloaded", "the gateway could not record this call; retry") from None
-            state.counts["completions"] += 1
-            state.tool_arguments.remember(comp.tool_calls)
+            comp = await self._call_single(call, request, path_model, path_stream)
         except GatewayError as err:
-            await self._record_failure(state, seq, dialect, created, body, err)
-            if req is not None and req.stream and stream_format == "sse":
-                # The harness asked for an SSE stream: answer in its grammar, with the dialect's error event.
-                # (Gemini's JSON-array stream is one JSON document, so its errors stay plain JSON.)
-                return Response(
-                    dialect.stream_error(err),
-                    status_code=dialect.stream_error_status(err),
-                    media_type="text/event-stream",
-                    headers=SSE_HEADERS,
-                )
-            return error_response(dialect, err)
-        if not req.stream:
-            return Response(orjson.dumps(dialect.render(req, comp, self.codec)), media_type=JSON)
-        if stream_format == "json-array":
-            chunks = dialect.stream_json(req, comp, self.codec)  # type: ignore[attr-defined]
-            return Response(orjson.dumps(chunks), media_type=JSON)
-        # A stream synthesized from one upstream call: every frame is known, so send them in one write.
-        frames = b"".join(dialect.stream(req, comp, self.codec))
-        return Response(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+            await self._record_failure(call.state, call.seq, call.dialect, call.created, call.body, err)
+            return failure_response(call, err, stream_format)
+        assert call.req is not None
+        return render(call.dialect, call.req, comp, self.codec, stream_format)
+
+    async def _call_single(
+        self, call: Call, request: Request, path_model: str | None, path_stream: bool | None
+    ) -> Completion:
+        """Read and parse, place (policy or frozen side-call backend), generate, record: the completion, its
+        record committed before anyone sees it."""
+        call.body = parse_json(await read_raw(request, self.max_body_bytes, self.body_timeout_s))
+        check_nesting(call.body)  # before any generation: whatever is accepted can be stored
+        req = call.dialect.parse(call.body, self.codec, path_model=path_model, path_stream=path_stream)
+        req, quirks = apply_quirks(req)
+        req, restored = call.state.tool_arguments.restore(req)
+        if restored:
+            quirks = (*quirks, "tool_arguments_restored")
+        call.req = req
+        backend, upstream, tags = await self._place(call, req)
+        await self.gate.enter()
+        try:
+            t_up = time.perf_counter()
+            comp = await backend.complete(upstream)
+            upstream_ms = (time.perf_counter() - t_up) * 1000.0
+        finally:
+            self.gate.leave()
+        overhead_ms = (time.perf_counter() - call.started) * 1000.0 - upstream_ms
+        state, seq = call.state, call.seq
+        record = self._record(state, seq, call.dialect, call.created, call.body, upstream, req, comp, quirks)
+        record = replace(
+            record, upstream_latency_ms=round(upstream_ms, 3), gateway_overhead_ms=round(overhead_ms, 3)
+        )
+        if backend is not self.backend:
+            # The frozen model's tokens are never the policy's, whatever its server returned. Its ids
+            # are its own (a hosted API may send none; another server counts from the same start), so
+            # the record's id is made unique in the session by the call's seq.
+            flags = tuple(dict.fromkeys((*record.flags, FLAG_NOT_TRAINABLE, FLAG_ROUTED)))
+            cid = f"routed-{seq}-{comp.id}" if comp.id else f"routed-{seq}"
+            record = replace(record, completion_id=cid, flags=flags, tags=tags)
+        elif tags:
+            record = replace(record, tags=tags)
+        try:
+            # Alone: no other generation in flight, so no commit to share (see AsyncWriter.write).
+            await self.writer.write(lambda w: w.add_completion(record), alone=self.gate.in_flight == 0)
+        except Exception:
+            # Never hand out a response whose record did not land: the harness retries instead.
+            log.exception("could not record session %s call %d", state.session_id, seq)
+            raise GatewayError("overloaded", "the gateway could not record this call; retry") from None
+        state.counts["completions"] += 1
+        state.tool_arguments.remember(comp.tool_calls)
+        return comp
+
+    async def _place(
+        self, call: Call, req: CanonicalRequest
+    ) -> tuple[Backend, dict[str, Any], tuple[str, ...]]:
+        """The backend that serves this call, its upstream body, and the harness's tags for it: the policy,
+        unless the session routes side calls and its classifier tags this one (then the frozen model)."""
+        upstream = self.backend.build_body(req, self.served_model)
+        route = call.state.route
+        if route is None:  # only sessions that route side calls pay for classification
+            return self.backend, upstream, ()
+        tags = self._side_tags(route, call.state, call.seq, call.dialect, call.body, upstream, req)
+        if SIDE_CALL not in tags:
+            return self.backend, upstream, tags
+        backend = await self.side_backend(route)
+        return backend, backend.build_body(req, route.model), tags
 
     def _record(
         self,

@@ -40,7 +40,7 @@ from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import anthropic_schema as s
 from polar.gateway.dialects.anthropic_blocks import document_text, function_line, functions_block
 from polar.gateway.dialects.anthropic_stream import MessageStream
-from polar.gateway.dialects.base import sse
+from polar.gateway.dialects.base import SSEOnly, sse
 from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
 from polar.gateway.dialects.wire import (
@@ -79,7 +79,7 @@ _TOOL_ERROR_MARK = "<tool_use_error>"
 _decode_signature = SignatureCache(ReasoningCodec.decode)
 
 
-class AnthropicDialect:
+class AnthropicDialect(SSEOnly):
     """The Anthropic Messages API; see the module docstring for how turns map to Chat messages."""
 
     name = "anthropic"

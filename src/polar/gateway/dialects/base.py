@@ -8,11 +8,15 @@ owns everything stateful (sessions, upstream, capture).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
+
+# How a streamed answer is written: SSE frames, or (Gemini's `:streamGenerateContent` without `alt=sse`) one
+# JSON array of the stream's chunks.
+StreamFormat = Literal["sse", "json-array"]
 
 
 class Dialect(Protocol):
@@ -40,6 +44,13 @@ class Dialect(Protocol):
         """The SSE frames (each ending in a blank line) of the dialect's streaming grammar."""
         ...
 
+    def stream_json(
+        self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec
+    ) -> list[dict[str, Any]]:
+        """The stream as one JSON array of its chunks, for dialects that have that form (Gemini without
+        `alt=sse`); `SSEOnly` is the implementation of those that do not."""
+        ...
+
     def error(self, err: GatewayError) -> tuple[int, dict[str, Any]]:
         """HTTP status and the dialect's error envelope."""
         ...
@@ -52,6 +63,17 @@ class Dialect(Protocol):
         """The HTTP status of a stream that carries only `stream_error(err)`: 200 where the dialect's SDKs
         raise on the in-stream event, the error's own status where some SDK only raises on that."""
         ...
+
+
+class SSEOnly:
+    """For dialects whose only stream grammar is SSE: no route asks them for a JSON-array stream."""
+
+    name: str
+
+    def stream_json(
+        self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec
+    ) -> list[dict[str, Any]]:
+        raise GatewayError("invalid_request", f"the {self.name} dialect streams only as server-sent events")
 
 
 def sse(data: bytes, event: str | None = None) -> bytes:

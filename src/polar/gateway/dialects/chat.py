@@ -14,6 +14,7 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import chat_schema as s
+from polar.gateway.dialects.base import SSEOnly
 from polar.gateway.dialects.openai_wire import (
     OPENAI_STYLE,
     error_object,
@@ -30,7 +31,7 @@ from polar.gateway.signatures import ReasoningCodec
 _DONE = b"data: [DONE]\n\n"
 
 
-class ChatDialect:
+class ChatDialect(SSEOnly):
     """The OpenAI Chat dialect (see `Dialect` in `dialects.base`)."""
 
     name = "chat"

@@ -12,6 +12,7 @@ from typing import Any
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import responses_schema as s
+from polar.gateway.dialects.base import SSEOnly
 from polar.gateway.dialects.openai_wire import OPENAI_STYLE, error_object, settle_tool_choice, upstream_effort
 from polar.gateway.dialects.responses_input import convert_history, convert_tool_choice, convert_tools
 from polar.gateway.dialects.responses_render import render_response
@@ -23,7 +24,7 @@ from polar.gateway.signatures import ReasoningCodec
 INCLUDE_ENCRYPTED = "reasoning.encrypted_content"
 
 
-class ResponsesDialect:
+class ResponsesDialect(SSEOnly):
     """The OpenAI Responses dialect (see `Dialect` in `dialects.base`)."""
 
     name = "responses"

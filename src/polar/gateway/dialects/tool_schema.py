@@ -44,7 +44,7 @@ def check_tool_schema(schema: Any, tool: str, name: Any, field: str) -> None:
                     del _verdicts[next(iter(_verdicts))]  # the oldest verdict
                 _verdicts[key] = verdict
     if verdict is not None:
-        message = f"{tool} (tool {name!r}): {field} is not a valid JSON Schema: {verdict}"
+        message = f"{tool}.{field} (tool {name!r}) is not a valid JSON Schema: {verdict}"
         raise invalid(message, f"{tool}.{field}")
 
 
