@@ -9,29 +9,25 @@ from pathlib import Path
 import httpx
 
 from polar.rollout.protocol import NodeSessionState, SessionStatus
-from tests.node_support import alive, fake_policy, running_node, shell_task, spec, until
+from tests.node_support import fake_policy, pids_under, running_node, shell_task, spec, until
 
-
-def _tree(tmp_path: Path) -> str:
-    """A harness with a grandchild: the runtime's process group, a subshell, and a background sleep."""
-    return f"(sleep 60 & echo $! > {tmp_path}/child.pid; wait) & echo $$ > {tmp_path}/parent.pid; wait"
+# A harness with a grandchild: the runtime's process group, a subshell, and a background sleep.
+_TREE = "(sleep 60 & wait) & wait"
 
 
 async def test_cancel_mid_run_kills_the_process_tree(tmp_path: Path) -> None:
+    runtimes = tmp_path / "runtimes"
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path) as node:
-            await node.submit(spec(shell_task(_tree(tmp_path)), "sess-cancel"))
-            await until(
-                lambda: (tmp_path / "child.pid").exists() and (tmp_path / "parent.pid").exists(), "run"
-            )
-            child = int((tmp_path / "child.pid").read_text())
-            parent = int((tmp_path / "parent.pid").read_text())
-            assert alive(child) and alive(parent)
+            await node.submit(spec(shell_task(_TREE), "sess-cancel"))
+            await until(lambda: bool(pids_under(runtimes, "sleep", "60")), "run")
+            tree = pids_under(runtimes)
+            assert len(tree) >= 3  # the harness's shell, its subshell and the sleep (at least)
             state = await node.cancel("sess-cancel", "early stop: enough usable samples")
             assert state is not None and state.status == SessionStatus.CANCELLED
             result = await node.wait("sess-cancel")
             assert node.status().active == 0
-    assert not alive(child) and not alive(parent)
+    await until(lambda: not pids_under(runtimes), "the tree to die")
     assert result.status == SessionStatus.CANCELLED
     assert result.reason == "early stop: enough usable samples"
     assert result.reward is None
@@ -80,12 +76,13 @@ async def test_cancel_during_evaluation(tmp_path: Path) -> None:
 
 
 async def test_stopping_the_node_cancels_what_runs(tmp_path: Path) -> None:
+    runtimes = tmp_path / "runtimes"
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path) as node:
-            await node.submit(spec(shell_task(_tree(tmp_path)), "sess-stop"))
-            await until(lambda: (tmp_path / "child.pid").exists(), "run")
-            child = int((tmp_path / "child.pid").read_text())
+            await node.submit(spec(shell_task(_TREE), "sess-stop"))
+            await until(lambda: bool(pids_under(runtimes, "sleep", "60")), "run")
         state = node.state("sess-stop")
     assert state is not None and state.status == SessionStatus.CANCELLED
     assert state.result is not None and state.result.reason == "node stopped"
-    assert not alive(child)
+    await until(lambda: not pids_under(runtimes), "the tree to die")
+

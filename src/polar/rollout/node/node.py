@@ -49,7 +49,9 @@ from polar.rollout.protocol import (
     SessionStatus,
 )
 from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
+from polar.runtime import namespaces
 from polar.runtime.factory import check_runtime
+from polar.runtime.leftovers import reap_leftovers
 from polar.trajectory import get_builder
 
 log = logging.getLogger("polar.node")
@@ -88,6 +90,10 @@ class Node:
     async def start(self) -> None:
         """Serve the gateway and the node routes, then register with the server (when there is one)."""
         gw = self.config.gateway
+        # What a node killed with SIGKILL left where no PID namespace took it along; and the namespace
+        # probe, once, off the loop (admission asks for it)
+        await asyncio.to_thread(reap_leftovers)
+        await asyncio.to_thread(namespaces.probe)
         await self.server.start()
         self.url = self.server.url
         self._env = StageEnv(
