@@ -41,6 +41,13 @@ from polar.cli.common import build_gateway_config, gateway_options, log_level_op
     show_default=True,
     help="What of a session's directory survives it (artifacts: the harness's logs and transcripts).",
 )
+@click.option(
+    "--upload-root",
+    "upload_roots",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="A directory upload prepare actions may copy from (repeatable; default: none).",
+)
 @click.option("--heartbeat", "heartbeat_s", default=5.0, show_default=True, type=float, help="Seconds.")
 @log_level_option
 def node(
@@ -61,6 +68,7 @@ def node(
     store_path: Path,
     runtime_root: Path | None,
     keep: str,
+    upload_roots: tuple[Path, ...],
     control_token: str | None,
     heartbeat_s: float,
     log_level: str,
@@ -100,6 +108,7 @@ def node(
             runtime_gateway_url=runtime_gateway_url,
             runtime_root=runtime_root,
             keep=keep,  # type: ignore[arg-type]
+            upload_roots=tuple(root.resolve() for root in upload_roots),
             heartbeat_s=heartbeat_s,
             **extra,  # type: ignore[arg-type]
         )

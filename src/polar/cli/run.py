@@ -53,6 +53,7 @@ async def _run(
     model: str | None,
     capacity: int,
     console: Console,
+    upload_roots: tuple[Path, ...],
 ) -> list[Any]:
     from polar.client import RolloutClient
     from polar.rollout.local import local_stack
@@ -67,7 +68,13 @@ async def _run(
         console=console,
     )
     async with local_stack(
-        out, backend_url, backend_kind, model, capacity, stop_reason="polar run finished"
+        out,
+        backend_url,
+        backend_kind,
+        model,
+        capacity,
+        stop_reason="polar run finished",
+        upload_roots=upload_roots,
     ) as stack:
         node = stack.node
         with progress, open(out / "results.jsonl", "wb") as sink:
@@ -151,7 +158,8 @@ def run_taskfile(
                 engine, engine_server = stack.enter_context(embedded_engine(policy))
             backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
             console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
-        return asyncio.run(_run(tasks, out, backend_url, backend_kind, model, capacity, console))
+        roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
+        return asyncio.run(_run(tasks, out, backend_url, backend_kind, model, capacity, console, roots))
 
 
 @click.command("run")

@@ -36,7 +36,7 @@ def train(config: Path, out: Path | None, steps: int | None) -> None:
     Example (CPU, the offline tiny model, a shell harness):
       polar train examples/train.yaml
     """
-    from polar.train.config import ConfigError, load_config
+    from polar.train.config import ConfigError, load_config, upload_roots
     from polar.train.loop import train as run_training
 
     try:
@@ -61,7 +61,7 @@ def train(config: Path, out: Path | None, steps: int | None) -> None:
         f"backend {cfg.backend}; out {cfg.out}"
     )
     try:
-        history = run_training(cfg, tasks, console)
+        history = run_training(cfg, tasks, console, upload_roots(cfg, config))
     except RuntimeError as exc:  # a sink that is not installed, a failed weight sync, a dead server
         raise click.ClickException(str(exc)) from None
     last = history[-1] if history else None

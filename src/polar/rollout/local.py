@@ -12,7 +12,7 @@ The rollout server runs in a thread (its own loop); the node, with its gateway, 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,10 @@ async def local_stack(
     capacity: int,
     *,
     stop_reason: str = "the local run finished",
+    upload_roots: Sequence[Path] = (),
 ) -> AsyncIterator[LocalStack]:
-    """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)."""
+    """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`);
+    the node reads upload sources only inside `upload_roots` (the task files' directories)."""
     from polar.gateway.config import GatewayConfig
     from polar.rollout.node import Node, NodeConfig
     from polar.rollout.server.app import create_app as create_server
@@ -64,6 +66,7 @@ async def local_stack(
             run_workers=capacity,
             server_url=server.url,
             heartbeat_s=1.0,
+            upload_roots=tuple(upload_roots),
         )
     )
     try:

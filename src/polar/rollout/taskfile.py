@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from polar.rollout.task import Task, UploadAction
+from polar.rollout.uploads import confine_upload
 
 
 class TaskFileError(ValueError):
@@ -43,7 +44,8 @@ def _path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def parse_tasks(text: str, source: str = "<tasks>") -> list[Task]:
+def parse_tasks(text: str, source: str = "<tasks>", base: Path | None = None) -> list[Task]:
+    """The tasks in `text`; with `base` (the file's directory) their uploads are anchored there."""
     try:
         data = yaml.safe_load(text)
         root = yaml.compose(text)
@@ -64,15 +66,21 @@ def parse_tasks(text: str, source: str = "<tasks>") -> list[Task]:
         raise TaskFileError(f"{source}: `tasks` must be a non-empty list")
     tasks: list[Task] = []
     for i, item in enumerate(items):
-        base = (*prefix, i) if (prefix or isinstance(data, list)) else ()
+        where_in = (*prefix, i) if (prefix or isinstance(data, list)) else ()
         try:
-            tasks.append(Task.model_validate(item))
-        except ValidationError as exc:
-            err = exc.errors(include_url=False)[0]
-            loc = (*base, *err["loc"])
+            task = Task.model_validate(item)
+            tasks.append(task if base is None else anchor_uploads(task, base))
+        except (ValidationError, UploadOutside) as exc:
+            at: tuple[Any, ...]
+            if isinstance(exc, UploadOutside):
+                at, msg = ("runtime", "prepare", exc.index, "src"), exc.reason
+            else:
+                err = exc.errors(include_url=False)[0]
+                at, msg = tuple(err["loc"]), err["msg"]
+            loc = (*where_in, *at)
             line = _line_of(root, loc)
             where = f"{source}:{line}" if line else source
-            raise TaskFileError(f"{where}: {_path(loc) or 'task'}: {err['msg']}") from None
+            raise TaskFileError(f"{where}: {_path(loc) or 'task'}: {msg}") from None
     ids = [t.task_id for t in tasks]
     dupes = sorted({t for t in ids if ids.count(t) > 1})
     if dupes:
@@ -80,28 +88,43 @@ def parse_tasks(text: str, source: str = "<tasks>") -> list[Task]:
     return tasks
 
 
-def _anchor_uploads(task: Task, base: Path) -> Task:
-    """Relative upload sources made absolute against `base`, so a task file works from any cwd."""
-    prepare = [
-        a.model_copy(update={"src": str(base / a.src)})
-        if isinstance(a, UploadAction) and not Path(a.src).is_absolute()
-        else a
-        for a in task.runtime.prepare
-    ]
+class UploadOutside(ValueError):
+    """An upload `src` (at `index` in runtime.prepare) that leaves the directory it is relative to."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index, self.reason = index, reason
+
+
+def anchor_uploads(task: Task, base: Path) -> Task:
+    """Relative upload sources made absolute against `base`, so a task file works from any cwd. A source
+    must stay inside `base`: an absolute one, or one that leads out through `..` or a symlink, raises
+    `UploadOutside` (a task file must not make the node copy arbitrary host files into a sandbox)."""
+    prepare = list(task.runtime.prepare)
+    for i, action in enumerate(prepare):
+        if not isinstance(action, UploadAction):
+            continue
+        if Path(action.src).is_absolute():
+            raise UploadOutside(i, f"{action.src!r} is absolute; write it relative to {base}")
+        try:
+            confine_upload(base / action.src, (base,))
+        except ValueError:
+            where = (base / action.src).resolve()
+            raise UploadOutside(i, f"{action.src!r} leads outside {base} (to {where})") from None
+        prepare[i] = action.model_copy(update={"src": str(base / action.src)})
     if prepare == task.runtime.prepare:
         return task
     return task.model_copy(update={"runtime": task.runtime.model_copy(update={"prepare": prepare})})
 
 
 def load_tasks(path: str | Path) -> list[Task]:
-    """Tasks from a file; relative upload `src` paths are taken relative to the file's directory."""
+    """Tasks from a file; upload `src` paths are taken relative to the file's directory and must stay in it."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise TaskFileError(f"{p}: cannot read: {exc.strerror}") from None
-    base = p.resolve().parent
-    return [_anchor_uploads(t, base) for t in parse_tasks(text, str(p))]
+    return parse_tasks(text, str(p), p.resolve().parent)
 
 
 # Public names for other YAML loaders that point their errors at the line (polar.train.config).

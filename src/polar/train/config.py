@@ -24,8 +24,15 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from polar.rollout.task import Task, UploadAction
-from polar.rollout.taskfile import TaskFileError, field_path, line_of, load_tasks
+from polar.rollout.task import Task
+from polar.rollout.taskfile import (
+    TaskFileError,
+    UploadOutside,
+    anchor_uploads,
+    field_path,
+    line_of,
+    load_tasks,
+)
 from polar.train.advantages import Estimator
 from polar.train.loss import Aggregation, LossConfig
 
@@ -137,17 +144,6 @@ def _where(source: str, root: yaml.Node | None, loc: tuple[Any, ...]) -> str:
     return f"{source}:{line}" if line else source
 
 
-def _anchor(task: Task, base: Path) -> Task:
-    """Relative upload sources of inline tasks are taken relative to the config file, as in task files."""
-    prepare = [
-        a.model_copy(update={"src": str(base / a.src)})
-        if isinstance(a, UploadAction) and not Path(a.src).is_absolute()
-        else a
-        for a in task.runtime.prepare
-    ]
-    return task.model_copy(update={"runtime": task.runtime.model_copy(update={"prepare": prepare})})
-
-
 def parse_config(
     text: str, source: str = "<config>", base: Path | None = None
 ) -> tuple[TrainConfig, list[Task]]:
@@ -178,8 +174,11 @@ def parse_config(
     else:
         tasks = []
         for i, item in enumerate(config.tasks):
-            try:
-                tasks.append(_anchor(Task.model_validate(item), base))
+            try:  # inline tasks' uploads are relative to the config file and stay in its directory
+                tasks.append(anchor_uploads(Task.model_validate(item), base))
+            except UploadOutside as exc:
+                loc = ("tasks", i, "runtime", "prepare", exc.index, "src")
+                raise ConfigError(f"{_where(source, root, loc)}: {field_path(loc)}: {exc.reason}") from None
             except ValidationError as exc:
                 err = exc.errors(include_url=False)[0]
                 loc = ("tasks", i, *err["loc"])
@@ -203,3 +202,10 @@ def load_config(path: str | Path) -> tuple[TrainConfig, list[Task]]:
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     return parse_config(text, str(p), p.resolve().parent)
+
+
+def upload_roots(config: TrainConfig, path: str | Path) -> tuple[Path, ...]:
+    """Where the tasks of the config at `path` may upload from: their task file's directory, or the
+    config's own for inline tasks (what the local node is allowed to read)."""
+    base = Path(path).resolve().parent
+    return ((base / config.tasks).resolve().parent,) if isinstance(config.tasks, str) else (base,)

@@ -49,6 +49,7 @@ from polar.rollout.protocol import (
     SessionStatus,
 )
 from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
+from polar.rollout.uploads import upload_violations
 from polar.runtime import namespaces
 from polar.runtime.factory import check_runtime
 from polar.runtime.leftovers import reap_leftovers
@@ -160,6 +161,9 @@ class Node:
             check_runtime(runtime_spec(task, self.config.runtime_root))
         except Exception as exc:
             raise AdmissionError(422, f"task.runtime: {exc}", "task.runtime.backend") from exc
+        for i, reason in upload_violations(task, self.config.upload_roots):
+            field = f"task.runtime.prepare[{i}].src"
+            raise AdmissionError(422, f"{field}: {reason}", field)
         return harness, evaluator, fresh
 
     def _known(self, session_id: str) -> bool:
