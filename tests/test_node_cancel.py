@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import pytest
 
 from polar.rollout.protocol import NodeSessionState, SessionStatus
 from tests.node_support import fake_policy, pids_under, running_node, shell_task, spec, until
@@ -86,3 +87,41 @@ async def test_stopping_the_node_cancels_what_runs(tmp_path: Path) -> None:
     assert state.result is not None and state.result.reason == "node stopped"
     await until(lambda: not pids_under(runtimes), "the tree to die")
 
+
+async def test_cancel_right_after_submit_never_wedges(tmp_path: Path) -> None:
+    """Cancelling a session before its driver task took its first step: asyncio never runs a coroutine
+    cancelled before it started, so nothing in it could finish the session. 40 of them, cancelled one by
+    one and all at once (the server's early stop), and the node still frees every slot and stops."""
+    n = 40
+    nodes = []
+
+    async def scenario() -> None:
+        with fake_policy() as (url, _):
+            async with running_node(url, tmp_path, capacity=n) as node:
+                nodes.append(node)
+                for i in range(n // 2):
+                    await node.submit(spec(shell_task("sleep 30"), f"one-{i}"))
+                    state = await node.cancel(f"one-{i}", "trainer cancelled")
+                    assert state is not None and state.status == SessionStatus.CANCELLED
+                for i in range(n // 2):
+                    await node.submit(spec(shell_task("sleep 30"), f"all-{i}"))
+                states = await asyncio.gather(*(node.cancel(f"all-{i}", "early stop") for i in range(n // 2)))
+                assert all(s is not None and s.status == SessionStatus.CANCELLED for s in states)
+                assert node.status().active == 0 and node.status().by_stage == {}
+                results = [await node.wait(f"one-{i}") for i in range(n // 2)]
+                assert {(r.status, r.reason) for r in results} == {
+                    (SessionStatus.CANCELLED, "trainer cancelled")
+                }
+                await node.submit(spec(shell_task("true"), "after"))  # the slots are free again
+                assert (await node.wait("after")).status == SessionStatus.COMPLETED
+                await node.stop()  # what SIGTERM runs
+
+    # Not wait_for: it would wait for the wedged scenario to unwind, which a wedged stop never does.
+    run = asyncio.create_task(scenario())
+    done, _ = await asyncio.wait({run}, timeout=120)
+    if not done:
+        for s in nodes[0]._sessions.values():  # release the wedged waiters, or the loop's teardown hangs
+            s.done.set()
+        pytest.fail("a cancel or the node's stop never finished")
+    run.result()
+    assert not list((tmp_path / "runtimes").iterdir())

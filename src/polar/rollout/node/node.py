@@ -187,6 +187,7 @@ class Node:
         s = NodeSession(spec=spec, harness=harness, evaluator=evaluator, deadline=deadline, wants_fresh=fresh)
         self._sessions[spec.session_id] = s
         s.driver = asyncio.create_task(self._drive(s), name=f"session-{spec.session_id}")
+        s.driver.add_done_callback(lambda _: self._driver_ended(s))
 
     # -- queries ------------------------------------------------------------------------------------------
     def state(self, session_id: str) -> NodeSessionState | None:
@@ -313,6 +314,20 @@ class Node:
         finally:
             await self._teardown(s)
             self._finish(s)
+
+    def _driver_ended(self, s: NodeSession) -> None:
+        """A driver cancelled before its first step never enters `_drive` (asyncio drops the coroutine
+        unstarted), so its `finally` never finishes the session: `cancel` right after `submit` would
+        wait on `s.done` forever and the session would hold its slot. Finish it here; nothing of it
+        started, so there is nothing to tear down. (A second cancel during teardown ends up here too.)"""
+        if s.done.is_set():
+            return
+        if not s.marks:  # never reached a stage
+            s.outcome = SessionStatus.CANCELLED
+            s.reason = s.cancel_reason or "cancelled: the node's event loop is shutting down"
+        else:
+            log.error("session %s: its driver was stopped during teardown", s.session_id)
+        self._finish(s)
 
     async def _teardown(self, s: NodeSession) -> None:
         if s.fresh is not None:
