@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from polar.rollout.protocol import SessionStatus
+from polar.runtime import bridge
 from tests.conftest import SERVED_MODEL
 from tests.node_support import fake_policy, pids_under, running_node, shell_task, spec, until
 
@@ -121,3 +123,25 @@ async def test_without_namespaces_the_next_node_start_reaps_what_a_killed_node_l
             await again.submit(spec(shell_task("true", runtime={"network": "host"}), "after"))
             assert (await again.wait("after")).status == SessionStatus.COMPLETED
     assert not list(records.iterdir())
+
+
+def test_a_restarted_node_removes_the_bridge_sockets_a_killed_one_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node.start removes gateway-bridge directories nobody serves any more (old enough that none is
+    being set up right now); a live bridge stays."""
+    monkeypatch.setattr(bridge, "_DIR", str(tmp_path))
+    live = bridge.UnixBridge("127.0.0.1", 9)
+    live.start()
+    dead, young = tmp_path / "polar-gw-dead", tmp_path / "polar-gw-young"
+    for folder in (dead, young):
+        folder.mkdir()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.bind(str(folder / "gw.sock"))  # left behind: the file stays, nothing listens
+    for folder in (dead, live.socket_path.parent):
+        os.utime(folder, (0, 0))
+    try:
+        assert bridge.remove_stale_bridges(min_age_s=60) == 1
+        assert not dead.exists() and young.exists() and live.socket_path.exists()
+    finally:
+        live.close()

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
+import socket
+import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -40,10 +45,34 @@ async def _splice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
                 writer.write_eof()
 
 
+_DIR, _PREFIX = "/tmp", "polar-gw-"
+
+
+def remove_stale_bridges(min_age_s: float = 60.0) -> int:
+    """Remove the bridge directories of runtimes whose node died without closing them (SIGKILL): ours,
+    older than `min_age_s` (one being set up right now has no listener yet), whose socket refuses."""
+    removed = 0
+    for folder in Path(_DIR).glob(f"{_PREFIX}*"):
+        try:
+            st = folder.lstat()
+        except OSError:
+            continue
+        if st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode) or time.time() - st.st_mtime < min_age_s:
+            continue
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.connect(str(folder / "gw.sock"))
+            continue  # someone serves it
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 class UnixBridge:
     def __init__(self, host: str, port: int) -> None:
         # Short and outside the session dir: a unix socket path must fit in 108 bytes
-        self.socket_path = Path(tempfile.mkdtemp(prefix="polar-gw-", dir="/tmp")) / "gw.sock"
+        self.socket_path = Path(tempfile.mkdtemp(prefix=_PREFIX, dir=_DIR)) / "gw.sock"
         self.host = host
         self.port = port
         self._loop = asyncio.new_event_loop()

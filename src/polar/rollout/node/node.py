@@ -51,6 +51,7 @@ from polar.rollout.protocol import (
 from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
 from polar.rollout.uploads import upload_violations
 from polar.runtime import namespaces
+from polar.runtime.bridge import remove_stale_bridges
 from polar.runtime.factory import check_runtime
 from polar.runtime.leftovers import reap_leftovers
 from polar.trajectory import get_builder
@@ -91,9 +92,10 @@ class Node:
     async def start(self) -> None:
         """Serve the gateway and the node routes, then register with the server (when there is one)."""
         gw = self.config.gateway
-        # What a node killed with SIGKILL left where no PID namespace took it along; and the namespace
-        # probe, once, off the loop (admission asks for it)
+        # What a node killed with SIGKILL left (processes no PID namespace took along, gateway bridge
+        # sockets); and the namespace probe, once, off the loop (admission asks for it)
         await asyncio.to_thread(reap_leftovers)
+        await asyncio.to_thread(remove_stale_bridges)
         await asyncio.to_thread(namespaces.probe)
         await self.server.start()
         self.url = self.server.url
