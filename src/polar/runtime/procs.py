@@ -165,7 +165,8 @@ async def run_process(
 ) -> ExecResult:
     """Run `argv` in a new session; on timeout `kill(pgid, grace_s)` and report exit code 124.
 
-    `kill` lets container runtimes also stop what the client started inside the engine."""
+    `kill` lets container runtimes also stop what the client started inside the engine; `pass_fds` stay
+    open in the child (the local runtime's status pipe)."""
     started = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
