@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -108,6 +109,25 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def pids_under(root: Path, *argv: str) -> list[int]:
+    """Host pids of live processes whose cwd lies under `root` (a node's runtime root) and, given `argv`,
+    that run exactly that. A session's `$$` and `$!` are its own PID namespace's, not the host's, so tests
+    find its processes from the host side."""
+    want = b"".join(a.encode() + b"\0" for a in argv)
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or not alive(int(proc.name)):
+            continue
+        try:
+            cwd = Path(os.readlink(proc / "cwd"))
+            cmdline = (proc / "cmdline").read_bytes() if argv else b""
+        except OSError:
+            continue
+        if cwd.is_relative_to(root) and cmdline == want:
+            found.append(int(proc.name))
+    return found
 
 
 async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 30.0) -> Any:

@@ -189,14 +189,14 @@ async def traced_connections(
 ) -> tuple[ExecResult, set[tuple[str, int]]]:
     """Run the preset's command under `strace -f` in a local runtime: every IP address it connected or
     sent a datagram to (a DNS lookup included), as (address, port)."""
-    runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), session_id)
-    assert isinstance(runtime, LocalRuntime)
+    runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), session_id, gateway_url=gateway_url)
+    assert isinstance(runtime, LocalRuntime) and runtime.gateway_url is not None
     await runtime.start()
     try:
         harness = get_harness(harness_name, settings)
         ctx = HarnessContext(
             session_id=session_id,
-            gateway_url=gateway_url,
+            gateway_url=runtime.gateway_url,  # the gateway's port on the sandbox's own loopback
             model=SERVED_MODEL,
             instruction=HELLO_TASK,
             home=str(runtime.home),

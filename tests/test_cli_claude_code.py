@@ -400,14 +400,14 @@ async def test_claude_code_connects_to_nothing_but_the_gateway(
     """Every socket the CLI opens, traced: with the preset's switches the only internet-family connects
     go to the gateway's port on loopback (no DNS, telemetry, update check or error reporting)."""
     fake_backend.app.reset(script)
-    runtime = make_runtime(RuntimeSpec(root=tmp_path), "cc-strace")
-    assert isinstance(runtime, LocalRuntime)
+    runtime = make_runtime(RuntimeSpec(root=tmp_path), "cc-strace", gateway_url=gateway.url)
+    assert isinstance(runtime, LocalRuntime) and runtime.gateway_url is not None
     await runtime.start()
     try:
         sid = gateway.new_session()
         context = HarnessContext(
             session_id=sid,
-            gateway_url=gateway.url,
+            gateway_url=runtime.gateway_url,  # the gateway's port on the sandbox's own loopback
             model="fake-policy",
             instruction="Create hello.txt with a greeting.",
             home=str(runtime.home),

@@ -33,7 +33,9 @@ def test_run_executes_every_session_and_writes_results(tmp_path: Path) -> None:
                 "instruction": "say something twice",
                 "num_samples": 2,
                 "timeout_seconds": 60,
-                "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} {caller} 2"}},
+                # the caller arrives by an upload relative to the task file (the node may read its dir)
+                "runtime": {"prepare": [{"type": "upload", "src": caller.name, "dst": "call.py"}]},
+                "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} call.py 2"}},
                 "evaluator": {"strategy": "session_completed"},
                 "metadata": {"group_id": f"g{i}", "policy_version": 3},
             }

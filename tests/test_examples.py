@@ -157,7 +157,7 @@ async def test_task_through_a_node_with_the_builtin_agent(task: Task, tmp_path: 
         [Reply(tool_calls=[("finish", '{"summary": "nothing to do"}')])],
     ]
     with fake_policy() as (url, fake):
-        async with running_node(url, tmp_path) as node:
+        async with running_node(url, tmp_path, upload_roots=(EXAMPLES,)) as node:  # as `polar run` does
             results = []
             for i, script in enumerate(scripts):
                 fake.reset(script)

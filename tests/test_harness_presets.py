@@ -37,9 +37,10 @@ NASTY = 'it\'s "quoted" $(touch pwned) `touch pwned2` $HOME * ; rm -rf / & {work
 
 
 @pytest.fixture
-async def rt(tmp_path: Path) -> AsyncIterator[LocalRuntime]:
-    runtime = make_runtime(RuntimeSpec(root=tmp_path), "preset-session")
-    assert isinstance(runtime, LocalRuntime)
+async def rt(tmp_path: Path, gateway: Gateway) -> AsyncIterator[LocalRuntime]:
+    """A local runtime whose network reaches only the gateway, at `rt.gateway_url`."""
+    runtime = make_runtime(RuntimeSpec(root=tmp_path), "preset-session", gateway_url=gateway.url)
+    assert isinstance(runtime, LocalRuntime) and runtime.gateway_url is not None
     await runtime.start()
     try:
         yield runtime
@@ -73,7 +74,7 @@ async def test_builtin_preset_end_to_end(
 ) -> None:
     fake_backend.app.reset(SCRIPT)
     sid = gateway.new_session()
-    ctx = context(rt, sid, gateway.url, "Create hello.txt and show it.")
+    ctx = context(rt, sid, str(rt.gateway_url), "Create hello.txt and show it.")
     settings = {"max_turns": 5, "stream": stream}
     _, result, meta = await run_harness("builtin", settings, rt, ctx)
     assert result.exit_code == 0, result.stderr
@@ -100,7 +101,7 @@ async def test_builtin_preset_reports_api_errors_and_missing_transcripts(
 ) -> None:
     fake_backend.app.reset(SCRIPT)
     harness = get_harness("builtin", {"max_retries": 0})
-    ctx = context(rt, "no-such-session", gateway.url, "x")
+    ctx = context(rt, "no-such-session", str(rt.gateway_url), "x")
     assert await harness.post_run(rt, ctx) == {"finished": False, "turns": 0, "stop_reason": "no_transcript"}
     _, result, meta = await run_harness("builtin", {"max_retries": 0}, rt, ctx)
     assert result.exit_code == 2 and "model API error on turn 1" in result.stderr and "401" in result.stderr
@@ -141,7 +142,7 @@ async def test_shell_preset_runs_an_agent_against_the_gateway(
     """Any program that reads the standard variables is captured: here the reference agent, as a command."""
     fake_backend.app.reset(SCRIPT)
     sid = gateway.new_session()
-    ctx = context(rt, sid, gateway.url, "Create hello.txt.")
+    ctx = context(rt, sid, str(rt.gateway_url), "Create hello.txt.")
     command = (
         f"{shlex.quote(sys.executable)} -m polar.harness.agent --instruction-file {{instruction_file}} "
         "--workdir {workdir} --transcript {artifacts}/agent.jsonl"

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,7 +14,7 @@ import httpx
 from polar.rollout.protocol import SessionSpec
 from polar.serving import free_port
 from tests.conftest import SERVED_MODEL
-from tests.node_support import alive, fake_policy, shell_task
+from tests.node_support import fake_policy, pids_under, shell_task
 from tests.server_support import AUTH, TOKEN, start_server, wait_until
 
 
@@ -69,7 +68,7 @@ def test_polar_node_process(tmp_path: Path) -> None:
                     spec = SessionSpec(session_id="cli-sess-2", task=hang)
                     assert client.post("/node/sessions", content=spec.model_dump_json()).status_code == 202
                     wait_until(pid_file.exists, what="the harness to run")
-                    child = int(pid_file.read_text())
+                    assert pids_under(tmp_path / "rt", "sleep", "60")
                 os.kill(proc.pid, signal.SIGTERM)
                 out, _ = proc.communicate(timeout=30)
             finally:
@@ -79,10 +78,7 @@ def test_polar_node_process(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert proc.returncode == 0, out
-    deadline = time.monotonic() + 5
-    while alive(child) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not alive(child)
+    wait_until(lambda: not pids_under(tmp_path / "rt", "sleep", "60"), what="the harness to die")
     assert not list((tmp_path / "rt").iterdir())
 
 

@@ -54,7 +54,7 @@ async def test_upload_prepare_action(tmp_path: Path) -> None:
     )
     missing = shell_task("true", runtime={"prepare": [{"type": "upload", "src": str(tmp_path / "nope")}]})
     with fake_policy() as (url, _):
-        async with running_node(url, tmp_path) as node:
+        async with running_node(url, tmp_path, upload_roots=(tmp_path,)) as node:
             await node.submit(spec(task, "sess-upload"))
             await node.submit(spec(missing, "sess-upload-missing"))
             ok = await node.wait("sess-upload")

@@ -112,7 +112,7 @@ async def test_bwrap_session_reaches_only_the_gateway(tmp_path: Path) -> None:
         },
     )
     with fake_policy([Reply("one"), Reply("sandboxed")]) as (url, fake):
-        async with running_node(url, tmp_path) as node:
+        async with running_node(url, tmp_path, upload_roots=(tmp_path,)) as node:
             await node.submit(spec(task, "sess-bwrap-1"))
             result = await node.wait("sess-bwrap-1")
     assert result.status == SessionStatus.COMPLETED, result.reason

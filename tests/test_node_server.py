@@ -12,9 +12,9 @@ from polar.serving import free_port
 from polar.serving import urls as _urls
 from tests.node_support import (
     PY,
-    alive,
     eventually,
     fake_policy,
+    pids_under,
     running_node,
     shell_task,
     spec,
@@ -127,7 +127,9 @@ async def test_early_stop_cancels_stragglers_on_the_node(tmp_path: Path) -> None
     pids.mkdir()
     # The first session to run (mkdir is atomic) finishes once the two others hang with a child process.
     first = f"mkdir {tmp_path}/first 2>/dev/null && {{ until [ $(ls {pids} | wc -l) = 2 ]; do sleep 0.05; done; exit 0; }}"
-    command = f"{first}; sleep 60 & echo $! > {pids}/$$; wait"
+    command = (
+        f"{first}; sleep 60 & mktemp {pids}/agent.XXXXXX >/dev/null; wait"  # ($$ is 2 in every PID namespace)
+    )
     server = start_server(tmp_path / "server.db")
     try:
         with fake_policy() as (url, _):
@@ -146,8 +148,7 @@ async def test_early_stop_cancels_stragglers_on_the_node(tmp_path: Path) -> None
     statuses = sorted(s["status"] for s in view["sessions"])
     assert statuses == ["CANCELLED", "CANCELLED", "COMPLETED"]
     assert len(list(pids.iterdir())) == 2
-    for f in pids.iterdir():
-        assert not alive(int(f.read_text()))
+    await until(lambda: not pids_under(tmp_path / "runtimes", "sleep", "60"), "the stragglers to die")
 
 
 async def test_a_result_the_server_refuses_is_not_retried_and_stays_on_the_node(tmp_path: Path) -> None:

@@ -126,8 +126,11 @@ def test_factory_builds_and_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     with pytest.raises(RuntimeFailure, match=r"runtime 'docker' needs runtime\.image"):
         make_runtime(RuntimeSpec(backend="docker"), "x")
     monkeypatch.setenv("PATH", _fake_path(tmp_path, "docker", "singularity"))
-    assert isinstance(make_runtime(_spec(tmp_path, "docker"), "x"), DockerRuntime)
-    rt = make_runtime(_spec(tmp_path, "apptainer"), "x")
+    for backend in ("docker", "apptainer"):  # they share the host's network: `gateway` would not hold
+        with pytest.raises(RuntimeFailure, match=f"runtime '{backend}' cannot confine network 'gateway'"):
+            make_runtime(_spec(tmp_path, backend), "x")
+    assert isinstance(make_runtime(_spec(tmp_path, "docker", network="host"), "x"), DockerRuntime)
+    rt = make_runtime(_spec(tmp_path, "apptainer", network="none"), "x")
     assert isinstance(rt, ApptainerRuntime) and os.path.basename(rt.binary) == "singularity"
 
 

@@ -1,5 +1,10 @@
 """LocalRuntime with real processes and files: env/cwd/stdin, exit codes, timeouts that kill whole
-trees, cancellation during a running exec, uploads/downloads, output caps and cleanup."""
+trees, cancellation during a running exec, uploads/downloads, output caps and cleanup.
+
+Process tests run twice: in the runtime's namespaces (the default where `unshare` works) and without them
+(`network: host` where namespaces are forbidden, simulated by a failing probe). A PID namespace hides the
+host pids from the command itself (`$$` is its own namespace's), so the tests find processes from the
+host side by their command line and their cwd in the session directory."""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from polar.runtime import LocalRuntime, RuntimeFailure, RuntimeSpec, make_runtime
+from polar.runtime import LocalRuntime, RuntimeFailure, RuntimeSpec, make_runtime, namespaces
 from polar.runtime.procs import group_alive
+
+MODES = ["namespaced", "plain"]
 
 
 def _alive(pid: int) -> bool:
@@ -32,14 +39,54 @@ async def _wait_gone(pids: list[int]) -> list[int]:
     return alive
 
 
-@pytest.fixture
-async def rt(tmp_path: Path) -> AsyncIterator[LocalRuntime]:
-    runtime = LocalRuntime(
-        RuntimeSpec(root=tmp_path, env={"SPEC_VAR": "from-spec"}), "sess/1", term_grace_s=0.3
-    )
+def without_namespaces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a machine that forbids namespaces (a locked-down container) looks like to the runtime."""
+    monkeypatch.setattr(namespaces, "probe", lambda: "namespaces disabled by the test")
+
+
+def _procs(rt: LocalRuntime, *argv: str) -> list[int]:
+    """Host pids of live processes running exactly `argv` with their cwd in the runtime's session dir."""
+    want = b"".join(a.encode() + b"\0" for a in argv)
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or not _alive(int(proc.name)):
+            continue
+        try:
+            if (proc / "cmdline").read_bytes() == want and Path(os.readlink(proc / "cwd")).is_relative_to(
+                rt.session_dir
+            ):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+async def _appear(rt: LocalRuntime, n: int, *argv: str) -> list[int]:
+    for _ in range(200):
+        pids = _procs(rt, *argv)
+        if len(pids) >= n:
+            return pids
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{n} x {argv} never ran")
+
+
+@pytest.fixture(params=MODES)
+async def rt(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[LocalRuntime]:
+    network = "gateway"
+    if request.param == "plain":
+        without_namespaces(monkeypatch)
+        network = "host"
+    spec = RuntimeSpec(root=tmp_path, env={"SPEC_VAR": "from-spec"}, network=network)  # type: ignore[arg-type]
+    runtime = LocalRuntime(spec, "sess/1", term_grace_s=0.3)
     await runtime.start()
     yield runtime
     await runtime.stop()
+
+
+def _namespaced(rt: LocalRuntime) -> bool:
+    return rt._ns is not None
 
 
 async def test_layout_and_env(rt: LocalRuntime, tmp_path: Path) -> None:
@@ -90,61 +137,74 @@ async def test_missing_cwd_is_a_runtime_failure(rt: LocalRuntime) -> None:
 
 
 async def test_timeout_kills_grandchildren(rt: LocalRuntime) -> None:
-    r = await rt.exec(
-        "sleep 100 & echo $!; sh -c 'sleep 100 & echo $!; sleep 100' & echo $!; wait", timeout_s=0.5
-    )
+    task = asyncio.create_task(rt.exec("sleep 100 & sh -c 'sleep 100 & sleep 100' & wait", timeout_s=3))
+    pids = await _appear(rt, 3, "sleep", "100")
+    r = await task
     assert r.exit_code == 124 and r.timed_out
-    pids = [int(x) for x in r.stdout.split()]
-    assert len(pids) == 3
     assert await _wait_gone(pids) == []
 
 
 async def test_timeout_escalates_to_sigkill(rt: LocalRuntime) -> None:
-    r = await rt.exec("trap '' TERM; echo $$; sleep 100 & wait; sleep 100", timeout_s=0.3)
+    script = "trap '' TERM; sleep 100 & wait; sleep 100"
+    task = asyncio.create_task(rt.exec(["bash", "-c", script], timeout_s=2))
+    pids = await _appear(rt, 1, "bash", "-c", script)
+    r = await task
     assert r.timed_out and r.exit_code == 124
-    assert await _wait_gone([int(r.stdout.split()[0])]) == []
+    assert await _wait_gone(pids) == []
 
 
-async def test_background_child_holding_stdout_counts_as_running(rt: LocalRuntime) -> None:
-    r = await rt.exec("sleep 100 & echo started", timeout_s=0.5)
-    assert r.timed_out and r.stdout == "started\n"
+async def test_background_child_holding_stdout(rt: LocalRuntime) -> None:
+    """Without namespaces a background child holding stdout keeps the exec running (until its timeout);
+    in a PID namespace it dies when the command exits (the namespace's init exits), as under bwrap."""
+    r = await rt.exec("sleep 100 & echo started", timeout_s=2)
+    assert r.stdout == "started\n"
+    assert r.timed_out is not _namespaced(rt)
+    assert await _wait_gone(_procs(rt, "sleep", "100")) == []
 
 
 async def test_cancel_during_exec_kills_everything(rt: LocalRuntime) -> None:
-    pidfile = rt.workdir / "pids"
-    task = asyncio.create_task(rt.exec(f"sleep 100 & echo $! > {pidfile}; echo $$ >> {pidfile}; wait"))
-    for _ in range(100):
-        if pidfile.exists() and len(pidfile.read_text().split()) == 2:
-            break
-        await asyncio.sleep(0.05)
+    script = "sleep 100 & wait"
+    task = asyncio.create_task(rt.exec(["bash", "-c", script]))
+    pids = await _appear(rt, 1, "sleep", "100") + await _appear(rt, 1, "bash", "-c", script)
     await rt.cancel()
     result = await asyncio.wait_for(task, 10)
     assert result.exit_code < 0 and not result.timed_out
-    assert await _wait_gone([int(x) for x in pidfile.read_text().split()]) == []
+    assert await _wait_gone(pids) == []
     with pytest.raises(RuntimeFailure, match="cancelled"):
         await rt.exec(["true"])
     await rt.cancel()  # idempotent
 
 
 async def test_cancel_reaches_leftover_background_processes(rt: LocalRuntime) -> None:
-    r = await rt.exec("nohup sleep 100 >/dev/null 2>&1 & echo $!")
-    pid = int(r.stdout)
-    assert r.exit_code == 0 and _alive(pid)
+    """A detached leftover outlives its exec only without namespaces, and then `cancel` reaches it."""
+    r = await rt.exec("nohup sleep 100 >/dev/null 2>&1 &")
+    assert r.exit_code == 0
+    if _namespaced(rt):
+        assert await _wait_gone(_procs(rt, "sleep", "100")) == []
+        return
+    pids = await _appear(rt, 1, "sleep", "100")
     await rt.cancel()
-    assert await _wait_gone([pid]) == []
+    assert await _wait_gone(pids) == []
+
+
+def _pgid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rfind(")") + 2 :].split()[2])
 
 
 async def test_cancelling_the_calling_task_kills_the_tree(rt: LocalRuntime) -> None:
-    pidfile = rt.workdir / "pid"
-    task = asyncio.create_task(rt.exec(f"echo $$ > {pidfile}; sleep 100"))
-    while not (pidfile.exists() and pidfile.read_text().strip()):
-        await asyncio.sleep(0.05)
-    pid = int(pidfile.read_text())
+    task = asyncio.create_task(rt.exec("sleep 100; true"))
+    pids = await _appear(rt, 1, "sleep", "100")
+    group = _pgid(pids[0])
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await _wait_gone([pid]) == []
-    assert not group_alive(pid)
+    assert await _wait_gone(pids) == []
+    for _ in range(100):  # the group's other members (unshare, the namespace's init) die with it
+        if not group_alive(group):
+            break
+        await asyncio.sleep(0.05)
+    assert not group_alive(group)
 
 
 async def test_output_is_capped_and_says_so(tmp_path: Path) -> None:
@@ -190,18 +250,25 @@ async def test_upload_refuses_paths_outside_and_missing_sources(rt: LocalRuntime
         await rt.download("missing", tmp_path / "y")
 
 
-async def test_stop_cleans_up_and_keeps_artifacts_when_asked(tmp_path: Path) -> None:
-    rt = LocalRuntime(RuntimeSpec(root=tmp_path), "s")
+@pytest.mark.parametrize("mode", MODES)
+async def test_stop_cleans_up_and_keeps_artifacts_when_asked(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if mode == "plain":
+        without_namespaces(monkeypatch)
+    rt = LocalRuntime(RuntimeSpec(root=tmp_path, network="host"), "s")
     await rt.start()
-    r = await rt.exec("nohup sleep 100 >/dev/null 2>&1 & echo $!")
+    task = asyncio.create_task(rt.exec("nohup sleep 100 >/dev/null 2>&1 & wait"))
+    pids = await _appear(rt, 1, "sleep", "100")
     await rt.stop()
+    await task
     assert not rt.session_dir.exists()
-    assert await _wait_gone([int(r.stdout)]) == []
+    assert await _wait_gone(pids) == []
     await rt.stop()  # idempotent
     with pytest.raises(RuntimeFailure, match="stopped"):
         await rt.exec(["true"])
 
-    rt = LocalRuntime(RuntimeSpec(root=tmp_path), "s", keep="artifacts")
+    rt = LocalRuntime(RuntimeSpec(root=tmp_path, network="host"), "s", keep="artifacts")
     await rt.start()
     await rt.exec("echo t > ../artifacts/t && echo w > w")
     await rt.stop()
@@ -238,30 +305,17 @@ def test_factory_refuses_unknown_backends() -> None:
 
 
 async def test_cancel_returns_even_when_an_escaped_process_holds_the_pipe(rt: LocalRuntime) -> None:
-    """`setsid` leaves the process group (only bwrap's PID namespace would catch it); cancel still ends
-    the exec instead of waiting for that process to close stdout."""
-    task = asyncio.create_task(rt.exec("setsid sleep 100 & echo $!; wait"))
-    pid = None
-    for _ in range(100):
-        pids = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_setsid_sleep(p, rt)]
-        if pids:
-            pid = int(pids[0].name)
-            break
-        await asyncio.sleep(0.05)
-    assert pid is not None
+    """`setsid` leaves the process group; cancel still ends the exec instead of waiting for that process
+    to close stdout. Without namespaces the escaped process survives; in a PID namespace it does not."""
+    task = asyncio.create_task(rt.exec("setsid sleep 100 & echo started; wait"))
+    pid = (await _appear(rt, 1, "sleep", "100"))[0]
     try:
         await rt.cancel()
         result = await asyncio.wait_for(task, 10)
         assert result.exit_code < 0 and not result.timed_out
-        assert result.stdout == f"{pid}\n"  # what was read before the cancel is kept
+        assert result.stdout == "started\n"  # what was read before the cancel is kept
+        if _namespaced(rt):
+            assert await _wait_gone([pid]) == []
     finally:
-        os.kill(pid, 9)
-
-
-def _is_setsid_sleep(proc: Path, rt: LocalRuntime) -> bool:
-    try:
-        return (proc / "cmdline").read_bytes() == b"sleep\x00100\x00" and (
-            proc / "cwd"
-        ).resolve() == rt.workdir
-    except OSError:
-        return False
+        if _alive(pid):
+            os.kill(pid, 9)

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from polar.rollout.server.store import ServerStore
-from tests.node_support import PY, alive, eventually, fake_policy, running_node, until, write_caller
+from tests.node_support import PY, eventually, fake_policy, pids_under, running_node, until, write_caller
 from tests.server_support import AUTH, start_server
 
 TERMINAL = ("COMPLETED", "ERROR", "TIMEOUT", "CANCELLED")
@@ -226,7 +226,7 @@ async def test_a_vanished_node_ends_its_sessions_as_node_lost(tmp_path: Path) ->
 async def test_cancelling_a_task_kills_its_sessions_on_the_node(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     pids.mkdir()
-    command = f"sleep 60 & echo $! > {pids}/$$; wait"
+    command = f"sleep 60 & mktemp {pids}/agent.XXXXXX >/dev/null; wait"  # ($$ is 2 in every PID namespace)
     server = start_server(tmp_path / "server.db")
     try:
         with fake_policy() as (url, _):
@@ -245,8 +245,7 @@ async def test_cancelling_a_task_kills_its_sessions_on_the_node(tmp_path: Path) 
         server.stop()
     assert [s["status"] for s in view["sessions"]] == ["CANCELLED", "CANCELLED"]
     assert all(s["node_id"] == "node-test" for s in view["sessions"])
-    for f in pids.iterdir():
-        assert not alive(int(f.read_text()))
+    await until(lambda: not pids_under(tmp_path / "runtimes", "sleep", "60"), "both agents to die")
 
 
 async def test_two_nodes_share_by_load_and_priority_decides_the_queue(tmp_path: Path) -> None:

@@ -54,6 +54,13 @@ from polar.cli.common import (
     help="What of a session's directory survives it (artifacts: the harness's logs and transcripts).",
 )
 @plugin_option
+@click.option(
+    "--upload-root",
+    "upload_roots",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="A directory upload prepare actions may copy from (repeatable; default: none).",
+)
 @click.option("--heartbeat", "heartbeat_s", default=5.0, show_default=True, type=float, help="Seconds.")
 @log_level_option
 def node(
@@ -79,6 +86,7 @@ def node(
     keep: str,
     plugins: tuple[str, ...],
     allow_callback: tuple[str, ...],
+    upload_roots: tuple[Path, ...],
     heartbeat_s: float,
     log_level: str,
 ) -> None:
@@ -125,6 +133,7 @@ def node(
             runtime_gateway_url=runtime_gateway_url,
             runtime_root=runtime_root,
             keep=keep,  # type: ignore[arg-type]
+            upload_roots=tuple(root.resolve() for root in upload_roots),
             heartbeat_s=heartbeat_s,
             **extra,  # type: ignore[arg-type]
         )

@@ -56,6 +56,7 @@ async def _run(
     capacity: int,
     console: Console,
     allow_callback: tuple[str, ...] = (),
+    upload_roots: tuple[Path, ...] = (),
 ) -> list[Any]:
     from polar.client import RolloutClient
     from polar.rollout.local import local_stack
@@ -77,6 +78,7 @@ async def _run(
         capacity,
         stop_reason="polar run finished",
         allow_callback=allow_callback,
+        upload_roots=upload_roots,
     ) as stack:
         node = stack.node
         with progress, open(out / "results.jsonl", "wb") as sink:
@@ -163,8 +165,9 @@ def run_taskfile(
                 engine, engine_server = stack.enter_context(embedded_engine(policy))
             backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
             console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
+        roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
         return asyncio.run(
-            _run(tasks, out, backend_url, backend_kind, model, capacity, console, allow_callback)
+            _run(tasks, out, backend_url, backend_kind, model, capacity, console, allow_callback, roots)
         )
 
 

@@ -53,7 +53,14 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
       polar train examples/train.yaml --set loss.eps_high=0.3 --set optimizer.lr=2e-6
       polar train examples/train.yaml --set metrics.tensorboard=true --steps 20
     """
-    from polar.train.config import ConfigError, Override, OverrideError, load_config, parse_override
+    from polar.train.config import (
+        ConfigError,
+        Override,
+        OverrideError,
+        load_config,
+        parse_override,
+        upload_roots,
+    )
     from polar.train.loop import train as run_training
 
     try:
@@ -77,7 +84,7 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
         f"backend {cfg.backend}; out {cfg.out}"
     )
     try:
-        history = run_training(cfg, tasks, console)
+        history = run_training(cfg, tasks, console, upload_roots(cfg, config))
     except RuntimeError as exc:  # a sink that is not installed, a failed weight sync, a dead server
         raise click.ClickException(str(exc)) from None
     last = history[-1] if history else None

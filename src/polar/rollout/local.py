@@ -14,7 +14,7 @@ agent, can steer the run.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,9 +51,11 @@ async def local_stack(
     *,
     stop_reason: str = "the local run finished",
     allow_callback: tuple[str, ...] = (),
+    upload_roots: Sequence[Path] = (),
 ) -> AsyncIterator[LocalStack]:
     """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`).
-    `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs."""
+    `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs; the node reads
+    upload sources only inside `upload_roots` (the task files' directories)."""
     from polar.auth import new_token
     from polar.gateway.config import GatewayConfig
     from polar.netguard import OutboundPolicy
@@ -82,6 +84,7 @@ async def local_stack(
             run_workers=capacity,
             server_url=server.url,
             heartbeat_s=1.0,
+            upload_roots=tuple(upload_roots),
         )
     )
     try:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from polar import plugins
 from polar.rollout.task import Task, UploadAction
+from polar.rollout.uploads import confine_upload
 
 
 class TaskFileError(ValueError):
@@ -80,9 +81,12 @@ def trust_imports(task: Task, base: Path, locate: Callable[[tuple[Any, ...]], st
                 raise TaskFileError(f"{locate(loc)}: {exc}") from None
 
 
-def parse_tasks(text: str, source: str = "<tasks>", *, imports_from: Path | None = None) -> list[Task]:
-    """Tasks from YAML/JSON text; with `imports_from`, the import paths they name are resolved relative to
-    that directory and trusted (a local run of the user's own file)."""
+def parse_tasks(
+    text: str, source: str = "<tasks>", base: Path | None = None, *, resolve_imports: bool = False
+) -> list[Task]:
+    """The tasks in `text`; with `base` (the file's directory) their uploads are anchored there and, with
+    `resolve_imports`, the import paths they name are resolved relative to it and trusted (a local run of
+    the user's own file)."""
     try:
         data = yaml.safe_load(text)
         root = yaml.compose(text)
@@ -109,8 +113,15 @@ def parse_tasks(text: str, source: str = "<tasks>", *, imports_from: Path | None
         except ValidationError as exc:
             err = exc.errors(include_url=False)[0]
             raise TaskFileError(f"{locate(tuple(err['loc']))}: {err['msg']}") from None
-        if imports_from is not None:
-            trust_imports(task, imports_from, locate)
+        if base is not None:
+            try:
+                task = anchor_uploads(task, base)
+            except UploadOutside as exc:
+                raise TaskFileError(
+                    f"{locate(('runtime', 'prepare', exc.index, 'src'))}: {exc.reason}"
+                ) from None
+            if resolve_imports:
+                trust_imports(task, base, locate)
         tasks.append(task)
     ids = [t.task_id for t in tasks]
     dupes = sorted({t for t in ids if ids.count(t) > 1})
@@ -119,31 +130,45 @@ def parse_tasks(text: str, source: str = "<tasks>", *, imports_from: Path | None
     return tasks
 
 
-def _anchor_uploads(task: Task, base: Path) -> Task:
-    """Relative upload sources made absolute against `base`, so a task file works from any cwd."""
-    prepare = [
-        a.model_copy(update={"src": str(base / a.src)})
-        if isinstance(a, UploadAction) and not Path(a.src).is_absolute()
-        else a
-        for a in task.runtime.prepare
-    ]
+class UploadOutside(ValueError):
+    """An upload `src` (at `index` in runtime.prepare) that leaves the directory it is relative to."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index, self.reason = index, reason
+
+
+def anchor_uploads(task: Task, base: Path) -> Task:
+    """Relative upload sources made absolute against `base`, so a task file works from any cwd. A source
+    must stay inside `base`: an absolute one, or one that leads out through `..` or a symlink, raises
+    `UploadOutside` (a task file must not make the node copy arbitrary host files into a sandbox)."""
+    prepare = list(task.runtime.prepare)
+    for i, action in enumerate(prepare):
+        if not isinstance(action, UploadAction):
+            continue
+        if Path(action.src).is_absolute():
+            raise UploadOutside(i, f"{action.src!r} is absolute; write it relative to {base}")
+        try:
+            confine_upload(base / action.src, (base,))
+        except ValueError:
+            where = (base / action.src).resolve()
+            raise UploadOutside(i, f"{action.src!r} leads outside {base} (to {where})") from None
+        prepare[i] = action.model_copy(update={"src": str(base / action.src)})
     if prepare == task.runtime.prepare:
         return task
     return task.model_copy(update={"runtime": task.runtime.model_copy(update={"prepare": prepare})})
 
 
 def load_tasks(path: str | Path, *, resolve_imports: bool = True) -> list[Task]:
-    """Tasks from a file; relative upload `src` paths are taken relative to the file's directory, and so
-    are import paths (trusted for this process) unless `resolve_imports` is False (a file sent to a remote
-    server, which decides what code it runs)."""
+    """Tasks from a file; upload `src` paths are taken relative to the file's directory and must stay in it,
+    and so are import paths (trusted for this process) unless `resolve_imports` is False (a file sent to a
+    remote server, which decides what code it runs)."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise TaskFileError(f"{p}: cannot read: {exc.strerror}") from None
-    base = p.resolve().parent
-    tasks = parse_tasks(text, str(p), imports_from=base if resolve_imports else None)
-    return [_anchor_uploads(t, base) for t in tasks]
+    return parse_tasks(text, str(p), p.resolve().parent, resolve_imports=resolve_imports)
 
 
 # Public names for other YAML loaders that point their errors at the line (polar.train.config).

@@ -2,8 +2,8 @@
 
 The instance is contained (`--containall`: own PID/IPC namespaces, no host home, clean environment) with
 a writable tmpfs over the image and the session directory bound at its host path. `network="none"` is
-`--net --network none` (which needs root or a site configuration that allows it); `gateway` and `host`
-share the host network, as with docker, so other addresses are not fenced off. Variables travel as
+`--net --network none` (which needs root or a site configuration that allows it); `host` shares the host
+network, and `gateway` is refused as with docker (other addresses would not be fenced off). Variables travel as
 `APPTAINERENV_<NAME>` in the client's environment, which apptainer injects into the container.
 """
 

@@ -20,7 +20,7 @@ class RuntimeSpec:
     image: str | None = None  # docker/apptainer image; unused by local and bwrap
     workdir: str = "workspace"  # relative to the session directory (local/bwrap) or absolute in a container
     env: dict[str, str] = field(default_factory=dict)
-    network: Literal["gateway", "host", "none"] = "gateway"  # gateway: loopback only (bwrap/containers)
+    network: Literal["gateway", "host", "none"] = "gateway"  # gateway: only the gateway (local, bwrap)
     root: Path | None = None  # where session directories are made (default: a temp dir)
     read_only_paths: tuple[
         str, ...

@@ -30,6 +30,7 @@ class ContainerRuntime(LocalRuntime):
     """Subclasses build the engine's command lines; this class runs them."""
 
     default_binary = ""
+    bridged = False  # `network: host`/`none` only: check_runtime refuses `gateway`
 
     def __init__(
         self,
@@ -48,8 +49,6 @@ class ContainerRuntime(LocalRuntime):
         self.control = self.session_dir / ".polar"
         if Path(spec.workdir).is_absolute():  # a path inside the image, e.g. /testbed
             self.workdir = Path(spec.workdir)
-        if spec.network == "none":
-            self.gateway_url = None
         self._counter = itertools.count()
 
     # -- the engine's command lines (pure; tested without an engine) --------------------------------

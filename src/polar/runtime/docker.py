@@ -1,8 +1,8 @@
 """Docker: one detached container per runtime (`sleep infinity`), commands through `docker exec`.
 
-`network="none"` is `--network none`. `gateway` and `host` both use `--network host` so the gateway on
-the node's loopback answers at the same URL; unlike bwrap this does not fence off other addresses
-(that needs a bridge network plus firewall rules, out of scope here).
+`network="none"` is `--network none`; `host` is `--network host`, so the gateway on the node's loopback
+answers at the same URL, and so does every other address. `gateway` (only the gateway reachable) is
+refused by `check_runtime`: fencing off the rest needs a bridge network plus firewall rules, not done here.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Build the runtime a `RuntimeSpec` names, refusing early (at submit or node start) when the backend
-cannot run on this machine."""
+"""Build the runtime a `RuntimeSpec` names, refusing early (at node admission and before `polar run`
+starts anything) when the backend cannot run on this machine or cannot confine the network it asks for."""
 
 from __future__ import annotations
 
 import shutil
 
+from polar.runtime import namespaces
 from polar.runtime.base import Runtime, RuntimeFailure, RuntimeSpec
 from polar.runtime.local import Keep, LocalRuntime
 
@@ -26,12 +27,20 @@ def check_runtime(spec: RuntimeSpec) -> None:
             "runtime 'bwrap' needs bubblewrap, but no `bwrap` is on PATH "
             "(Debian/Ubuntu: apt-get install bubblewrap)"
         )
+    if backend == "local":
+        namespaces.for_network(spec.network)  # gateway/none: refused where namespaces cannot be made
     if backend in ("docker", "apptainer") and not spec.image:
         raise RuntimeFailure(f"runtime {backend!r} needs runtime.image")
     if backend == "docker" and shutil.which("docker") is None:
         raise RuntimeFailure("runtime 'docker' needs the docker CLI, but no `docker` is on PATH")
     if backend == "apptainer" and _apptainer_binary() is None:
         raise RuntimeFailure("runtime 'apptainer' needs apptainer (or singularity), but neither is on PATH")
+    if backend in ("docker", "apptainer") and spec.network == "gateway":
+        raise RuntimeFailure(
+            f"runtime {backend!r} cannot confine network 'gateway': its containers share the host's network, "
+            "where every address is reachable; use runtime 'bwrap' or 'local', network 'none', or network "
+            "'host' to give the agent the host's network"
+        )
 
 
 def make_runtime(

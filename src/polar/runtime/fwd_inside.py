@@ -1,20 +1,44 @@
-"""Run a command with a TCP port on the sandbox's loopback forwarded to a unix socket.
+"""The first process inside a sandbox's namespaces: loopback, the gateway forward, capabilities, init.
 
-Started by `BwrapRuntime` inside a fresh network namespace (`python -I -S fwd_inside.py HOST PORT SOCK --
-ARGV...`), where loopback is the namespace's own and nothing else exists: the listener is bound before the
-command starts (no race), each connection is spliced to the unix socket that the node's bridge serves
-(a pathname socket crosses network namespaces because it is found through the file system), and the
-command's exit status becomes ours. Standard library only, so it runs under `-I -S` in any Python.
+    python -I -S fwd_inside.py [--lo] [--forward HOST PORT SOCK] [--setpriv PATH] [--status-fd N] -- ARGV
+
+`--lo` brings the loopback interface up: a network namespace made by `unshare --net` starts with `lo` DOWN
+(bwrap brings it up itself), so nothing could even listen on 127.0.0.1. `--forward` listens on HOST:PORT
+(the sandbox's own loopback) before the command starts (no race) and splices each connection to the unix
+socket SOCK that the node's bridge serves: a pathname socket crosses network namespaces because it is
+found through the file system. `--setpriv` runs the command through util-linux `setpriv` with every
+capability dropped except docker's default set (`KEEP_CAPS`): as root, CAP_SYS_ADMIN would let the command
+unmount the private /proc or `setns` back into the host's network namespace. `--status-fd` reports on
+that descriptor the signal that killed the command, because as PID 1 of a namespace this process cannot
+die by a signal of its own to pass it on (the kernel ignores an init's default-action signals). As that
+PID 1 it also reaps orphans and forwards SIGTERM to the command; when it exits, the kernel kills whatever
+is left in the namespace. Standard library only, so it runs under `-I -S` in any Python.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
+
+# Docker's default capability set: what a root command keeps (file ownership, setuid, binding low ports).
+KEEP_CAPS = (
+    "chown,dac_override,fowner,fsetid,kill,setgid,setuid,setpcap,setfcap,"
+    "net_bind_service,net_raw,sys_chroot,mknod,audit_write"
+)
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_IFREQ = "16sH22x"  # struct ifreq: the name, then ifr_flags in the union (40 bytes on 64-bit)
+
+
+def loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        flags = struct.unpack(_IFREQ, fcntl.ioctl(s, _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0)))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -45,24 +69,88 @@ def _serve(listener: socket.socket, unix_path: str) -> None:
             threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
 
+def _found(name: str) -> bool:
+    if "/" in name:
+        return os.path.exists(name)
+    dirs = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    return any(os.access(os.path.join(d or ".", name), os.X_OK) for d in dirs)
+
+
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    """The command's wait status; as PID 1, orphans reparented to us are reaped on the way."""
+    if os.getpid() != 1:
+        return child.wait()
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return child.wait()
+        if pid == child.pid:
+            return os.waitstatus_to_exitcode(status)
+
+
+def _options(args: list[str]) -> tuple[dict[str, list[str]], list[str]] | None:
+    """(options, argv) from `[--lo] [--forward H P S] [--setpriv PATH] [--status-fd N] -- ARGV`."""
+    arity = {"--lo": 0, "--forward": 3, "--setpriv": 1, "--status-fd": 1}
+    options: dict[str, list[str]] = {}
+    while args and args[0] in arity and len(args) > arity[args[0]]:
+        n = arity[args[0]]
+        options[args[0]], args = args[1 : 1 + n], args[1 + n :]
+    if len(args) < 2 or args[0] != "--":
+        return None
+    return options, args[1:]
+
+
 def main(args: list[str]) -> int:
-    host, port, unix_path, sep, *argv = args
-    if sep != "--" or not argv:
-        print("usage: fwd_inside.py HOST PORT SOCKET -- ARGV...", file=sys.stderr)
+    parsed = _options(args)
+    if parsed is None:
+        print("usage: fwd_inside.py [--lo] [--forward HOST PORT SOCK] [--setpriv PATH] "
+              "[--status-fd N] -- ARGV...", file=sys.stderr)  # fmt: skip
         return 2
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host, int(port)))
-    listener.listen(128)
-    threading.Thread(target=_serve, args=(listener, unix_path), daemon=True).start()
-    try:
-        child = subprocess.Popen(argv)
-    except FileNotFoundError:
+    options, argv = parsed
+    forward, setpriv = options.get("--forward"), options.get("--setpriv")
+    status_fd = int(options["--status-fd"][0]) if "--status-fd" in options else None
+    if "--lo" in options:
+        loopback_up()
+    if forward is not None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((forward[0], int(forward[1])))
+        listener.listen(128)
+        threading.Thread(target=_serve, args=(listener, forward[2]), daemon=True).start()
+    if not _found(argv[0]):
         print(f"polar: command not found: {argv[0]}", file=sys.stderr)
         return 127
-    # A SIGTERM to us (bwrap's own process tree is killed from outside) goes to the command too
-    signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
-    code = child.wait()
+    if setpriv is not None:
+        keep = ",".join(f"+{cap}" for cap in KEEP_CAPS.split(","))
+        argv = [
+            setpriv[0],
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            f"--bounding-set=-all,{keep}",
+            "--",
+            *argv,
+        ]
+    started: list[subprocess.Popen[bytes]] = []
+
+    # A SIGTERM to us (the runtime's kill reaches the whole process group) goes to the command too; set
+    # before the command starts, since an init without a handler would drop it
+    def forward_term(*_: object) -> None:
+        for child in started:
+            child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward_term)
+    try:
+        started.append(subprocess.Popen(argv))
+    except OSError as exc:
+        print(f"polar: cannot execute {argv[0]}: {exc.strerror}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+    code = _wait(started[0])
+    if code < 0 and status_fd is not None:
+        try:
+            os.write(status_fd, str(-code).encode())
+        except OSError:
+            pass
     return 128 - code if code < 0 else code
 
 

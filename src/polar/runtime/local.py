@@ -1,10 +1,19 @@
-"""The default runtime: a private session directory on the host and one process group per command.
+"""The default runtime: a private session directory on the host, each command in its own namespaces.
 
-No isolation beyond that: the harness sees the host file system and network (`spec.network` is not
-enforced; use `bwrap` for that). What it does guarantee is cleanup: every command runs in a new session,
-the runtime remembers every process group it started, and `cancel`/`stop`/a timeout kill whole trees.
-A process that deliberately leaves its group (`setsid`, a daemonizing server) escapes that; bwrap's PID
-namespace does not let it.
+What `local` isolates is the network and the processes. Each command runs under `unshare`
+(`namespaces.py`): a network namespace of its own (`network: gateway`: only the gateway answers, at
+`http://127.0.0.1:<port>` through the bridge that bwrap uses too; `none`: nothing outside the sandbox;
+`host`: the host's network), a PID namespace with a private /proc (it sees and signals only its own
+processes, and all of them die when it exits, is killed, or the node dies), and, as root, only docker's
+default capabilities. What it does NOT isolate is the file system: commands run as the node's user on
+the host's files, so they read and write whatever that user can (its start-up files and the polar
+installation included) and reach host services through their unix sockets. Use `bwrap` (read-only host)
+or a container for that.
+
+Where namespaces cannot be made (a container that forbids them), `gateway` and `none` are refused and
+`host` runs without them: each command is its own process group, killed whole by timeouts and `cancel`
+(a process that leaves its group with `setsid` escapes that); the node's death kills its direct child
+(PR_SET_PDEATHSIG) and the next node start kills the rest (`leftovers.py`).
 """
 
 from __future__ import annotations
@@ -15,10 +24,14 @@ import re
 import secrets
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal, TypedDict
 
+from polar.runtime import namespaces
 from polar.runtime.base import ExecResult, RuntimeFailure, RuntimeSpec
+from polar.runtime.bridge import UnixBridge, gateway_address
+from polar.runtime.leftovers import GroupRecords
 from polar.runtime.procs import OUTPUT_CAP, TERM_GRACE_S, GroupTracker, run_process
 
 Keep = Literal["nothing", "artifacts", "all"]
@@ -63,10 +76,21 @@ def _copy(src: Path, dst: Path) -> None:
         raise RuntimeFailure(f"cannot copy {src}: no such file or directory")
 
 
+def _read_status(fd: int) -> int | None:
+    """The signal number fwd_inside.py wrote, if it wrote one (the write end is still open here)."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 16)
+    except BlockingIOError:
+        return None
+    return int(data) if data.strip().isdigit() else None
+
+
 class LocalRuntime:
     """A session directory (`home/`, the workdir, `artifacts/`) and the processes started in it."""
 
     backend = "local"
+    bridged = True  # `network: gateway` reaches the gateway through a bridge (containers share the host's)
 
     def __init__(
         self,
@@ -86,12 +110,20 @@ class LocalRuntime:
         self.home = self.session_dir / "home"
         self.artifacts = self.session_dir / "artifacts"
         self.workdir = self.session_dir / _relative(spec.workdir, "workdir")
-        # The URL the harness should use for the gateway: the same one on the host
+        # The URL the harness should use for the gateway: the host's, or its port on the sandbox's loopback
         self.gateway_url = gateway_url
+        self._gateway: tuple[str, int] | None = None  # the gateway as the host reaches it, when bridged
+        if spec.network == "gateway" and gateway_url is not None and self.bridged:
+            host, port, self.gateway_url = gateway_address(gateway_url)
+            self._gateway = (host, port)
+        elif spec.network == "none":
+            self.gateway_url = None  # nothing answers inside
+        self._bridge: UnixBridge | None = None
+        self._ns: namespaces.Namespaces | None = None
         self.keep: Keep = keep
         self.term_grace_s = term_grace_s
         self.output_cap = output_cap
-        self._tracker = GroupTracker()
+        self._tracker = GroupTracker(GroupRecords())
         self._state: Literal["new", "started", "stopped"] = "new"
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -105,11 +137,19 @@ class LocalRuntime:
         except OSError as exc:
             raise RuntimeFailure(f"cannot create session directory {self.session_dir}: {exc}") from exc
 
+    async def _isolate(self) -> None:
+        """Decide the namespaces (refusing a network it cannot confine); bwrap makes its own."""
+        self._ns = await asyncio.to_thread(namespaces.for_network, self.spec.network)
+
     async def start(self) -> None:
         if self._state != "new":
             return
+        await self._isolate()
         self._make_dirs(self.home, self.artifacts, self.workdir, exist_ok=False)
         self._state = "started"
+        if self._gateway is not None:
+            self._bridge = UnixBridge(*self._gateway)
+            self._bridge.start()
 
     async def cancel(self) -> None:
         self._tracker.mark_cancelled()
@@ -123,6 +163,9 @@ class LocalRuntime:
         await self.cancel()
         self._state = "stopped"
         await asyncio.to_thread(self._remove, keep or self.keep)
+        if self._bridge is not None:
+            self._bridge.close()
+            self._bridge = None
 
     def _remove(self, keep: Keep) -> None:
         if keep == "all" or not self.session_dir.exists():
@@ -164,9 +207,18 @@ class LocalRuntime:
         # the harness set (a venv, an npm prefix)
         return ["bash", "-c", argv] if isinstance(argv, str) else list(argv)
 
-    def _wrap(self, argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[list[str], str | None]:
-        """The host command line and host cwd that run `argv`; sandboxes override this."""
-        return argv, str(cwd)
+    def _wrap(
+        self, argv: list[str], cwd: Path, env: dict[str, str], status_fd: int | None
+    ) -> tuple[list[str], str | None]:
+        """The host command line and host cwd that run `argv`; sandboxes override this. `status_fd`
+        receives the signal that killed the command, when a PID namespace's init stands in between."""
+        if self._ns is None:
+            return namespaces.pdeathsig(argv, env.get("PATH")), str(cwd)
+        forward = None
+        if self._bridge is not None and self._gateway is not None:
+            forward = (self._gateway[1], str(self._bridge.socket_path))
+        network = self.spec.network != "host"
+        return self._ns.argv(argv, network=network, forward=forward, status_fd=status_fd), str(cwd)
 
     async def exec(
         self,
@@ -193,17 +245,28 @@ class LocalRuntime:
         timeout_s: float | None,
     ) -> ExecResult:
         """Run a checked command with its full environment; container runtimes override this."""
-        host_argv, host_cwd = self._wrap(command, self._cwd(cwd), env)
-        return await run_process(
-            host_argv,
-            env=env,
-            cwd=host_cwd,
-            stdin=stdin,
-            timeout_s=timeout_s,
-            tracker=self._tracker,
-            grace_s=self.term_grace_s,
-            output_cap=self.output_cap,
-        )
+        status = os.pipe() if self._ns is not None else None
+        try:
+            host_argv, host_cwd = self._wrap(command, self._cwd(cwd), env, status[1] if status else None)
+            result = await run_process(
+                host_argv,
+                env=env,
+                cwd=host_cwd,
+                stdin=stdin,
+                timeout_s=timeout_s,
+                tracker=self._tracker,
+                grace_s=self.term_grace_s,
+                output_cap=self.output_cap,
+                pass_fds=status[1:] if status else (),
+            )
+            signum = _read_status(status[0]) if status else None
+        finally:
+            for fd in status or ():
+                os.close(fd)
+        # Killed by a signal inside the namespace: reported as such (-N), as without one
+        if signum is not None and not result.timed_out:
+            result = replace(result, exit_code=-signum)
+        return result
 
     # -- files -----------------------------------------------------------------------------------
 

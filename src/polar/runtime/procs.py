@@ -16,9 +16,12 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polar.runtime.base import ExecResult
+
+if TYPE_CHECKING:
+    from polar.runtime.leftovers import GroupRecords
 
 OUTPUT_CAP = 10 * 1024 * 1024  # per stream; an agent that cats a binary must not exhaust the node
 TERM_GRACE_S = 2.0  # SIGTERM first so tools can flush logs, then SIGKILL
@@ -72,11 +75,12 @@ async def kill_group(pgid: int, grace_s: float = TERM_GRACE_S) -> None:
 
 class GroupTracker:
     """The process groups one runtime started, so `cancel` can reach all of them, finished execs'
-    leftover background processes included."""
+    leftover background processes included; with `records`, also on disk for a node that restarts."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: GroupRecords | None = None) -> None:
         self._groups: set[int] = set()
         self._cancelled = asyncio.Event()
+        self._records = records
 
     @property
     def cancelled(self) -> bool:
@@ -90,15 +94,23 @@ class GroupTracker:
 
     def add(self, pgid: int) -> None:
         self._groups.add(pgid)
+        if self._records is not None:
+            self._records.add(pgid)
+
+    def _forget(self, pgid: int) -> None:
+        self._groups.discard(pgid)
+        if self._records is not None:
+            self._records.discard(pgid)
 
     def forget_if_dead(self, pgid: int) -> None:
         if not group_alive(pgid):
-            self._groups.discard(pgid)
+            self._forget(pgid)
 
     async def kill_all(self, grace_s: float) -> None:
         groups = list(self._groups)
         await asyncio.gather(*(kill_group(g, grace_s) for g in groups))
-        self._groups.difference_update(groups)
+        for pgid in groups:  # SIGKILLed: gone as soon as the kernel delivers it
+            self._forget(pgid)
 
 
 class _Capture:
@@ -149,10 +161,12 @@ async def run_process(
     grace_s: float = TERM_GRACE_S,
     output_cap: int = OUTPUT_CAP,
     kill: KillFn = kill_group,
+    pass_fds: tuple[int, ...] = (),
 ) -> ExecResult:
     """Run `argv` in a new session; on timeout `kill(pgid, grace_s)` and report exit code 124.
 
-    `kill` lets container runtimes also stop what the client started inside the engine."""
+    `kill` lets container runtimes also stop what the client started inside the engine; `pass_fds` stay
+    open in the child (the local runtime's status pipe)."""
     started = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -163,6 +177,7 @@ async def run_process(
             env=env,
             cwd=cwd,
             start_new_session=True,
+            pass_fds=pass_fds,
         )
     except FileNotFoundError:
         return ExecResult(127, "", f"polar: command not found: {argv[0]}\n")

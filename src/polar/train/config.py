@@ -32,8 +32,17 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from polar.rollout.task import Task, UploadAction
-from polar.rollout.taskfile import TaskFileError, field_path, line_of, load_tasks, locator, trust_imports
+from polar.rollout.task import Task
+from polar.rollout.taskfile import (
+    TaskFileError,
+    UploadOutside,
+    anchor_uploads,
+    field_path,
+    line_of,
+    load_tasks,
+    locator,
+    trust_imports,
+)
 from polar.train.advantages import Estimator
 from polar.train.loss import Aggregation, LossConfig
 from polar.train.names import polar_name_for
@@ -431,17 +440,6 @@ def _error(
     return ConfigError(f"{_where(source, root, loc)}: {field_path(loc) or 'config'}: {msg}")
 
 
-def _anchor(task: Task, base: Path) -> Task:
-    """Relative upload sources of inline tasks are taken relative to the config file, as in task files."""
-    prepare = [
-        a.model_copy(update={"src": str(base / a.src)})
-        if isinstance(a, UploadAction) and not Path(a.src).is_absolute()
-        else a
-        for a in task.runtime.prepare
-    ]
-    return task.model_copy(update={"runtime": task.runtime.model_copy(update={"prepare": prepare})})
-
-
 def parse_config(
     text: str, source: str = "<config>", base: Path | None = None, overrides: Sequence[Override] = ()
 ) -> tuple[TrainConfig, list[Task]]:
@@ -480,11 +478,16 @@ def parse_config(
                 task = Task.model_validate(item)
             except ValidationError as exc:
                 raise _error(exc, source, root, overrides, ("tasks", i), Task) from None
+            locate = locator(source, root, ("tasks", i))
+            try:  # inline tasks' uploads are relative to the config file and stay in its directory
+                task = anchor_uploads(task, base)
+            except UploadOutside as exc:
+                raise fail(f"{locate(('runtime', 'prepare', exc.index, 'src'))}: {exc.reason}") from None
             try:  # the user's own code, relative to this file
-                trust_imports(task, base, locator(source, root, ("tasks", i)))
+                trust_imports(task, base, locate)
             except TaskFileError as exc:
                 raise fail(str(exc)) from None
-            tasks.append(_anchor(task, base))
+            tasks.append(task)
         ids = [t.task_id for t in tasks]
         dupes = sorted({t for t in ids if ids.count(t) > 1})
         if dupes:
@@ -501,3 +504,10 @@ def load_config(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[T
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     return parse_config(text, str(p), p.resolve().parent, overrides)
+
+
+def upload_roots(config: TrainConfig, path: str | Path) -> tuple[Path, ...]:
+    """Where the tasks of the config at `path` may upload from: their task file's directory, or the
+    config's own for inline tasks (what the local node is allowed to read)."""
+    base = Path(path).resolve().parent
+    return ((base / config.tasks).resolve().parent,) if isinstance(config.tasks, str) else (base,)

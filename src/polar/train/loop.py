@@ -269,11 +269,17 @@ class TrainLoop:
             self._ready.get_nowait()
 
 
-def train(config: TrainConfig, tasks: Sequence[Task], console: Console | None = None) -> list[StepMetrics]:
+def train(
+    config: TrainConfig,
+    tasks: Sequence[Task],
+    console: Console | None = None,
+    upload_roots: Sequence[Path] = (),
+) -> list[StepMetrics]:
     """Everything `polar train` runs, on this machine: the policy server (the embedded engine, or a vLLM
     server at `config.backend`), the rollout server and a node, the trainer, and the loop.
 
-    `console` gets the progress bar and one line per step (None: metrics go to the JSONL file only).
+    `console` gets the progress bar and one line per step (None: metrics go to the JSONL file only);
+    `upload_roots` are the directories the tasks' uploads may read (`polar.train.config.upload_roots`).
     """
     from polar.rollout.local import embedded_engine, local_stack
     from polar.train.sync import EngineSync, VLLMSync
@@ -326,7 +332,13 @@ def train(config: TrainConfig, tasks: Sequence[Task], console: Console | None = 
 
         async def go(backend_url: str, model: str | None, sync: WeightSync) -> list[StepMetrics]:
             async with local_stack(
-                out, backend_url, "vllm", model, config.capacity, stop_reason="training ended"
+                out,
+                backend_url,
+                "vllm",
+                model,
+                config.capacity,
+                stop_reason="training ended",
+                upload_roots=upload_roots,
             ) as stack:
                 gate = GatewayGate(
                     stack.control_url, control_token=stack.token, timeout_s=config.drain_timeout_s

@@ -36,6 +36,9 @@ class NodeConfig:
     report_backoff_s: float = 0.5  # first retry delay; doubles, capped at 30 s
     post_run_timeout_s: float = 120.0  # the harness's post-run hook (log collection)
     keep_results: int = 10_000  # finished results kept whole; older ones keep status and reason only
+    # Host directories upload prepare actions may copy from (empty: none, so a remote submitter cannot make
+    # the node copy its files into a sandbox); `polar run` gives the task file's directory.
+    upload_roots: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("capacity", "init_workers", "run_workers", "post_workers", "ready_buffer"):
@@ -47,6 +50,8 @@ class NodeConfig:
             raise ValueError("heartbeat_s must be positive")
         if self.report_attempts < 1:
             raise ValueError("report_attempts must be at least 1")
+        if any(not Path(root).is_absolute() for root in self.upload_roots):
+            raise ValueError(f"upload_roots must be absolute paths, not {list(map(str, self.upload_roots))}")
         for name in ("server_url", "advertise_url", "runtime_gateway_url"):
             value = getattr(self, name)
             if value is not None and not value.startswith(("http://", "https://")):

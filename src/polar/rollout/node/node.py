@@ -48,7 +48,11 @@ from polar.rollout.protocol import (
     SessionStatus,
 )
 from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
+from polar.rollout.uploads import upload_violations
+from polar.runtime import namespaces
+from polar.runtime.bridge import remove_stale_bridges
 from polar.runtime.factory import check_runtime
+from polar.runtime.leftovers import reap_leftovers
 from polar.serving import EmbeddedServer, start_all, stop_all
 from polar.trajectory import get_builder
 
@@ -96,6 +100,11 @@ class Node:
         """Serve the gateway's model API and the control listener, then register with the server (when
         there is one)."""
         gw = self.config.gateway
+        # What a node killed with SIGKILL left (processes no PID namespace took along, gateway bridge
+        # sockets); and the namespace probe, once, off the loop (admission asks for it)
+        await asyncio.to_thread(reap_leftovers)
+        await asyncio.to_thread(remove_stale_bridges)
+        await asyncio.to_thread(namespaces.probe)
         await start_all([self.data_server, self.control_server])
         self.url = self.data_server.url
         self.control_url = self.control_server.url
@@ -169,6 +178,9 @@ class Node:
             check_runtime(runtime_spec(task, self.config.runtime_root))
         except Exception as exc:
             raise AdmissionError(422, f"task.runtime: {exc}", "task.runtime.backend") from exc
+        for i, reason in upload_violations(task, self.config.upload_roots):
+            field = f"task.runtime.prepare[{i}].src"
+            raise AdmissionError(422, f"{field}: {reason}", field)
         return harness, evaluator, fresh
 
     def _known(self, session_id: str) -> bool:
@@ -192,6 +204,7 @@ class Node:
         s = NodeSession(spec=spec, harness=harness, evaluator=evaluator, deadline=deadline, wants_fresh=fresh)
         self._sessions[spec.session_id] = s
         s.driver = asyncio.create_task(self._drive(s), name=f"session-{spec.session_id}")
+        s.driver.add_done_callback(lambda _: self._driver_ended(s))
 
     # -- queries ------------------------------------------------------------------------------------------
     def state(self, session_id: str) -> NodeSessionState | None:
@@ -318,6 +331,20 @@ class Node:
         finally:
             await self._teardown(s)
             self._finish(s)
+
+    def _driver_ended(self, s: NodeSession) -> None:
+        """A driver cancelled before its first step never enters `_drive` (asyncio drops the coroutine
+        unstarted), so its `finally` never finishes the session: `cancel` right after `submit` would
+        wait on `s.done` forever and the session would hold its slot. Finish it here; nothing of it
+        started, so there is nothing to tear down. (A second cancel during teardown ends up here too.)"""
+        if s.done.is_set():
+            return
+        if not s.marks:  # never reached a stage
+            s.outcome = SessionStatus.CANCELLED
+            s.reason = s.cancel_reason or "cancelled: the node's event loop is shutting down"
+        else:
+            log.error("session %s: its driver was stopped during teardown", s.session_id)
+        self._finish(s)
 
     async def _teardown(self, s: NodeSession) -> None:
         if s.fresh is not None:

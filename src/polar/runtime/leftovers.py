@@ -1,0 +1,106 @@
+"""Process groups recorded on disk, so that a node restarted after a SIGKILL kills what the dead one left.
+
+Where runtimes get a PID namespace (bwrap, local with `unshare`), a node's death kills its commands at
+once. Without one (a local runtime where namespaces are forbidden), `PR_SET_PDEATHSIG` only reaches the
+node's direct child; its descendants are orphaned. So every process group a runtime starts is recorded as
+a file `<pgid>` holding `owner-pid owner-start leader-start boot-id`, removed when the group is gone, and
+`reap_leftovers` (run at node start) kills the groups whose owner is dead. Start times (clock ticks since
+boot, from /proc) tell a recorded process from a later one that reuses its pid, the boot id tells records
+of an earlier boot; a group id whose leader is gone cannot be reused while members of the group live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import stat
+import tempfile
+from pathlib import Path
+
+from polar.runtime.procs import group_alive
+
+log = logging.getLogger("polar.runtime")
+
+
+def records_dir() -> Path:
+    """One directory per user, shared by every node of that user on this machine (records name their
+    owner, so a node never reaps a live one's groups)."""
+    return Path(tempfile.gettempdir()) / f"polar-groups-{os.geteuid()}"
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()  # comm may hold spaces and parentheses
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def _private(directory: Path) -> bool:
+    """Create `directory` if needed; True only if it is a real directory of ours that nobody else can
+    write (another user's planted directory or symlink would let them choose what we kill)."""
+    with contextlib.suppress(FileExistsError, OSError):
+        directory.mkdir(mode=0o700, parents=True)
+    try:
+        st = directory.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+class GroupRecords:
+    """The records of one process (a node, a `polar run`): add when a group starts, discard when gone."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory or records_dir()
+
+    def add(self, pgid: int) -> None:
+        if not _private(self.directory):
+            return
+        owner = os.getpid()
+        line = f"{owner} {start_time(owner) or 0} {start_time(pgid) or 0} {_boot_id()}\n"
+        with contextlib.suppress(OSError):  # best effort: a full disk must not fail the command
+            (self.directory / str(pgid)).write_text(line)
+
+    def discard(self, pgid: int) -> None:
+        with contextlib.suppress(OSError):
+            (self.directory / str(pgid)).unlink()
+
+
+def reap_leftovers(directory: Path | None = None) -> list[int]:
+    """SIGKILL every recorded group whose owner process is dead; returns their ids."""
+    directory = directory or records_dir()
+    if not directory.is_dir() or not _private(directory):
+        return []
+    boot, killed = _boot_id(), []
+    for record in directory.iterdir():
+        try:
+            pgid = int(record.name)
+            owner, owner_start, leader_start, record_boot = record.read_text().split()
+        except (OSError, ValueError):
+            record.unlink(missing_ok=True)
+            continue
+        if record_boot == boot and start_time(int(owner)) == int(owner_start):
+            continue  # its node is alive and looks after it
+        leader_now = start_time(pgid)
+        # A leader with another start time is a new process reusing the id: the recorded group is gone.
+        ours = leader_now is None or leader_now == int(leader_start)
+        if record_boot == boot and ours and group_alive(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+                killed.append(pgid)
+        record.unlink(missing_ok=True)
+    if killed:
+        log.warning("killed %d process group(s) left by a node that died: %s", len(killed), killed)
+    return killed
