@@ -117,6 +117,21 @@ def test_prompts_are_stored_as_deltas(tmp_path: Path) -> None:
     assert size < 3 * 2**20, f"store is {size} bytes for {full_bytes} bytes of prompt ids"
 
 
+def test_calls_written_out_of_seq_order_read_back(tmp_path: Path) -> None:
+    """Concurrent calls of one session finish, and are written, out of seq order: a record's prompt delta
+    and chained lists then extend a record with a *higher* seq. Found by killing a gateway under load
+    (tests/test_gateway_durability.py): reading such a session raised KeyError."""
+    prompts = {seq: list(range(100 + 10 * seq)) for seq in range(6)}
+    records = [make_record(seq, prompts[seq]) for seq in range(6)]
+    with SQLiteStore(tmp_path / "s.db") as store:
+        add_session(store)
+        for seq in (4, 5, 1, 0, 3, 2):  # the order the calls finished in
+            store.write(lambda w, r=records[seq]: w.add_completion(r))
+        bases = dict(store.conn.execute("SELECT seq, prompt_base FROM completions").fetchall())
+        assert bases[1] == 4 and bases[0] in (1, 4)  # deltas against later seqs
+        assert store.completions("s1") == records
+
+
 def test_failures_round_trip(tmp_path: Path) -> None:
     with SQLiteStore(tmp_path / "s.db") as store:
         add_session(store)

@@ -153,6 +153,11 @@ def join_json(
     return {key: parts[key] for key in sk["order"]}, full
 
 
+def chain_bases(skeleton: bytes) -> set[int]:
+    """The records a skeleton's chained lists extend (they must be joined before it)."""
+    return {entry["b"] for entry in orjson.loads(skeleton)["lists"].values() if isinstance(entry, dict)}
+
+
 def skeleton_refs(skeleton: bytes) -> list[bytes]:
     """The blob hashes a skeleton adds itself (a chained list's shared part is its base's)."""
     sk = orjson.loads(skeleton)

@@ -341,42 +341,70 @@ class SQLiteStore:
         prompts: dict[int, bytes] = {}
         requests: dict[int, codec.Refs] = {}
         upstreams: dict[int, codec.Refs] = {}
-        out = []
-        for row in rows:
-            seq, prompt_len, base, shared, tail = row[1], row[7], row[8], row[9], row[10]
-            prompt_ids = None
-            if prompt_len >= 0:
-                full = (prompts[base][: shared * 4] if base is not None else b"") + (tail or b"")
-                prompts[seq] = full
-                prompt_ids = codec.bytes_to_ids(full)
-            request, requests[seq] = codec.join_json(row[5], blobs, requests)
-            upstream, upstreams[seq] = codec.join_json(row[6], blobs, upstreams)
-            out.append(
-                CompletionRecord(
-                    session_id=row[0],
-                    seq=seq,
-                    completion_id=row[2],
-                    dialect=row[3],
-                    created_at=row[4],
-                    request=request,
-                    upstream_request=upstream,
-                    prompt_ids=prompt_ids,
-                    response_ids=None if row[11] is None else codec.bytes_to_ids(row[11]),
-                    response_logprobs=None if row[12] is None else codec.bytes_to_floats(row[12]),
-                    finish_reason=row[13],
-                    response_message=orjson.loads(row[14]),
-                    tools=None if row[15] is None else orjson.loads(blobs[row[15]]),
-                    usage=orjson.loads(row[16]),
-                    model_requested=row[17],
-                    model_served=row[18],
-                    policy_version=row[19],
-                    upstream_latency_ms=row[20],
-                    gateway_overhead_ms=row[21],
-                    flags=tuple(orjson.loads(row[22])),
-                    tags=tuple(orjson.loads(row[23])),
+        built: dict[int, CompletionRecord] = {}
+        # A record extends an earlier-*written* one (its prompt delta, its chained lists). Calls of one
+        # session that run at once are written in the order they finish, not in seq order, so a base may
+        # have a higher seq: build each record once the records it extends are built.
+        pending = list(rows)
+        while pending:
+            waiting = []
+            for row in pending:
+                base = row[8]
+                needs = codec.chain_bases(row[5]) | codec.chain_bases(row[6])
+                if base is not None and row[7] >= 0:
+                    needs.add(base)
+                if not needs <= built.keys():
+                    waiting.append(row)
+                    continue
+                built[row[1]] = self._completion(row, blobs, prompts, requests, upstreams)
+            if len(waiting) == len(pending):
+                missing = sorted({row[1] for row in waiting})
+                raise ValueError(
+                    f"session {session_id}: records {missing} extend records that are not stored"
                 )
-            )
-        return out
+            pending = waiting
+        return [built[row[1]] for row in rows]
+
+    @staticmethod
+    def _completion(
+        row: Any,
+        blobs: dict[bytes, bytes],
+        prompts: dict[int, bytes],
+        requests: dict[int, codec.Refs],
+        upstreams: dict[int, codec.Refs],
+    ) -> CompletionRecord:
+        """One row as a record, its prompt and bodies joined to the (already built) records they extend."""
+        seq, prompt_len, base, shared, tail = row[1], row[7], row[8], row[9], row[10]
+        prompt_ids = None
+        if prompt_len >= 0:
+            full = (prompts[base][: shared * 4] if base is not None else b"") + (tail or b"")
+            prompts[seq] = full
+            prompt_ids = codec.bytes_to_ids(full)
+        request, requests[seq] = codec.join_json(row[5], blobs, requests)
+        upstream, upstreams[seq] = codec.join_json(row[6], blobs, upstreams)
+        return CompletionRecord(
+            session_id=row[0],
+            seq=seq,
+            completion_id=row[2],
+            dialect=row[3],
+            created_at=row[4],
+            request=request,
+            upstream_request=upstream,
+            prompt_ids=prompt_ids,
+            response_ids=None if row[11] is None else codec.bytes_to_ids(row[11]),
+            response_logprobs=None if row[12] is None else codec.bytes_to_floats(row[12]),
+            finish_reason=row[13],
+            response_message=orjson.loads(row[14]),
+            tools=None if row[15] is None else orjson.loads(blobs[row[15]]),
+            usage=orjson.loads(row[16]),
+            model_requested=row[17],
+            model_served=row[18],
+            policy_version=row[19],
+            upstream_latency_ms=row[20],
+            gateway_overhead_ms=row[21],
+            flags=tuple(orjson.loads(row[22])),
+            tags=tuple(orjson.loads(row[23])),
+        )
 
     def failures(self, session_id: str) -> list[FailureRecord]:
         rows = self.conn.execute(
