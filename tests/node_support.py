@@ -46,7 +46,10 @@ def fake_policy(script: Script = None) -> Iterator[tuple[str, FakeInferenceServe
 
 
 @contextlib.asynccontextmanager
-async def running_node(backend_url: str, tmp_path: Path, **overrides: Any) -> AsyncIterator[Node]:
+async def running_node(
+    backend_url: str, tmp_path: Path, *, wrap_model_api: Any = None, **overrides: Any
+) -> AsyncIterator[Node]:
+    """A started node; `wrap_model_api(app)` wraps the ASGI app of its model API listener (a recorder)."""
     gateway = GatewayConfig(
         backend_url=backend_url,
         served_model=SERVED_MODEL,
@@ -59,6 +62,8 @@ async def running_node(backend_url: str, tmp_path: Path, **overrides: Any) -> As
     )
     defaults: dict[str, Any] = {"runtime_root": tmp_path / "runtimes", "node_id": "node-test"}
     node = Node(NodeConfig(gateway=gateway, **(defaults | overrides)))
+    if wrap_model_api is not None:
+        node.data_server.app = wrap_model_api(node.data_server.app)
     await node.start()
     try:
         yield node

@@ -51,7 +51,7 @@ class Seen:
 
 
 class Recorder:
-    """Wraps the node's gateway ASGI app and notes every HTTP request that reaches it."""
+    """Wraps the node's model API (the gateway's data app) and notes every HTTP request that reaches it."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -114,9 +114,14 @@ async def run_preset(
     )
     with fake_policy(script) as (url, fake):
         fake.status = backend_status  # every call fails with this status when set
-        async with running_node(url, tmp_path, keep="artifacts") as node:
-            recorder = Recorder(node.asgi.gateway)
-            node.asgi.gateway = recorder
+        recorders: list[Recorder] = []
+
+        def record(app: Any) -> Recorder:
+            recorders.append(Recorder(app))
+            return recorders[-1]
+
+        async with running_node(url, tmp_path, keep="artifacts", wrap_model_api=record) as node:
+            (recorder,) = recorders
             await node.submit(spec(task, session_id))
             result = await node.wait(session_id)
     with SQLiteStore(tmp_path / "node.db") as store:

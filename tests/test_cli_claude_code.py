@@ -230,7 +230,8 @@ def cli_task(backend: str, instruction: str, **agent: Any) -> Any:
 
 async def run_cli(tmp_path: Path, task: Any, sid: str) -> tuple[SessionResult, list[CompletionRecord], Path]:
     with fake_policy(script) as (url, _):
-        async with running_node(url, tmp_path, keep="artifacts") as node:
+        # The test's folder is this node's upload root (a PDF is uploaded from it).
+        async with running_node(url, tmp_path, keep="artifacts", upload_roots=(tmp_path,)) as node:
             await node.submit(spec(task, sid))
             result = await node.wait(sid)
     with SQLiteStore(tmp_path / "node.db") as store:
