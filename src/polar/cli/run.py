@@ -251,8 +251,11 @@ def _serve_and_run(
         if backend_url is None:
             from polar.rollout.local import embedded_engine
 
-            click.echo("loading the policy (the default model is built once)")
-            engine, engine_server = stack.enter_context(embedded_engine(policy))
+            loading = "loading the policy (the default model is built once)"
+            if not console.is_terminal:  # a log file shows it at once; a terminal gets a spinner
+                click.echo(loading)
+            with console.status(loading):
+                engine, engine_server = stack.enter_context(embedded_engine(policy))
             backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
             click.echo(f"policy {engine.name} served by the embedded engine at {backend_url}")
         click.echo(f"running {plan.to_run} sessions, {capacity} at a time")
