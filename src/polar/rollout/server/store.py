@@ -349,7 +349,7 @@ class ServerStore:
         Only for a caller that knows every node of this database is gone: a local run (`polar run`) whose
         node died with its process, interrupted or killed. The old id may have started running there, and
         ids are single-use (they key the gateway's records), so a rerun gets a new one; the session keeps
-        its task and sample index. Returns how many were requeued."""
+        its task and sample index, and its dispatch attempts start over. Returns how many were requeued."""
         marks = ", ".join("?" * len(OPEN))
         with self._tx() as c:
             rows = c.execute(
@@ -358,7 +358,7 @@ class ServerStore:
             for (old,) in rows:
                 c.execute(
                     "UPDATE sessions SET session_id = ?, node_id = NULL, confirmed = 0, dispatched_at = NULL, "
-                    "status = 'REGISTERED', result_token = NULL WHERE session_id = ?",
+                    "status = 'REGISTERED', result_token = NULL, attempts = 0 WHERE session_id = ?",
                     (new_id(), old),
                 )
             return len(rows)
