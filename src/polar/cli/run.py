@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -266,7 +265,7 @@ def _serve_and_run(
         )
 
 
-def interrupted(state: RunState, after: Callable[[], None] | None = None) -> NoReturn:
+def interrupted(state: RunState) -> NoReturn:
     """Ctrl-C: say what was kept and where, then exit with status 130 (no traceback, no "Aborted!")."""
     unfinished = max(0, state.total - len(state.results))
     cancelled = "cancelled the running sessions; " if state.started else ""
@@ -278,8 +277,6 @@ def interrupted(state: RunState, after: Callable[[], None] | None = None) -> NoR
         )
         if unfinished:
             click.echo(f"{unfinished} sessions left: run the same command again to resume them")
-    if after is not None:
-        after()
     raise click.exceptions.Exit(130)
 
 
