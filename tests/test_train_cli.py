@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import orjson
@@ -148,3 +150,78 @@ def test_resume_continues_the_step_count_and_optimizer(tmp_path: Path) -> None:
 
     missing = polar("train", str(small_config(tmp_path, resume=str(tmp_path / "nowhere"))))
     assert missing.returncode == 1 and "is not a checkpoint written by polar train" in missing.stderr
+
+
+def fake_earlier_run(run: Path, steps: int, checkpoint: int | None) -> bytes:
+    """What an earlier `polar train` leaves in `out`: metrics lines and a checkpoint folder."""
+    run.mkdir(parents=True)
+    metrics = b"".join(orjson.dumps({"step": s, "policy_version": s}) + b"\n" for s in range(1, steps + 1))
+    (run / "metrics.jsonl").write_bytes(metrics)
+    if checkpoint is not None:
+        folder = run / "checkpoints" / f"step-{checkpoint}"
+        folder.mkdir(parents=True)
+        (folder / "trainer_state.json").write_text("{}")
+    return metrics
+
+
+def test_an_earlier_run_in_out_is_never_trained_over_silently(tmp_path: Path) -> None:
+    metrics = fake_earlier_run(tmp_path / "run", steps=3, checkpoint=2)
+    proc = polar("train", str(small_config(tmp_path)))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "already holds a training run (3 steps in metrics.jsonl, last checkpoint checkpoints/step-2)" in (
+        proc.stderr
+    )
+    assert "--resume" in proc.stderr and "--overwrite" in proc.stderr
+    both = polar("train", str(small_config(tmp_path)), "--resume", "--overwrite")
+    assert both.returncode == 1 and "give one" in both.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_resume_needs_a_checkpoint(tmp_path: Path) -> None:
+    fake_earlier_run(tmp_path / "run", steps=1, checkpoint=None)
+    proc = polar("train", str(small_config(tmp_path)), "--resume")
+    assert proc.returncode == 1 and "has no checkpoint to continue from" in proc.stderr
+
+
+@pytest.mark.slow  # loads the tiny model and runs the whole stack, three times
+def test_resume_flag_continues_and_overwrite_replaces(tmp_path: Path) -> None:
+    first = polar("train", str(small_config(tmp_path)))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert f"new run in {tmp_path / 'run'}" in first.stdout
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    kept = metrics.read_bytes()
+    resumed = polar("train", str(small_config(tmp_path)), "--resume", "--steps", "2")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resuming from {tmp_path / 'run' / 'checkpoints' / 'step-1'}" in resumed.stdout
+    assert metrics.read_bytes().startswith(kept)
+    assert [orjson.loads(line)["step"] for line in metrics.read_bytes().splitlines()] == [1, 2]
+    replaced = polar("train", str(small_config(tmp_path)), "--overwrite")
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert "overwrote" in replaced.stdout and "removed metrics.jsonl, checkpoints" in replaced.stdout
+    assert [orjson.loads(line)["step"] for line in metrics.read_bytes().splitlines()] == [1]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-1"]
+
+
+@pytest.mark.slow  # loads the tiny model and trains until interrupted
+def test_ctrl_c_keeps_the_finished_steps_and_exits_130(tmp_path: Path) -> None:
+    config = small_config(tmp_path, steps=1000, checkpoint_every=1)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    argv = [sys.executable, "-m", "polar", "train", str(config)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 600
+        while not (metrics.is_file() and metrics.read_bytes().count(b"\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err and "Aborted" not in out + err
+    steps = [orjson.loads(line)["step"] for line in metrics.read_bytes().splitlines()]
+    assert steps and steps == list(range(1, len(steps) + 1))
+    assert f"interrupted: rollouts in flight were cancelled; {len(steps)} step(s) of 1000 recorded" in out
+    assert "continue with the same command and --resume" in out

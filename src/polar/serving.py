@@ -58,8 +58,16 @@ class EmbeddedServer:
     def __init__(self, app: Any, host: str, port: int, *, lifespan: Lifespan = "on", **config: Any) -> None:
         self.app, self.host, self.port = app, host, port
         self.lifespan = lifespan
-        # JSON errors for malformed HTTP (polar.http_server), like every other answer polar gives.
-        self.config = {"log_level": "warning", "access_log": False, "http": http_protocol(), **config}
+        # JSON errors for malformed HTTP (polar.http_server), like every other answer polar gives. No
+        # log_config: uvicorn's loggers propagate to the process's handlers (polar.cli.common.setup_logging)
+        # instead of printing in uvicorn's own format beside them.
+        self.config = {
+            "log_level": "warning",
+            "access_log": False,
+            "log_config": None,
+            "http": http_protocol(),
+            **config,
+        }
         self.url = ""
         self.public_url = ""
         self._server: _Server | None = None

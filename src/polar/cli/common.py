@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+import orjson
+from rich.console import Console
 from rich.logging import RichHandler
 
 if TYPE_CHECKING:
@@ -17,15 +21,55 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def setup_logging(level: str = "info") -> None:
-    """Readable logs on stderr: time, level, logger, message."""
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
-        force=True,
-    )
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record (`--log-json`), for log shippers: time, level, logger, message and,
+    when there is one, the exception's traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc).decode()
+
+
+PLAIN_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s"
+
+# Client libraries that log every request at INFO (a node's heartbeat every few seconds): WARNING and up
+# only, unless --log-level debug asks for everything.
+_CHATTY = ("httpx", "httpcore", "hpack")
+
+
+def setup_logging(level: str = "info", *, json: bool = False) -> None:
+    """One logging setup for every command, on stderr: rich on a terminal, plain one-line records with a
+    timestamp otherwise (files and pipes get no colours and no wrapping at 80 columns), or one JSON object
+    per line with `json`. uvicorn's own loggers go through the same handler (polar's servers pass uvicorn
+    `log_config=None`), so no line comes out in another format."""
+    handler: logging.Handler
+    console = Console(stderr=True)
+    if json:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+    elif console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, rich_tracebacks=False)
+        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(PLAIN_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    debug = level.lower() == "debug"
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug and name == "httpx" else logging.WARNING)
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi"):
+        # Handlers a uvicorn config installed earlier in this process would print in uvicorn's format.
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
 
 
 def _apply(f: F, options: list[Callable[[F], F]]) -> F:
@@ -35,14 +79,35 @@ def _apply(f: F, options: list[Callable[[F], F]]) -> F:
     return f
 
 
+def logging_options(default: str = "info") -> Callable[[F], F]:
+    """`--log-level` (passed to `setup_logging` and uvicorn) and `--log-json`, for every command that logs.
+    Commands whose own output is the point (`polar run`, `train`) default to warning."""
+
+    def decorate(f: F) -> F:
+        return _apply(
+            f,
+            [
+                click.option(
+                    "--log-level",
+                    default=default,
+                    show_default=True,
+                    type=click.Choice(["debug", "info", "warning", "error"]),
+                    help="Least severe log records shown (on stderr).",
+                ),
+                click.option(
+                    "--log-json",
+                    is_flag=True,
+                    help="Log one JSON object per line (time, level, logger, message) instead of text.",
+                ),
+            ],
+        )
+
+    return decorate
+
+
 def log_level_option(f: F) -> F:
-    """`--log-level`, passed to `setup_logging` and uvicorn."""
-    return click.option(
-        "--log-level",
-        default="info",
-        show_default=True,
-        type=click.Choice(["debug", "info", "warning", "error"]),
-    )(f)
+    """`logging_options()` with the servers' default, info."""
+    return logging_options()(f)
 
 
 def allow_callback_option(f: F) -> F:

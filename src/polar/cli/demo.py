@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar.cli.common import logging_options, setup_logging
+
 BASH_TOOL = {
     "type": "function",
     "function": {
@@ -102,8 +104,10 @@ def _other_dialects(base_url: str, keys: dict[str, str], model: str, max_tokens:
 )
 @click.option("--turns", default=4, show_default=True, type=int, help="Turns of the agent loop.")
 @click.option("--max-tokens", default=24, show_default=True, type=int, help="Tokens sampled per turn.")
-def demo(model: str | None, out: Path, turns: int, max_tokens: int) -> None:
+@logging_options("warning")
+def demo(model: str | None, out: Path, turns: int, max_tokens: int, log_level: str, log_json: bool) -> None:
     """Run the quickstart: engine + gateway + SQLite, driven by a real SDK, then trajectories and audit."""
+    setup_logging(log_level, json=log_json)
     from polar.auth import bearer
     from polar.engine import Engine, create_engine_app
     from polar.gateway.app import create_app

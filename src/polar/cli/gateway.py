@@ -65,6 +65,7 @@ def gateway(
     retries: int,
     max_connections: int,
     log_level: str,
+    log_json: bool,
 ) -> None:
     """Serve the gateway in front of an inference server, on two listeners.
 
@@ -86,7 +87,7 @@ def gateway(
     from polar.harness.registry import classifier
     from polar.serving import EmbeddedServer, start_all, stop_all
 
-    setup_logging(log_level)
+    setup_logging(log_level, json=log_json)
     config = build_gateway_config(
         backend_url=backend_url,
         backend_kind=backend_kind,

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from polar.cli.run import rollout_options, run_taskfile
+from polar.cli.common import setup_logging
+from polar.cli.run import RunState, _console, interrupted, rollout_options, run_taskfile
 
 _STATUSES = ("COMPLETED", "TIMEOUT", "ERROR", "CANCELLED")
 
@@ -79,8 +79,8 @@ def _summary(counts: dict[str, Any]) -> Table:
               show_default=True)  # fmt: skip
 def generate(
     taskfile: Path, backend_url: str | None, backend_kind: str, model: str | None, policy: str | None,
-    out: Path, capacity: int, allow_callback: tuple[str, ...], statuses: tuple[str, ...],
-    min_reward: float | None, fmt: str,
+    out: Path, overwrite: bool, capacity: int, allow_callback: tuple[str, ...], log_level: str,
+    log_json: bool, statuses: tuple[str, ...], min_reward: float | None, fmt: str,
 ) -> None:  # fmt: skip
     """Run TASKFILE, keep the sessions that pass the filter, and export them as training data.
 
@@ -90,18 +90,28 @@ def generate(
       tokens.jsonl / .parquet    one trainer row per trace of those sessions (ids, mask, logprobs)
       results.jsonl, gateway.db  every session, as `polar run` writes them
 
+    An OUT holding an earlier run is resumed as `polar run` resumes it (--overwrite starts over); the
+    data files are then written from every session, earlier ones included. Ctrl-C keeps what finished
+    (results.jsonl) and exits with status 130; the data files are written when a run completes.
+
     \b
     Example (keep only sessions the evaluator passed):
       polar generate tasks.yaml --backend http://127.0.0.1:8000 --min-reward 1 --out sft-data
     """
     from polar.train.export import Filter
 
-    console = Console()
-    results = run_taskfile(
-        taskfile, backend_url, backend_kind, model, policy, out, capacity, console, allow_callback
-    )
+    setup_logging(log_level, json=log_json)
+    console = _console()
+    state = RunState(out)
     keep = Filter(statuses=statuses, min_reward=min_reward)
     formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
-    counts = write_outputs(results, keep, out, formats)
+    try:
+        results = run_taskfile(
+            taskfile, backend_url, backend_kind, model, policy, state, capacity, console, allow_callback,
+            overwrite=overwrite,
+        )  # fmt: skip
+        counts = write_outputs(results, keep, out, formats)  # derived from results.jsonl: rewritten whole
+    except KeyboardInterrupt:
+        interrupted(state)
     console.print(_summary(counts))
     console.print(f"data: {out}/messages.*  {out}/tokens.*   all sessions: {out / 'results.jsonl'}")

@@ -89,6 +89,7 @@ def node(
     upload_roots: tuple[Path, ...],
     heartbeat_s: float,
     log_level: str,
+    log_json: bool,
 ) -> None:
     """Serve a gateway node: harnesses call its gateway, the rollout server dispatches sessions to it.
 
@@ -105,7 +106,7 @@ def node(
     """
     from polar.rollout.node import Node, NodeConfig
 
-    setup_logging(log_level)
+    setup_logging(log_level, json=log_json)
     allow_plugins(plugins)
     try:
         gateway = build_gateway_config(
@@ -156,11 +157,12 @@ def node(
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-        click.echo(
-            f"polar node {n.node_id}: model API at {n.url}, control at {n.control_url} "
-            f"(store {store_path.resolve()})",
-            err=True,
-        )
+        if not log_json:  # JSON logs carry the same in the node's own start record
+            click.echo(
+                f"polar node {n.node_id}: model API at {n.url}, control at {n.control_url} "
+                f"(store {store_path.resolve()})",
+                err=True,
+            )
         await n.serve_forever()
         logging.getLogger("polar.node").info("node stopped")
 

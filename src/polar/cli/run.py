@@ -1,8 +1,13 @@
 """`polar run TASKS.yaml`: the whole rollout service on one machine, in one process.
 
 It starts the rollout server, one gateway node and (unless `--backend` names an inference server) the
-embedded engine, submits the task file through the trainer client, shows a progress bar with live counts per
-stage, and writes one JSON line per finished session under `--out`.
+embedded engine, submits the task file through the trainer client, and writes one JSON line per finished
+session under `--out`: a progress bar with live counts per stage on a terminal, one line per finished
+session otherwise (a log file or CI shows progress as it happens).
+
+Runs never destroy results (`polar.rollout.rundir`): an `--out` holding an earlier run is resumed, and
+`--overwrite` is the only way to replace it. Ctrl-C stops cleanly: running sessions are cancelled (they
+run again on resume), finished ones are kept, a summary says what and where, and the exit status is 130.
 """
 
 from __future__ import annotations
@@ -10,18 +15,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
-import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from polar.cli.common import allow_callback_option, outbound_policy
+from polar.cli.common import allow_callback_option, logging_options, outbound_policy, setup_logging
 
 STAGES = ("INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING")
+
+
+@dataclass
+class RunState:
+    """What a run holds so far (results of earlier runs into the folder included): for the summary at the
+    end, and the one Ctrl-C prints."""
+
+    out: Path
+    total: int = 0  # sessions the task file asks for
+    results: dict[str, Any] = field(default_factory=dict)  # session id -> SessionResult, in finish order
+    new: int = 0  # of them finished by this run
+    started: bool = False  # the sessions were submitted (Ctrl-C before: nothing ran)
+
+    def add(self, result: Any, *, new: bool) -> bool:
+        if result.session_id in self.results:
+            return False
+        self.results[result.session_id] = result
+        self.new += new
+        return True
+
+
+def _console() -> Console:
+    """stdout: a terminal gets rich's width; a file or pipe lines that are not wrapped at 80 columns."""
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
 
 
 def _summary(results: list[Any]) -> Table:
@@ -47,9 +77,21 @@ def _summary(results: list[Any]) -> Table:
     return table
 
 
+def session_line(result: Any, n: int, total: int) -> str:
+    """One finished session, as printed when stdout is not a terminal: task, sample, status, reward, time."""
+    sample = result.metadata.get("sample_index", "?")
+    reward = "-" if result.reward is None else f"{result.reward:.2f}"
+    seconds = result.timings.get("total_s")
+    took = "-" if seconds is None else f"{seconds:.1f}s"
+    why = f"  ({result.reason})" if result.reason and result.status.value != "COMPLETED" else ""
+    return f"[{n}/{total}] {result.task_id} sample {sample}: {result.status.value} reward {reward} in {took}{why}"
+
+
 async def _run(
     tasks: list[Any],
-    out: Path,
+    plan: Any,
+    state: RunState,
+    sink: Any,
     backend_url: str,
     backend_kind: str,
     model: str | None,
@@ -57,21 +99,21 @@ async def _run(
     console: Console,
     allow_callback: tuple[str, ...] = (),
     upload_roots: tuple[Path, ...] = (),
-) -> list[Any]:
+) -> None:
     from polar.client import RolloutClient
     from polar.rollout.local import local_stack
 
-    results: list[Any] = []
-    total = sum(t.num_samples for t in tasks)
+    live = console.is_terminal
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
+        disable=not live,
     )
     async with local_stack(
-        out,
+        state.out,
         backend_url,
         backend_kind,
         model,
@@ -81,8 +123,8 @@ async def _run(
         upload_roots=upload_roots,
     ) as stack:
         node = stack.node
-        with progress, open(out / "results.jsonl", "wb") as sink:
-            done = progress.add_task("sessions finished", total=total)
+        with progress:
+            done = progress.add_task("sessions finished", total=state.total, completed=len(state.results))
             stages = {s: progress.add_task(f"  {s.lower():<12}", total=capacity) for s in STAGES}
 
             async def watch() -> None:
@@ -92,21 +134,27 @@ async def _run(
                         progress.update(bar, completed=by_stage.get(stage, 0))
                     await asyncio.sleep(0.25)
 
-            watcher = asyncio.create_task(watch())
+            watcher = asyncio.create_task(watch()) if live else None
             try:
                 async with RolloutClient(stack.server_url, token=stack.token) as client:
-                    async for result in client.run(tasks):
-                        results.append(result)
-                        sink.write(orjson.dumps(result.model_dump(mode="json")) + b"\n")
-                        sink.flush()
+                    fresh = [t for t in tasks if t.task_id not in plan.known]
+                    if fresh:
+                        await client.submit(fresh)
+                    state.started = True
+                    async for result in client.results([t.task_id for t in tasks]):
+                        if not state.add(result, new=True):
+                            continue  # finished in an earlier run: kept, already reported
+                        sink.append(result)
                         progress.update(done, advance=1)
+                        if not live:
+                            click.echo(session_line(result, len(state.results), state.total))
             finally:
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                if watcher is not None:
+                    watcher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watcher
                 for bar in stages.values():  # every session has left its stage
                     progress.update(bar, completed=0)
-    return results
 
 
 def rollout_options(default_out: str) -> Any:
@@ -122,10 +170,16 @@ def rollout_options(default_out: str) -> Any:
             click.option("--policy", default=None,
                          help="Model for the embedded engine (default: the offline tiny policy)."),
             click.option("--out", default=default_out, show_default=True,
-                         type=click.Path(path_type=Path, file_okay=False)),
+                         type=click.Path(path_type=Path, file_okay=False),
+                         help="Output folder. One that holds an earlier run is resumed: its finished sessions "
+                         "are kept, unfinished ones run, results.jsonl is appended to."),
+            click.option("--overwrite", is_flag=True,
+                         help="Replace the earlier run in --out instead of resuming it (removes only the "
+                         "files polar writes there)."),
             click.option("--capacity", default=4, show_default=True, type=int,
                          help="Sessions the node runs at once."),
             allow_callback_option,
+            logging_options("warning"),
         ]  # fmt: skip
         for option in reversed(options):
             fn = option(fn)
@@ -140,13 +194,17 @@ def run_taskfile(
     backend_kind: str,
     model: str | None,
     policy: str | None,
-    out: Path,
+    state: RunState,
     capacity: int,
     console: Console,
     allow_callback: tuple[str, ...] = (),
+    *,
+    overwrite: bool = False,
 ) -> list[Any]:
-    """Load TASKFILE (errors at file:line), start the embedded engine unless a backend is given, run every
-    session through a local server and node, and return the results."""
+    """Load TASKFILE (errors at file:line), resume or start the run in `state.out`, start the embedded
+    engine unless a backend is given (and something is left to run), run every unfinished session through
+    a local server and node, and return every finished session's result (earlier runs' too)."""
+    from polar.rollout.rundir import ResultsFile, RunDirError, locked, plan_run
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
     try:
@@ -156,19 +214,84 @@ def run_taskfile(
     if capacity < 1:
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
-    out.mkdir(parents=True, exist_ok=True)
+    out = state.out
+    try:
+        with locked(out):
+            plan = plan_run(out, tasks, overwrite=overwrite, source=taskfile)
+            state.total = plan.total
+            for result in plan.finished:
+                state.add(result, new=False)
+            click.echo(plan.describe(out))
+            with ResultsFile(out / "results.jsonl") as sink:
+                for result in plan.finished:  # finished before a crash could write them
+                    sink.append(result)
+                if not plan.nothing_to_run:
+                    roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
+                    _serve_and_run(
+                        tasks, plan, state, sink, backend_url, backend_kind, model, policy, capacity,
+                        console, allow_callback, roots,
+                    )  # fmt: skip
+    except RunDirError as exc:
+        raise click.ClickException(str(exc)) from None
+    return list(state.results.values())
+
+
+def _serve_and_run(
+    tasks: list[Any],
+    plan: Any,
+    state: RunState,
+    sink: Any,
+    backend_url: str | None,
+    backend_kind: str,
+    model: str | None,
+    policy: str | None,
+    capacity: int,
+    console: Console,
+    allow_callback: tuple[str, ...],
+    upload_roots: tuple[Path, ...],
+) -> None:
     with contextlib.ExitStack() as stack:
         if backend_url is None:
             from polar.rollout.local import embedded_engine
 
-            with console.status("loading the policy (the default model is built once)"):
+            loading = "loading the policy (the default model is built once)"
+            if not console.is_terminal:  # a log file shows it at once; a terminal gets a spinner
+                click.echo(loading)
+            with console.status(loading):
                 engine, engine_server = stack.enter_context(embedded_engine(policy))
             backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
-            console.print(f"policy {engine.name} served by the embedded engine at {backend_url}")
-        roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
-        return asyncio.run(
-            _run(tasks, out, backend_url, backend_kind, model, capacity, console, allow_callback, roots)
+            click.echo(f"policy {engine.name} served by the embedded engine at {backend_url}")
+        click.echo(f"running {plan.to_run} sessions, {capacity} at a time")
+        asyncio.run(
+            _run(
+                tasks,
+                plan,
+                state,
+                sink,
+                backend_url,
+                backend_kind,
+                model,
+                capacity,
+                console,
+                allow_callback,
+                upload_roots,
+            )
         )
+
+
+def interrupted(state: RunState) -> NoReturn:
+    """Ctrl-C: say what was kept and where, then exit with status 130 (no traceback, no "Aborted!")."""
+    unfinished = max(0, state.total - len(state.results))
+    cancelled = "cancelled the running sessions; " if state.started else ""
+    click.echo(f"interrupted: {cancelled}nothing finished was lost")
+    if state.total:
+        click.echo(
+            f"kept {len(state.results)} of {state.total} sessions in {state.out / 'results.jsonl'} "
+            f"({state.new} finished by this run); records in {state.out / 'gateway.db'}"
+        )
+        if unfinished:
+            click.echo(f"{unfinished} sessions left: run the same command again to resume them")
+    raise click.exceptions.Exit(130)
 
 
 @click.command("run")
@@ -181,21 +304,34 @@ def run(
     model: str | None,
     policy: str | None,
     out: Path,
+    overwrite: bool,
     capacity: int,
     allow_callback: tuple[str, ...],
+    log_level: str,
+    log_json: bool,
 ) -> None:
     """Run every task in TASKFILE end to end on this machine and write the results.
 
     Writes OUT/results.jsonl (one line per session: task id, session id, status, reward, trajectory), the
     gateway's records (OUT/gateway.db) and the server's state (OUT/server.db), then prints a summary.
 
+    If OUT holds an earlier run (the same command again, after Ctrl-C or a crash), it is resumed: finished
+    sessions are kept, unfinished ones run, and results.jsonl gets only the results it lacks. --overwrite
+    starts over instead. Ctrl-C cancels what runs, keeps what finished, and exits with status 130.
+
     \b
     Example (offline, built-in agent, embedded engine):
       polar run examples/tasks.yaml --out polar-run
     """
-    console = Console()
-    results = run_taskfile(
-        taskfile, backend_url, backend_kind, model, policy, out, capacity, console, allow_callback
-    )
+    setup_logging(log_level, json=log_json)
+    console = _console()
+    state = RunState(out)
+    try:
+        results = run_taskfile(
+            taskfile, backend_url, backend_kind, model, policy, state, capacity, console, allow_callback,
+            overwrite=overwrite,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        interrupted(state)
     console.print(_summary(results))
     console.print(f"results: {out / 'results.jsonl'}   records: {out / 'gateway.db'}")

@@ -70,6 +70,7 @@ def serve(
     allow_callback: tuple[str, ...],
     token_file: Path | None,
     log_level: str,
+    log_json: bool,
 ) -> None:
     """Serve the rollout server: trainers submit tasks, gateway nodes run their sessions.
 
@@ -92,7 +93,7 @@ def serve(
     from polar.rollout.server import ServerConfig, create_app
     from polar.rollout.server.callbacks import RetryPolicy
 
-    setup_logging(log_level)
+    setup_logging(log_level, json=log_json)
     allow_plugins(plugins)
     if public_url is not None and not public_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"must be an http(s) URL, not {public_url!r}", param_hint="--public-url")
@@ -122,6 +123,7 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        log_config=None,  # uvicorn's records go through setup_logging's handler
         access_log=False,
         timeout_graceful_shutdown=3,
         http=http_protocol(),

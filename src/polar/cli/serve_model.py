@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
+
+from polar.cli.common import log_level_option, setup_logging
 
 
 @click.command("serve-model")
@@ -40,7 +40,7 @@ import click
 @click.option(
     "--trust-request-chat-template", is_flag=True, help="Allow requests to bring their own chat template."
 )
-@click.option("--log-level", default="info", show_default=True)
+@log_level_option
 def serve_model(
     model: str | None,
     host: str,
@@ -57,6 +57,7 @@ def serve_model(
     reasoning_parser: str,
     trust_request_chat_template: bool,
     log_level: str,
+    log_json: bool,
 ) -> None:
     """Serve MODEL (a Hugging Face id, a local folder or a .gguf file) on an OpenAI/vLLM-compatible API.
 
@@ -68,7 +69,7 @@ def serve_model(
     from polar.engine import Engine, EngineConfig, create_engine_app
     from polar.http_server import http_protocol
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(log_level, json=log_json)
     config = EngineConfig(
         max_num_seqs=max_num_seqs,
         prefill_chunk=prefill_chunk,
@@ -98,5 +99,11 @@ def serve_model(
     )
     app = create_engine_app(engine, manage_engine=True)
     uvicorn.run(
-        app, host=host, port=port, log_level=log_level.lower(), access_log=False, http=http_protocol()
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        log_config=None,  # uvicorn's records go through setup_logging's handler
+        access_log=False,
+        http=http_protocol(),
     )

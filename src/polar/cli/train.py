@@ -9,9 +9,16 @@ and `--set` overrides (docs/reference/train-config.md lists every field).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import click
-from rich.console import Console
+
+from polar.cli.common import logging_options, setup_logging
+from polar.cli.run import _console
+from polar.rollout.rundir import TRAIN_FILES, RunDirError, checkpoints, locked, metrics_steps, remove
+
+if TYPE_CHECKING:
+    from polar.train.config import TrainConfig
 
 
 class BadOverride(click.ClickException):
@@ -37,7 +44,29 @@ class BadOverride(click.ClickException):
     help="Same as --set out=OUT.",
 )
 @click.option("--steps", type=int, default=None, help="Same as --set steps=STEPS.")
-def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | None) -> None:
+@click.option(
+    "--resume",
+    "resume_latest",
+    is_flag=True,
+    help="Continue the run in `out` from its latest checkpoint (--set resume=OUT/checkpoints/step-N).",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the run in `out` (metrics.jsonl, checkpoints/, tensorboard/, databases) instead of "
+    "refusing to start.",
+)
+@logging_options("warning")
+def train(
+    config: Path,
+    sets: tuple[str, ...],
+    out: Path | None,
+    steps: int | None,
+    resume_latest: bool,
+    overwrite: bool,
+    log_level: str,
+    log_json: bool,
+) -> None:
     """Train the policy in CONFIG (YAML) with GRPO over rollouts of its tasks.
 
     \b
@@ -46,6 +75,11 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
       metrics.jsonl               one JSON line per step (docs/reference/metrics.md)
       checkpoints/step-N/         Hugging Face model + tokenizer, optimizer.pt, trainer_state.json
       gateway.db, server.db       every recorded model call; the rollout server's state
+
+    An `out` that already holds a run (metrics.jsonl or checkpoints) is never overwritten silently: start
+    with --resume (continue from its latest checkpoint, metrics appended), `resume:` in the config, or
+    --overwrite; otherwise polar train refuses. Ctrl-C stops after cancelling the rollouts in flight,
+    keeps every finished step's metrics and checkpoints, and exits with status 130.
 
     \b
     Examples (CPU, the offline tiny model, a shell harness):
@@ -74,19 +108,24 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
         raise BadOverride(str(exc)) from None
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    if cfg.resume is not None and not (Path(cfg.resume) / "trainer_state.json").is_file():
-        raise click.ClickException(
-            f"resume: {cfg.resume} is not a checkpoint written by polar train (no trainer_state.json)"
-        )
-    console = Console()
-    console.print(
-        f"training {cfg.model or 'the offline tiny model'} for {cfg.steps} steps on {len(tasks)} task(s); "
-        f"backend {cfg.backend}; out {cfg.out}"
-    )
+    setup_logging(log_level, json=log_json)
+    console = _console()
+    run_dir = Path(cfg.out)
     try:
-        history = run_training(cfg, tasks, console, upload_roots(cfg, config))
+        with locked(run_dir):
+            cfg, start = _start(cfg, run_dir, resume_latest=resume_latest, overwrite=overwrite)
+            click.echo(start)
+            console.print(
+                f"training {cfg.model or 'the offline tiny model'} for {cfg.steps} steps on {len(tasks)} "
+                f"task(s); backend {cfg.backend}; out {cfg.out}"
+            )
+            history = run_training(cfg, tasks, console, upload_roots(cfg, config))
+    except RunDirError as exc:
+        raise click.ClickException(str(exc)) from None
     except RuntimeError as exc:  # a sink that is not installed, a failed weight sync, a dead server
         raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        _interrupted(run_dir, cfg.steps)
     last = history[-1] if history else None
     if last is not None:
         console.print(
@@ -94,3 +133,61 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
             f"last reward {last.reward_mean:.3f}; metrics {Path(cfg.out) / 'metrics.jsonl'}, "
             f"checkpoints {Path(cfg.out) / 'checkpoints'}"
         )
+
+
+def _start(cfg: TrainConfig, out: Path, *, resume_latest: bool, overwrite: bool) -> tuple[TrainConfig, str]:
+    """How the run starts in `out` (the config, maybe with `resume` set, and the line saying so): a run
+    already there is resumed or replaced only when asked, never trained over silently."""
+    saved, steps = checkpoints(out), metrics_steps(out)
+    if overwrite:
+        if resume_latest:
+            raise RunDirError("--resume continues the run in out, --overwrite replaces it: give one")
+        if cfg.resume is not None and Path(cfg.resume).resolve().is_relative_to(out.resolve()):
+            raise RunDirError(f"--overwrite would delete the checkpoint resume: names ({cfg.resume})")
+        removed = remove(out, TRAIN_FILES)
+        if removed:
+            return cfg, f"overwrote {out} (removed {', '.join(removed)}): new run"
+        return cfg, f"new run in {out}"
+    if resume_latest:
+        if not saved:
+            raise RunDirError(
+                f"--resume: {out} has no checkpoint to continue from (checkpoints/step-N); "
+                "checkpoint_every saves them along the way"
+            )
+        cfg = cfg.model_copy(update={"resume": str(saved[-1])})
+    if cfg.resume is not None:
+        if not (Path(cfg.resume) / "trainer_state.json").is_file():
+            raise RunDirError(
+                f"resume: {cfg.resume} is not a checkpoint written by polar train (no trainer_state.json)"
+            )
+        line = f"resuming from {cfg.resume}: metrics appended to {out / 'metrics.jsonl'}"
+        name = Path(cfg.resume).name
+        step = int(name[5:]) if name.startswith("step-") and name[5:].isdigit() else None
+        later = sorted({s for s in steps if step is not None and s > step})
+        if later:  # steps the interrupted run took past its last checkpoint: kept, and taken again
+            span = f"step {later[0]}" if len(later) == 1 else f"steps {later[0]}-{later[-1]}"
+            line += (
+                f"; the interrupted run's lines for {span} (past the checkpoint) stay, resumed steps follow"
+            )
+        return cfg, line
+    if saved or steps:
+        held = f"{len(steps)} steps in metrics.jsonl"
+        if saved:
+            held += f", last checkpoint {saved[-1].relative_to(out)}"
+        raise RunDirError(
+            f"{out} already holds a training run ({held}): continue it with --resume, replace it with "
+            "--overwrite, or choose another --out"
+        )
+    return cfg, f"new run in {out}"
+
+
+def _interrupted(out: Path, total: int) -> NoReturn:
+    """Ctrl-C: what the run kept and how to go on, then exit status 130 (no traceback, no "Aborted!")."""
+    steps, saved = metrics_steps(out), checkpoints(out)
+    click.echo(f"interrupted: rollouts in flight were cancelled; {len(steps)} step(s) of {total} recorded")
+    click.echo(f"metrics: {out / 'metrics.jsonl'}")
+    if saved:
+        click.echo(f"last checkpoint: {saved[-1]}; continue with the same command and --resume")
+    else:
+        click.echo("no checkpoint yet (checkpoint_every saves them along the way)")
+    raise click.exceptions.Exit(130)

@@ -14,10 +14,15 @@ agent, can steer the run.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from polar.rollout.rundir import locked
+
+log = logging.getLogger("polar.run")
 
 
 @dataclass(frozen=True)
@@ -55,21 +60,76 @@ async def local_stack(
 ) -> AsyncIterator[LocalStack]:
     """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`).
     `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs; the node reads
-    upload sources only inside `upload_roots` (the task files' directories)."""
+    upload sources only inside `upload_roots` (the task files' directories).
+
+    `out` is held by this process meanwhile (`rundir.locked`). State an earlier run left there is resumed:
+    finished sessions stay, sessions it left on its node are requeued (`requeue_orphans`)."""
     from polar.auth import new_token
-    from polar.gateway.config import GatewayConfig
     from polar.netguard import OutboundPolicy
-    from polar.rollout.node import Node, NodeConfig
     from polar.rollout.server.app import create_app as create_server
     from polar.rollout.server.config import ServerConfig
-    from polar.serving import ServerThread, free_port
+    from polar.serving import ServerThread
 
-    out.mkdir(parents=True, exist_ok=True)
-    token = new_token()
-    outbound = OutboundPolicy(allow=allow_callback)
-    server_config = ServerConfig(db_path=out / "server.db", token=token, outbound=outbound)
-    server = ServerThread(create_server(server_config)).start()
-    node = Node(
+    with locked(out):
+        requeue_orphans(out / "server.db")
+        token = new_token()
+        outbound = OutboundPolicy(allow=allow_callback)
+        server_config = ServerConfig(db_path=out / "server.db", token=token, outbound=outbound)
+        server = ServerThread(create_server(server_config)).start()
+        try:
+            node = _node(
+                out, backend_url, backend_kind, model, capacity, server.url, token, outbound, upload_roots
+            )
+        except BaseException:
+            server.stop()
+            raise
+        try:
+            await node.start()
+            yield LocalStack(server, node, token)
+        except BaseException:
+            # Interrupted (Ctrl-C) or failed: what still runs is cancelled but not reported, so the server
+            # keeps those sessions open and a run resumed into `out` runs them again under new ids.
+            await node.stop(f"{stop_reason} (interrupted)", report=False)
+            server.stop()
+            raise
+        await node.stop(stop_reason)
+        server.stop()
+
+
+def requeue_orphans(db: Path) -> int:
+    """Sessions an earlier local run left on its node (it was interrupted or killed): back to the queue,
+    under new ids. A local stack's node lives and dies with its process, so none of them still runs."""
+    if not db.is_file():
+        return 0
+    from polar.rollout.server.service import new_session_id
+    from polar.rollout.server.store import ServerStore
+
+    store = ServerStore(db)
+    try:
+        n = store.requeue_orphans(new_session_id)
+    finally:
+        store.close()
+    if n:
+        log.info("%d session(s) interrupted in an earlier run will run again under new ids", n)
+    return n
+
+
+def _node(
+    out: Path,
+    backend_url: str,
+    backend_kind: str,
+    model: str | None,
+    capacity: int,
+    server_url: str,
+    token: str,
+    outbound: Any,
+    upload_roots: Sequence[Path],
+) -> Any:
+    from polar.gateway.config import GatewayConfig
+    from polar.rollout.node import Node, NodeConfig
+    from polar.serving import free_port
+
+    return Node(
         NodeConfig(
             gateway=GatewayConfig(
                 backend_url=backend_url,
@@ -82,17 +142,11 @@ async def local_stack(
             ),
             capacity=capacity,
             run_workers=capacity,
-            server_url=server.url,
+            server_url=server_url,
             heartbeat_s=1.0,
             upload_roots=tuple(upload_roots),
         )
     )
-    try:
-        await node.start()
-        yield LocalStack(server, node, token)
-    finally:
-        await node.stop(stop_reason)
-        server.stop()
 
 
 @contextlib.contextmanager

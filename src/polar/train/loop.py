@@ -330,6 +330,8 @@ def train(
             out=out,
         )
 
+        leftovers = _active_tasks(out / "server.db")
+
         async def go(backend_url: str, model: str | None, sync: WeightSync) -> list[StepMetrics]:
             async with local_stack(
                 out,
@@ -345,6 +347,9 @@ def train(
                 )
                 try:
                     async with RolloutClient(stack.server_url, token=stack.token) as client:
+                        for task_id in leftovers:  # groups of an earlier, killed run: nobody takes them
+                            with contextlib.suppress(RolloutError):
+                                await client.cancel(task_id)
                         loop = TrainLoop(tasks, trainer, client, gate, sync, metrics, loop_config)
                         return await loop.run()
                 finally:
@@ -363,3 +368,16 @@ def train(
         return asyncio.run(go(config.backend, config.served_model, sync))
     finally:
         metrics.close()
+
+
+def _active_tasks(db: Path) -> list[str]:
+    """Task groups an earlier run into the same `out` left unfinished (it was killed before `close`)."""
+    if not db.is_file():
+        return []
+    from polar.rollout.server.store import ServerStore
+
+    store = ServerStore(db)
+    try:
+        return store.active_task_ids()
+    finally:
+        store.close()

@@ -92,6 +92,7 @@ class Node:
         self._heartbeat: asyncio.Task[None] | None = None
         self._env: StageEnv | None = None
         self._stopping: asyncio.Task[None] | None = None
+        self._silent = False  # stop(report=False): finished sessions are not reported to the server
         self.url = ""  # the gateway's model API (what runtimes are pointed at)
         self.control_url = ""  # /node/... and the gateway's control routes, token required
 
@@ -140,9 +141,15 @@ class Node:
         await self.data_server.wait()
         await self.stop()  # the server died on its own: still free every runtime
 
-    async def stop(self, reason: str = "node stopped") -> None:
+    async def stop(self, reason: str = "node stopped", *, report: bool = True) -> None:
         """Refuse new sessions, cancel running ones (they end CANCELLED with `reason`), stop serving.
-        Idempotent: a second call (a signal during shutdown) waits for the first."""
+        Idempotent: a second call (a signal during shutdown) waits for the first.
+
+        `report=False`: results from now on are not sent to the server. For a local run that was
+        interrupted, whose server keeps those sessions open so that resuming the run runs them again
+        (`ServerStore.requeue_orphans`), rather than recording the interruption as their outcome."""
+        if not report:
+            self._silent = True
         if self._stopping is None:
             self._stopping = asyncio.create_task(self._stop(reason))
         await asyncio.shield(self._stopping)
@@ -386,7 +393,7 @@ class Node:
         s.done.set()
         log.info("session %s %s%s", s.session_id, result.status.value, f": {s.reason}" if s.reason else "")
         server = s.spec.server_url or self.config.server_url
-        if server is not None:
+        if server is not None and not self._silent:
             self.reporter.report(server, result, s.spec.result_token)
 
     def _trim(self) -> None:

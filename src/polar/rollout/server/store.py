@@ -14,7 +14,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -342,6 +342,26 @@ class ServerStore:
                 f"UPDATE sessions SET confirmed = 0 WHERE {where} AND status IN ({marks})", (*args, *OPEN)
             )
             return int(cur.rowcount)
+
+    def requeue_orphans(self, new_id: Callable[[], str]) -> int:
+        """Put open sessions bound to a node back in the queue, each under a fresh id from `new_id`.
+
+        Only for a caller that knows every node of this database is gone: a local run (`polar run`) whose
+        node died with its process, interrupted or killed. The old id may have started running there, and
+        ids are single-use (they key the gateway's records), so a rerun gets a new one; the session keeps
+        its task and sample index, and its dispatch attempts start over. Returns how many were requeued."""
+        marks = ", ".join("?" * len(OPEN))
+        with self._tx() as c:
+            rows = c.execute(
+                f"SELECT session_id FROM sessions WHERE node_id IS NOT NULL AND status IN ({marks})", OPEN
+            ).fetchall()
+            for (old,) in rows:
+                c.execute(
+                    "UPDATE sessions SET session_id = ?, node_id = NULL, confirmed = 0, dispatched_at = NULL, "
+                    "status = 'REGISTERED', result_token = NULL, attempts = 0 WHERE session_id = ?",
+                    (new_id(), old),
+                )
+            return len(rows)
 
     def set_stage(self, session_id: str, status: SessionStatus) -> None:
         """A non-terminal progress report from a node (INITIALIZING, RUNNING, ...)."""

@@ -1,0 +1,220 @@
+"""Runs never destroy results: `polar run`/`generate` into a folder holding an earlier run resume it (finished
+sessions kept, unfinished ones run, results.jsonl appended), `--overwrite` replaces it, and Ctrl-C stops
+cleanly with a summary and exit status 130. Real subprocesses, a real server, node and gateway."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+
+from tests.conftest import SERVED_MODEL
+from tests.node_support import CALL_GATEWAY, alive, fake_policy
+from tests.server_support import wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+SESSION_LINE = re.compile(r"^\[\d+/\d+\] (\S+) sample (\d): (\w+) reward (\S+) in [\d.]+s", re.M)
+
+
+def polar(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polar", *args], capture_output=True, text=True, timeout=timeout, env=ENV
+    )
+
+
+def say(task_id: str, command: str) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "instruction": "say something",
+        "num_samples": 2,
+        "timeout_seconds": 120,
+        "agent": {"harness": "shell", "settings": {"command": command}},
+        "evaluator": {"strategy": "session_completed"},
+    }
+
+
+def write_tasks(path: Path, tasks: list[dict[str, Any]]) -> Path:
+    path.write_text(yaml.safe_dump({"tasks": tasks}))
+    return path
+
+
+def results(out: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+
+
+def open_sessions(out: Path) -> int:
+    with sqlite3.connect(out / "server.db") as db:
+        terminal = "('COMPLETED', 'TIMEOUT', 'ERROR', 'CANCELLED')"
+        return int(db.execute(f"SELECT COUNT(*) FROM sessions WHERE status NOT IN {terminal}").fetchone()[0])
+
+
+def test_a_second_run_resumes_and_overwrite_replaces(tmp_path: Path) -> None:
+    caller = tmp_path / "call_gateway.py"
+    caller.write_text(CALL_GATEWAY)
+    call = f"{sys.executable} {caller} 2"
+    taskfile = write_tasks(tmp_path / "tasks.yaml", [say("say-0", call), say("say-1", call)])
+    out = tmp_path / "out"
+    with fake_policy() as (url, backend):
+        argv = ["run", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out)]
+        first = polar(*argv)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert f"new run in {out}: 4 sessions" in first.stdout
+        # stdout is a pipe, not a terminal: one line per finished session, as it finishes
+        lines = SESSION_LINE.findall(first.stdout)
+        assert sorted((t, s, st, r) for t, s, st, r in lines) == [
+            ("say-0", "0", "COMPLETED", "1.00"),
+            ("say-0", "1", "COMPLETED", "1.00"),
+            ("say-1", "0", "COMPLETED", "1.00"),
+            ("say-1", "1", "COMPLETED", "1.00"),
+        ]
+        kept = (out / "results.jsonl").read_bytes()
+        calls = len(backend.requests)
+        assert len(results(out)) == 4 and calls == 8
+
+        # The same command again: everything finished, so nothing runs and nothing is lost.
+        again = polar(*argv)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "all 4 sessions finished earlier; nothing to run" in again.stdout
+        assert (out / "results.jsonl").read_bytes() == kept and len(backend.requests) == calls
+        assert "say-1" in again.stdout  # the summary covers the kept sessions
+
+        # A task added to the file: the earlier sessions are kept, the new ones run and are appended.
+        write_tasks(taskfile, [say("say-0", call), say("say-1", call), say("say-2", call)])
+        more = polar(*argv)
+        assert more.returncode == 0, more.stdout + more.stderr
+        assert "4 of 6 sessions finished earlier (kept), 2 to run" in more.stdout
+        assert (out / "results.jsonl").read_bytes().startswith(kept)
+        assert [r["task_id"] for r in results(out)[4:]] == ["say-2", "say-2"]
+        assert len({r["session_id"] for r in results(out)}) == 6
+
+        # A task that changed cannot be resumed: refused in one line, nothing touched.
+        write_tasks(taskfile, [say("say-0", call + " # changed"), say("say-1", call), say("say-2", call)])
+        before = (out / "results.jsonl").read_bytes()
+        changed = polar(*argv)
+        assert changed.returncode == 1 and "Traceback" not in changed.stderr
+        assert "task say-0" in changed.stderr and "differs in agent" in changed.stderr
+        assert "--overwrite" in changed.stderr
+        assert (out / "results.jsonl").read_bytes() == before
+
+        # --overwrite is the one way to replace the run.
+        replaced = polar(*argv, "--overwrite")
+        assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+        assert f"overwrote {out} (removed results.jsonl, server.db, gateway.db)" in replaced.stdout
+        fresh = results(out)
+        assert len(fresh) == 6 and not {r["session_id"] for r in fresh} & {
+            orjson.loads(line)["session_id"] for line in before.splitlines()
+        }
+
+
+def test_files_without_server_state_are_not_replaced(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.jsonl").write_text('{"session_id": "s"}\n')
+    taskfile = write_tasks(tmp_path / "tasks.yaml", [say("t", "true")])
+    proc = polar("run", str(taskfile), "--backend", "http://127.0.0.1:9", "--out", str(out))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "holds results.jsonl but no server.db to resume from" in proc.stderr
+    assert (out / "results.jsonl").read_text() == '{"session_id": "s"}\n'
+
+
+def test_ctrl_c_keeps_what_finished_and_a_resume_runs_the_rest(tmp_path: Path) -> None:
+    caller = tmp_path / "call_gateway.py"
+    caller.write_text(CALL_GATEWAY)
+    flag, marks = tmp_path / "go-on", tmp_path / "started"
+    # The slow task's sessions wait until `flag` exists: forever in the first run, not in the second.
+    slow = f"echo $$ >> {marks}; test -f {flag} || sleep 600; {sys.executable} {caller} 1"
+    quick = f"{sys.executable} {caller} 1"
+    taskfile = write_tasks(tmp_path / "tasks.yaml", [say("quick", quick), say("slow", slow)])
+    out = tmp_path / "out"
+    with fake_policy() as (url, _):
+        argv = [sys.executable, "-m", "polar", "run", str(taskfile), "--backend", url]
+        argv += ["--model", SERVED_MODEL, "--out", str(out)]
+        stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+        with open(stdout, "w") as so, open(stderr, "w") as se:
+            proc = subprocess.Popen(argv, stdout=so, stderr=se, env=ENV)
+            try:
+
+                def ready() -> bool:
+                    assert proc.poll() is None, stderr.read_text()
+                    done = (out / "results.jsonl").is_file() and len(results(out)) == 2
+                    return done and marks.is_file() and len(marks.read_text().split()) == 2
+
+                wait_until(ready, timeout=120, what="the quick sessions to finish, the slow ones to run")
+                proc.send_signal(signal.SIGINT)
+                code = proc.wait(timeout=120)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        printed, errors = stdout.read_text(), stderr.read_text()
+        assert code == 130, printed + errors
+        assert "Traceback" not in errors and "Aborted" not in printed + errors
+        assert len(SESSION_LINE.findall(printed)) == 2  # a line per session, though stdout is a file
+        assert "interrupted: cancelled the running sessions; nothing finished was lost" in printed
+        assert f"kept 2 of 4 sessions in {out / 'results.jsonl'} (2 finished by this run)" in printed
+        assert "2 sessions left: run the same command again to resume them" in printed
+        kept = (out / "results.jsonl").read_bytes()
+        assert [r["task_id"] for r in results(out)] == ["quick", "quick"]
+        for pid in map(int, marks.read_text().split()):  # the agents were stopped, not left behind
+            deadline = time.monotonic() + 10
+            while alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not alive(pid)
+
+        flag.touch()
+        resumed = subprocess.run(argv, capture_output=True, text=True, timeout=240, env=ENV)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "2 of 4 sessions finished earlier (kept), 2 to run" in resumed.stdout
+    assert (out / "results.jsonl").read_bytes().startswith(kept)
+    every = results(out)
+    assert sorted(r["task_id"] for r in every) == ["quick", "quick", "slow", "slow"]
+    assert len({r["session_id"] for r in every}) == 4
+    assert all(r["status"] == "COMPLETED" for r in every)
+    assert sorted(r["metadata"]["sample_index"] for r in every if r["task_id"] == "slow") == [0, 1]
+    assert open_sessions(out) == 0
+
+
+def test_generate_resumes_and_rewrites_its_data_from_every_session(tmp_path: Path) -> None:
+    caller = tmp_path / "call_gateway.py"
+    caller.write_text(CALL_GATEWAY)
+    taskfile = write_tasks(tmp_path / "tasks.yaml", [say("g", f"{sys.executable} {caller} 1")])
+    out = tmp_path / "gen"
+    with fake_policy() as (url, backend):
+        argv = ["generate", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out)]
+        first = polar(*argv, "--format", "jsonl")
+        assert first.returncode == 0, first.stdout + first.stderr
+        kept, messages = (out / "results.jsonl").read_bytes(), (out / "messages.jsonl").read_bytes()
+        assert len(kept.splitlines()) == 2 and len(messages.splitlines()) == 2
+        again = polar(*argv, "--format", "jsonl")
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "nothing to run" in again.stdout and len(backend.requests) == 2
+    assert (out / "results.jsonl").read_bytes() == kept
+    assert len((out / "messages.jsonl").read_bytes().splitlines()) == 2
+
+
+@pytest.mark.slow  # the shipped example with the embedded engine: a minute or two
+def test_the_readme_command_twice_loses_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "polar-run"
+    argv = ["run", str(ROOT / "examples" / "tasks.yaml"), "--out", str(out)]
+    first = polar(*argv, timeout=900)
+    assert first.returncode == 0, first.stdout + first.stderr
+    kept = (out / "results.jsonl").read_bytes()
+    ids = [r["session_id"] for r in results(out)]
+    assert len(ids) == len(set(ids)) == 10
+    again = polar(*argv, timeout=900)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Traceback" not in again.stderr
+    assert "all 10 sessions finished earlier; nothing to run" in again.stdout
+    assert (out / "results.jsonl").read_bytes() == kept
+    assert "repair-moving-average" in again.stdout  # the summary table of the kept results
