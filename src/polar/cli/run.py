@@ -143,8 +143,10 @@ def run_taskfile(
     console: Console,
     allow_callback: tuple[str, ...] = (),
 ) -> list[Any]:
-    """Load TASKFILE (errors at file:line), start the embedded engine unless a backend is given, run every
-    session through a local server and node, and return the results."""
+    """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
+    import paths), start the embedded engine unless a backend is given, run every session through a local
+    server and node, and return the results. Every check is made before the engine loads."""
+    from polar.modelsource import ModelNotFound, prepare_model
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
     try:
@@ -154,6 +156,11 @@ def run_taskfile(
     if capacity < 1:
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
+    if backend_url is None:
+        try:
+            prepare_model(policy)
+        except ModelNotFound as exc:
+            raise click.BadParameter(str(exc), param_hint="--policy") from None
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         if backend_url is None:

@@ -71,6 +71,12 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
         raise click.ClickException(
             f"resume: {cfg.resume} is not a checkpoint written by polar train (no trainer_state.json)"
         )
+    from polar.modelsource import ModelNotFound, prepare_model
+
+    try:  # before minutes of loading: a model that is not here and cannot be downloaded now
+        prepare_model(cfg.resume or cfg.model)
+    except ModelNotFound as exc:
+        raise click.ClickException(f"{config}: model: {exc}") from None
     console = Console()
     console.print(
         f"training {cfg.model or 'the offline tiny model'} for {cfg.steps} steps on {len(tasks)} task(s); "
