@@ -125,3 +125,14 @@ def test_serve_model_offline_fails_at_once(tmp_path: Path) -> None:
     folder = tmp_path / "models" / "mine"
     proc = polar("serve-model", str(folder), "--port", "0", env=env)
     assert one_line(proc) == f"polar serve-model: {folder}: no such file or folder"
+
+
+def test_run_with_its_backend_down(tmp_path: Path) -> None:
+    """`polar run` starts a gateway in-process: the same one line when it cannot."""
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text("task_id: a\ninstruction: x\nagent: {harness: shell, settings: {command: 'true'}}\n")
+    down = f"http://127.0.0.1:{free_port()}"
+    proc = polar("run", str(taskfile), "--backend", down, "--out", str(tmp_path / "out"))
+    assert one_line(proc) == (
+        f"polar run: could not list the backend's models (inference server unreachable at {down}); pass --model"
+    )

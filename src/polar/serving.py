@@ -341,7 +341,10 @@ class ServerThread:
 
     def start(self) -> ServerThread:
         self.thread.start()
-        if not self._ready.wait(timeout=60) or self._error is not None:
+        ready = self._ready.wait(timeout=60)
+        if isinstance(self._error, (BindError, StartupError)):
+            raise self._error  # says which address, or what the app's startup raised
+        if not ready or self._error is not None:
             raise RuntimeError(f"server did not start: {self._error or 'timed out'}")
         return self
 

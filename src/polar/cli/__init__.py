@@ -54,6 +54,20 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _report(exc: BaseException, ctx: click.Context) -> None:
+    """A server a command started in-process that could not start (`polar run` with its backend down, a
+    port in use) is the user's problem in one line; anything else is a bug."""
+    from polar.cli.common import start_failure
+    from polar.serving import StartupError
+
+    failure = start_failure(exc, f"polar {ctx.invoked_subcommand or ''}".strip())
+    if failure is not None:
+        failure.show()
+        ctx.exit(failure.exit_code)
+    _report_bug(exc.error if isinstance(exc, StartupError) else exc)
+    ctx.exit(1)
+
+
 def _report_bug(exc: BaseException) -> None:
     lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-BUG_FRAMES)
     click.echo("".join(lines).rstrip(), err=True)
@@ -73,11 +87,9 @@ class _LazyGroup(click.Group):
         except OSError as exc:
             if exc.errno == errno.EPIPE:  # output piped into `head`: click ends quietly
                 raise
-            _report_bug(exc)
-            ctx.exit(1)
+            _report(exc, ctx)
         except Exception as exc:  # not KeyboardInterrupt or SystemExit: those end the command as they mean
-            _report_bug(exc)
-            ctx.exit(1)
+            _report(exc, ctx)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_COMMANDS)

@@ -128,23 +128,37 @@ def cannot_start(message: str, command: str | None = None) -> CannotStart:
 _STARTUP_PROBLEMS = (OSError, RuntimeError, ValueError, sqlite3.Error)
 
 
+def start_failure(exc: BaseException, command: str, database: Path | None = None) -> CannotStart | None:
+    """The one line for a server that could not start (`polar.serving.BindError`, or a `StartupError`
+    caused by the machine or the configuration: an unreachable backend, a store that cannot be opened);
+    None for anything else, a bug. `database`: the SQLite file the app opens, named when it cannot be."""
+    from polar.serving import BindError, StartupError
+
+    if isinstance(exc, BindError):
+        hint = f" (another {command}?)" if exc.in_use else ""
+        return cannot_start(f"{exc}{hint}", command)
+    if isinstance(exc, StartupError):
+        error = exc.error
+        if isinstance(error, sqlite3.Error) and database is not None:
+            return cannot_start(f"{database}: {one_line(error)}", command)
+        if isinstance(error, _STARTUP_PROBLEMS):
+            return cannot_start(one_line(error), command)
+    return None
+
+
 async def start_servers(start: Awaitable[None], command: str, database: Path | None = None) -> None:
-    """Await `start` (servers binding and starting); a port in use or a failed startup is `CannotStart`
-    (`database`: the SQLite file the app opens, named when it cannot be)."""
+    """Await `start` (servers binding and starting); a port in use or a failed startup is `CannotStart`."""
     from polar.serving import BindError, StartupError
 
     try:
         await start
-    except BindError as exc:
-        hint = f" (another {command}?)" if exc.in_use else ""
-        raise cannot_start(f"{exc}{hint}", command) from None
-    except StartupError as exc:
-        error = exc.error
-        if isinstance(error, sqlite3.Error) and database is not None:
-            raise cannot_start(f"{database}: {one_line(error)}", command) from None
-        if isinstance(error, _STARTUP_PROBLEMS):
-            raise cannot_start(one_line(error), command) from None
-        raise error from None  # a bug: the report handler shows its traceback
+    except (BindError, StartupError) as exc:
+        failure = start_failure(exc, command, database)
+        if failure is not None:
+            raise failure from None
+        if isinstance(exc, StartupError):
+            raise exc.error from None  # a bug: the report handler shows its traceback
+        raise
 
 
 def serve_until_stopped(
