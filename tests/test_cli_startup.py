@@ -136,3 +136,9 @@ def test_run_with_its_backend_down(tmp_path: Path) -> None:
     assert one_line(proc) == (
         f"polar run: could not list the backend's models (inference server unreachable at {down}); pass --model"
     )
+
+
+def test_serve_model_on_a_device_that_is_not_here() -> None:
+    """Was: torch's AssertionError traceback ("Torch not compiled with CUDA enabled")."""
+    proc = polar("serve-model", "--device", "cuda:99", "--port", "0")
+    assert one_line(proc).startswith("polar serve-model: cannot load the default model: device 'cuda:99': ")

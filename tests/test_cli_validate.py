@@ -260,3 +260,11 @@ def test_an_internal_error_asks_to_be_reported(monkeypatch: pytest.MonkeyPatch) 
     # A user's mistake stays one message, without a traceback or the request.
     r = CliRunner().invoke(main, ["mistake"])
     assert r.exit_code == 1 and r.output == "Error: tasks.yaml:3: a user's mistake\n"
+
+
+def test_train_checks_its_model_before_loading(tmp_path: Path) -> None:
+    (tmp_path / "tasks.yaml").write_text("task_id: a\ninstruction: x\n")
+    config = tmp_path / "train.yaml"
+    config.write_text(f"tasks: tasks.yaml\nmodel: {tmp_path / 'no-model'}\n")
+    proc = polar("train", str(config))
+    assert_refused_before_start(proc, f"{config}: model: {tmp_path / 'no-model'}: no such file or folder")

@@ -77,6 +77,11 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
         prepare_model(cfg.resume or cfg.model)
     except ModelNotFound as exc:
         raise click.ClickException(f"{config}: model: {exc}") from None
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.ClickException(f"{config}: device: CUDA is not available here (use cpu or auto)")
     console = Console()
     console.print(
         f"training {cfg.model or 'the offline tiny model'} for {cfg.steps} steps on {len(tasks)} task(s); "

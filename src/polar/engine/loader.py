@@ -41,9 +41,21 @@ class LoadedModel:
 
 
 def resolve_device(device: str | None) -> torch.device:
+    """The device `device` names (auto: CUDA when available); ValueError for one that is not here."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r}: {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available here (use cpu or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return dev
 
 
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
