@@ -115,7 +115,7 @@ def test_custom_by_import_path() -> None:
         (
             "command",
             {"test_command": "t", "base_ref": "--output=x"},
-            "evaluator.config.base_ref: Value error",
+            "evaluator.config.base_ref: must name a revision, not an option",
         ),
         ("command", {"test_command": "t", "timeout_seconds": -1}, "evaluator.config.timeout_seconds"),
         (
@@ -123,7 +123,11 @@ def test_custom_by_import_path() -> None:
             {"test_command": "t", "protect": "tests"},
             "evaluator.config.protect: Input should be a valid list",
         ),
-        ("command", {"test_cmd": "t"}, "evaluator.config.test_command: Field required"),
+        (  # a misspelt key is the error worth naming (it also leaves the real one missing)
+            "command",
+            {"test_cmd": "t"},
+            "evaluator.config.test_cmd: Extra inputs are not permitted (did you mean test_command?)",
+        ),
     ],
 )
 def test_refusals(name: str, config: dict[str, Any], message: str) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
 from click.testing import CliRunner
 from google import genai
 from google.genai import errors as genai_errors
@@ -354,11 +353,12 @@ async def test_the_node_server_answers_malformed_http_with_json() -> None:
 
 
 def test_the_cli_servers_use_the_json_error_protocol(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    started: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(kw))
+    started: list[Any] = []
+    monkeypatch.setattr("polar.cli.serve.serve_until_stopped", lambda servers, **kw: started.extend(servers))
     assert CliRunner().invoke(main, ["serve", "--db", str(tmp_path / "s.db")]).exit_code == 0
-    assert [kw["http"] for kw in started] == [http_protocol()]
-    # `polar gateway`, `polar node` and in-process servers run EmbeddedServers (one per listener).
+    assert [s.config["http"] for s in started] == [http_protocol()]
+    assert started[0].config["timeout_graceful_shutdown"] == 3  # an open /events stream ends with it
+    # `polar serve`, `gateway`, `node`, `serve-model` and in-process servers run EmbeddedServers.
     assert EmbeddedServer(None, "127.0.0.1", 0).config["http"] is http_protocol()
     assert all(s.config["http"] is http_protocol() for s in ServerThread(None, also=[None]).servers)
 

@@ -1,11 +1,22 @@
 """The `polar` command. Each subcommand lives in its own module and is imported only when used, so
-`polar --help` stays fast and a missing optional dependency (torch for the engine) only affects its command."""
+`polar --help` stays fast and a missing optional dependency (torch for the engine) only affects its command.
+
+A user's mistake (a bad file, option or setting; a server that cannot start) is one message without a
+traceback (`click.ClickException`). Anything else escaping a command is a bug in polar: a short traceback
+and one line asking to report it (`_report_bug`).
+"""
 
 from __future__ import annotations
 
+import errno
 import importlib
+import traceback
+from typing import Any
 
 import click
+
+# Frames of a bug's traceback shown (the innermost ones: where it went wrong, not how click got there).
+BUG_FRAMES = 8
 
 # name -> (module, attribute, one-line help). Keep alphabetical.
 _COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -43,7 +54,43 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+def _report(exc: BaseException, ctx: click.Context) -> None:
+    """A server a command started in-process that could not start (`polar run` with its backend down, a
+    port in use) is the user's problem in one line; anything else is a bug."""
+    from polar.cli.common import start_failure
+    from polar.serving import StartupError
+
+    failure = start_failure(exc, f"polar {ctx.invoked_subcommand or ''}".strip())
+    if failure is not None:
+        failure.show()
+        ctx.exit(failure.exit_code)
+    _report_bug(exc.error if isinstance(exc, StartupError) else exc)
+    ctx.exit(1)
+
+
+def _report_bug(exc: BaseException) -> None:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-BUG_FRAMES)
+    click.echo("".join(lines).rstrip(), err=True)
+    click.echo(
+        f"polar: internal error ({type(exc).__name__}): this is a bug in polar, not something you did. "
+        "Please report it with the command you ran and the traceback above.",
+        err=True,
+    )
+
+
 class _LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except OSError as exc:
+            if exc.errno == errno.EPIPE:  # output piped into `head`: click ends quietly
+                raise
+            _report(exc, ctx)
+        except Exception as exc:  # not KeyboardInterrupt or SystemExit: those end the command as they mean
+            _report(exc, ctx)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_COMMANDS)
 

@@ -1,10 +1,14 @@
-"""Helpers shared by CLI commands: logging, and the options every command that serves a gateway takes."""
+"""Helpers shared by CLI commands: logging, the options every command that serves a gateway takes, and
+starting servers that either start or say why in one line (`CannotStart`, `serve_until_stopped`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import sqlite3
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -17,6 +21,7 @@ from rich.logging import RichHandler
 if TYPE_CHECKING:
     from polar.gateway.config import GatewayConfig
     from polar.netguard import OutboundPolicy
+    from polar.serving import EmbeddedServer
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -159,14 +164,113 @@ def token_file_option(f: F) -> F:
     )(f)
 
 
+class CannotStart(click.ClickException):
+    """A server that cannot start: one line on stderr naming the problem (`polar gateway: port 8100 on
+    127.0.0.1 is in use (another polar gateway?)`), exit status 2, no traceback."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:
+        click.echo(self.format_message(), err=True)
+
+
+def command_name() -> str:
+    """`polar gateway` for the command running now."""
+    ctx = click.get_current_context(silent=True)
+    return f"polar {ctx.info_name}" if ctx is not None and ctx.info_name else "polar"
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def cannot_start(message: str, command: str | None = None) -> CannotStart:
+    return CannotStart(f"{command or command_name()}: {message}")
+
+
+# What an app's startup raises for a problem of the machine or the configuration (an unreachable backend,
+# a store that cannot be opened); anything else is a bug and keeps its traceback.
+_STARTUP_PROBLEMS = (OSError, RuntimeError, ValueError, sqlite3.Error)
+
+
+def start_failure(exc: BaseException, command: str, database: Path | None = None) -> CannotStart | None:
+    """The one line for a server that could not start (`polar.serving.BindError`, or a `StartupError`
+    caused by the machine or the configuration: an unreachable backend, a store that cannot be opened);
+    None for anything else, a bug. `database`: the SQLite file the app opens, named when it cannot be."""
+    from polar.serving import BindError, StartupError
+
+    if isinstance(exc, BindError):
+        hint = f" (another {command}?)" if exc.in_use else ""
+        return cannot_start(f"{exc}{hint}", command)
+    if isinstance(exc, StartupError):
+        error = exc.error
+        if isinstance(error, sqlite3.Error) and database is not None:
+            return cannot_start(f"{database}: {one_line(error)}", command)
+        if isinstance(error, _STARTUP_PROBLEMS):
+            return cannot_start(one_line(error), command)
+    return None
+
+
+async def start_servers(start: Awaitable[None], command: str, database: Path | None = None) -> None:
+    """Await `start` (servers binding and starting); a port in use or a failed startup is `CannotStart`."""
+    from polar.serving import BindError, StartupError
+
+    try:
+        await start
+    except (BindError, StartupError) as exc:
+        failure = start_failure(exc, command, database)
+        if failure is not None:
+            raise failure from None
+        if isinstance(exc, StartupError):
+            raise exc.error from None  # a bug: the report handler shows its traceback
+        raise
+
+
+def serve_until_stopped(
+    servers: Sequence[EmbeddedServer],
+    *,
+    started: Callable[[], None] | None = None,
+    database: Path | None = None,
+) -> None:
+    """Start `servers` (all bound first; the first runs the app's lifespan), call `started`, serve until
+    SIGINT/SIGTERM or until the first server exits, then stop them. A server that cannot start is one
+    line and exit status 2 (`start_servers`)."""
+    from polar.serving import start_all, stop_all
+
+    command = command_name()
+
+    async def main() -> None:
+        await start_servers(start_all(servers), command, database)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if started is not None:
+            started()
+        waiting = asyncio.create_task(stop.wait())
+        await asyncio.wait(
+            [waiting, asyncio.create_task(servers[0].wait())], return_when=asyncio.FIRST_COMPLETED
+        )
+        waiting.cancel()
+        await stop_all(servers)
+
+    asyncio.run(main())
+
+
 def resolve_token(token_file: Path | None, *, create: bool) -> str:
-    """The control token for a command (`create`: servers make the default file when nothing is set)."""
+    """The control token for a command (`create`: servers make the default file when nothing is set; a
+    server that finds no usable token cannot start: one line, exit status 2)."""
     from polar.auth import TokenError, load_token
 
     try:
         return load_token(token_file, create=create)
-    except TokenError as exc:
-        raise click.ClickException(str(exc)) from None
+    except (TokenError, OSError) as exc:
+        message = (
+            str(exc) if isinstance(exc, TokenError) else f"cannot set up the control token: {one_line(exc)}"
+        )
+        if create:
+            raise cannot_start(message) from None
+        raise click.ClickException(message) from None
 
 
 def gateway_options(*, port: int) -> Callable[[F], F]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ from polar.cli.common import (
     gateway_options,
     log_level_option,
     resolve_token,
+    serve_until_stopped,
     setup_logging,
 )
 
@@ -85,7 +84,7 @@ def gateway(
     from polar.gateway.app import create_app
     from polar.gateway.backends.base import BackendOptions
     from polar.harness.registry import classifier
-    from polar.serving import EmbeddedServer, start_all, stop_all
+    from polar.serving import EmbeddedServer
 
     setup_logging(log_level, json=log_json)
     config = build_gateway_config(
@@ -108,26 +107,16 @@ def gateway(
     options: dict[str, Any] = {"log_level": log_level, "proxy_headers": False}
     servers = [
         EmbeddedServer(app.data, host, port, **options),
-        EmbeddedServer(app.control, control_host, control_port, lifespan="off", **options),
+        EmbeddedServer(
+            app.control, control_host, control_port, lifespan="off", label="control port", **options
+        ),
     ]
 
-    async def serve() -> None:
-        try:
-            await start_all(servers)
-        except (OSError, RuntimeError) as exc:
-            raise click.ClickException(str(exc)) from None
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+    def started() -> None:
         log = logging.getLogger("polar.gateway")
         log.info("store: %s", store_path.resolve())
         log.info("model API at %s, control at %s (bearer token required)", servers[0].url, servers[1].url)
-        waiting = asyncio.create_task(stop.wait())
-        await asyncio.wait(
-            [waiting, asyncio.create_task(servers[0].wait())], return_when=asyncio.FIRST_COMPLETED
-        )
-        waiting.cancel()
-        await stop_all(servers)
 
-    asyncio.run(serve())
+    # Both ports are bound before the gateway starts; a port in use, a backend that cannot be reached
+    # without --model, a store that cannot be opened: one line, exit status 2.
+    serve_until_stopped(servers, started=started, database=store_path)

@@ -12,11 +12,13 @@ import click
 from polar.cli.common import (
     allow_plugins,
     build_gateway_config,
+    command_name,
     gateway_options,
     log_level_option,
     plugin_option,
     resolve_token,
     setup_logging,
+    start_servers,
 )
 
 
@@ -141,12 +143,13 @@ def node(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 
+    command = command_name()
+
     async def serve() -> None:
         n = Node(config)
-        try:
-            await n.start()
-        except (OSError, RuntimeError) as exc:
-            raise click.ClickException(str(exc)) from None
+        # Both ports bound first; a port in use or a failed start (no --model and the backend unreachable):
+        # one line, exit status 2.
+        await start_servers(n.start(), command, store_path)
         loop = asyncio.get_running_loop()
         stopping: list[asyncio.Task[None]] = []
 

@@ -201,9 +201,11 @@ def run_taskfile(
     *,
     overwrite: bool = False,
 ) -> list[Any]:
-    """Load TASKFILE (errors at file:line), resume or start the run in `state.out`, start the embedded
-    engine unless a backend is given (and something is left to run), run every unfinished session through
-    a local server and node, and return every finished session's result (earlier runs' too)."""
+    """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
+    import paths) before anything loads, resume or start the run in `state.out`, start the embedded engine
+    unless a backend is given (and something is left to run), run every unfinished session through a local
+    server and node, and return every finished session's result (earlier runs' too)."""
+    from polar.modelsource import ModelNotFound, prepare_model
     from polar.rollout.rundir import ResultsFile, RunDirError, locked, plan_run
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
@@ -214,6 +216,11 @@ def run_taskfile(
     if capacity < 1:
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
+    if backend_url is None:
+        try:
+            prepare_model(policy)
+        except ModelNotFound as exc:
+            raise click.BadParameter(str(exc), param_hint="--policy") from None
     out = state.out
     try:
         with locked(out):

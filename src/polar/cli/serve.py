@@ -15,6 +15,7 @@ from polar.cli.common import (
     outbound_policy,
     plugin_option,
     resolve_token,
+    serve_until_stopped,
     setup_logging,
     token_file_option,
 )
@@ -87,11 +88,9 @@ def serve(
       polar node --server http://127.0.0.1:8300 --backend http://127.0.0.1:8000
       polar submit examples/tasks.yaml --wait
     """
-    import uvicorn
-
-    from polar.http_server import http_protocol
     from polar.rollout.server import ServerConfig, create_app
     from polar.rollout.server.callbacks import RetryPolicy
+    from polar.serving import EmbeddedServer
 
     setup_logging(log_level, json=log_json)
     allow_plugins(plugins)
@@ -116,15 +115,15 @@ def serve(
         token=resolve_token(token_file, create=True),
         outbound=outbound_policy(allow_callback),
     )
-    logging.getLogger("polar").info("rollout server state: %s", db_path.resolve())
     # An open `GET /events` stream would otherwise hold uvicorn's graceful shutdown forever.
-    uvicorn.run(
-        create_app(config),
-        host=host,
-        port=port,
-        log_level=log_level,
-        log_config=None,  # uvicorn's records go through setup_logging's handler
-        access_log=False,
-        timeout_graceful_shutdown=3,
-        http=http_protocol(),
+    server = EmbeddedServer(
+        create_app(config), host, port, log_level=log_level, log_config=None, timeout_graceful_shutdown=3
     )
+
+    def started() -> None:
+        log = logging.getLogger("polar")
+        log.info("rollout server at %s (bearer token required); state: %s", server.url, db_path.resolve())
+
+    # The port is bound before the server opens its database; a port in use, a database that cannot be
+    # opened: one line, exit status 2.
+    serve_until_stopped([server], started=started, database=db_path)

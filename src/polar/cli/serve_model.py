@@ -64,12 +64,25 @@ def serve_model(
     Without MODEL it serves the offline default: the real Qwen3 tokenizer and chat template with tiny random
     weights, built once into $POLAR_HOME/models (or ~/.cache/polar/models). It is for plumbing, not quality.
     """
-    import uvicorn
-
-    from polar.engine import Engine, EngineConfig, create_engine_app
-    from polar.http_server import http_protocol
+    from polar.cli.common import cannot_start, one_line, serve_until_stopped
+    from polar.modelsource import ModelNotFound, prepare_model
+    from polar.serving import BindError, EmbeddedServer
 
     setup_logging(log_level, json=log_json)
+    # The port first (a port in use is said before minutes of loading), then the model: one that is not
+    # here and cannot be downloaded now (offline) fails at once, in one line.
+    server = EmbeddedServer(None, host, port, log_level=log_level.lower())
+    try:
+        server.bind()
+    except BindError as exc:
+        raise cannot_start(f"{exc}" + (" (another polar serve-model?)" if exc.in_use else "")) from None
+    try:
+        prepare_model(model)
+    except ModelNotFound as exc:
+        raise cannot_start(one_line(exc)) from None
+
+    from polar.engine import Engine, EngineConfig, create_engine_app
+
     config = EngineConfig(
         max_num_seqs=max_num_seqs,
         prefill_chunk=prefill_chunk,
@@ -90,20 +103,15 @@ def serve_model(
             start=False,
         )
     except (OSError, ValueError, RuntimeError) as exc:
-        raise click.ClickException(f"cannot load {model or 'the default model'}: {exc}") from exc
-    click.echo(
-        f"serving {engine.name} (max_model_len {engine.max_model_len}, "
-        f"tool parser {getattr(engine.tool_parser, 'name', None)}, reasoning {engine.reasoning}) "
-        f"on http://{host}:{port}/v1",
-        err=True,
-    )
-    app = create_engine_app(engine, manage_engine=True)
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        log_config=None,  # uvicorn's records go through setup_logging's handler
-        access_log=False,
-        http=http_protocol(),
-    )
+        raise cannot_start(f"cannot load {model or 'the default model'}: {one_line(exc)}") from None
+    server.app = create_engine_app(engine, manage_engine=True)
+
+    def started() -> None:
+        click.echo(
+            f"serving {engine.name} (max_model_len {engine.max_model_len}, "
+            f"tool parser {getattr(engine.tool_parser, 'name', None)}, reasoning {engine.reasoning}) "
+            f"on {server.url}/v1",
+            err=True,
+        )
+
+    serve_until_stopped([server], started=started)

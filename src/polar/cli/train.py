@@ -108,6 +108,21 @@ def train(
         raise BadOverride(str(exc)) from None
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    if cfg.resume is not None and not (Path(cfg.resume) / "trainer_state.json").is_file():
+        raise click.ClickException(
+            f"resume: {cfg.resume} is not a checkpoint written by polar train (no trainer_state.json)"
+        )
+    from polar.modelsource import ModelNotFound, prepare_model
+
+    try:  # before minutes of loading: a model that is not here and cannot be downloaded now
+        prepare_model(cfg.resume or cfg.model)
+    except ModelNotFound as exc:
+        raise click.ClickException(f"{config}: model: {exc}") from None
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.ClickException(f"{config}: device: CUDA is not available here (use cpu or auto)")
     setup_logging(log_level, json=log_json)
     console = _console()
     run_dir = Path(cfg.out)

@@ -41,9 +41,21 @@ class LoadedModel:
 
 
 def resolve_device(device: str | None) -> torch.device:
+    """The device `device` names (auto: CUDA when available); ValueError for one that is not here."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r}: {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available here (use cpu or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return dev
 
 
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
@@ -66,11 +78,17 @@ def load_model(
     served_name: str | None = None,
     trust_remote_code: bool = False,
 ) -> LoadedModel:
-    """Load `spec`: None (the offline tiny default), a `.gguf` file, a local folder, or a hub id."""
+    """Load `spec`: None (the offline tiny default), a `.gguf` file, a local folder, or a hub id.
+    `polar.modelsource.ModelNotFound` (an OSError) when it is none of these here and cannot be downloaded
+    now; a cached hub id loads without the network when that cannot be used."""
+    from huggingface_hub.utils import logging as hub_logging
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from polar.modelsource import locate_model
+
     hf_logging.disable_progress_bar()
+    hub_logging.disable_propagation()  # it has a handler of its own: once, not again through the root's
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -90,6 +108,10 @@ def load_model(
     else:
         path = spec
         name = served_name or spec
+    if spec is not None:  # fails at once, in one line, where the model cannot be had now (offline)
+        _, local_only = locate_model(spec)
+        if local_only:
+            kwargs["local_files_only"] = True
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, **kwargs, **model_kwargs)
     model.to(dev)  # type: ignore[arg-type]

@@ -32,9 +32,11 @@ def parse_config(evaluator: str, model: type[C], config: Mapping[str, Any] | Non
     try:
         return model.model_validate(dict(config or {}))
     except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(["evaluator.config", *(str(p) for p in err["loc"])])
-        raise ValueError(f"evaluator {evaluator!r}: {where}: {err['msg']}") from None
+        from polar.hints import validation_problem
+
+        loc, message = validation_problem(exc, model)  # a misspelt key, with the closest one
+        where = ".".join(["evaluator.config", *(str(p) for p in loc)])
+        raise ValueError(f"evaluator {evaluator!r}: {where}: {message}") from None
 
 
 def tail(text: str, n: int = OUTPUT_TAIL) -> str:

@@ -32,7 +32,11 @@ def refuse_unknown(harness: str, settings: dict[str, Any], known: Iterable[str])
     known = list(known)
     unknown = sorted(set(settings) - set(known))
     if unknown:
-        raise ValueError(f"{harness} harness: unknown settings {unknown}; known: {known}")
+        from polar.hints import close_match
+
+        near = close_match(unknown[0], known)
+        hint = f" (did you mean {near!r}?)" if near else ""
+        raise ValueError(f"{harness} harness: unknown settings {unknown}{hint}; known: {known}")
 
 
 def one_of(harness: str, name: str, value: Any, choices: Iterable[str], *, optional: bool = False) -> Any:

@@ -5,11 +5,16 @@ and the field (`tasks.yaml:14: tasks[1].runtime.backend: Input should be 'local'
 
 Import paths a file names (`agent.harness`, `evaluator.strategy`, `builder` as `module:Name`) are the user's
 own code: for a local run they are resolved relative to the file's directory, imported, and trusted in this
-process (`polar.plugins`); one that cannot be loaded is an error at its line.
+process (`polar.plugins`); one that cannot be loaded is an error at its line. Each task of a local run is
+then checked as the rollout server checks a submission (`check_local`: the harness built with its
+settings, the evaluator with its config, the builder), so an unknown name is an error at its line, with the
+closest registered name, before anything starts. Unknown fields get the closest field name
+(`polar.hints`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from polar import plugins
+from polar import hints, plugins
 from polar.rollout.task import Task, UploadAction
 from polar.rollout.uploads import confine_upload
 
@@ -81,19 +86,53 @@ def trust_imports(task: Task, base: Path, locate: Callable[[tuple[Any, ...]], st
                 raise TaskFileError(f"{locate(loc)}: {exc}") from None
 
 
+def check_task(task: Task, locate: Callable[[tuple[Any, ...]], str]) -> None:
+    """What the rollout server checks at submit (`polar.rollout.server.validate.check_task`: the harness
+    built with its settings, the evaluator with its config, the builder, URLs), as a `TaskFileError` at
+    the field's line, so a local run fails before anything starts."""
+    from polar.rollout.server.validate import SubmitError
+    from polar.rollout.server.validate import check_task as check
+
+    try:
+        check(task)
+    except SubmitError as exc:
+        loc = tuple(int(i) if i else k for k, i in re.findall(r"([^.\[\]]+)|\[(\d+)\]", exc.param))
+        message = exc.message.removeprefix(f"{exc.param}: ").removeprefix(f"{exc.param} ")
+        raise TaskFileError(f"{locate(loc)}: {message}") from None
+
+
+def check_local(task: Task, base: Path, locate: Callable[[tuple[Any, ...]], str]) -> None:
+    """Everything a task of a local run (`polar run`, `generate`, `train`) must pass before the run starts:
+    its import paths resolved relative to `base` and trusted (`trust_imports`), then `check_task`."""
+    trust_imports(task, base, locate)
+    check_task(task, locate)
+
+
+def yaml_error(exc: yaml.YAMLError, source: str, what: str = "YAML") -> str:
+    """`source:line: not valid YAML: problem`, at the line the mistake is on (`polar.hints.yaml_problem`)."""
+    line, problem = hints.yaml_problem(exc)
+    return (
+        f"{source}:{line}: not valid {what}: {problem}" if line else f"{source}: not valid {what}: {problem}"
+    )
+
+
 def parse_tasks(
-    text: str, source: str = "<tasks>", base: Path | None = None, *, resolve_imports: bool = False
+    text: str,
+    source: str = "<tasks>",
+    base: Path | None = None,
+    *,
+    resolve_imports: bool = False,
+    num_samples: int | None = None,
 ) -> list[Task]:
     """The tasks in `text`; with `base` (the file's directory) their uploads are anchored there and, with
-    `resolve_imports`, the import paths they name are resolved relative to it and trusted (a local run of
-    the user's own file)."""
+    `resolve_imports`, the import paths they name are resolved relative to it and trusted, and each task is
+    checked as the server would (`check_local`: a local run of the user's own file). `num_samples` replaces
+    each task's (`polar train`'s `group_size`)."""
     try:
         data = yaml.safe_load(text)
         root = yaml.compose(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise TaskFileError(f"{where}: not valid YAML/JSON: {getattr(exc, 'problem', exc)}") from None
+        raise TaskFileError(yaml_error(exc, source, "YAML/JSON")) from None
     prefix: tuple[Any, ...] = ()
     if isinstance(data, dict) and "tasks" in data:
         items, prefix = data["tasks"], ("tasks",)
@@ -111,8 +150,10 @@ def parse_tasks(
         try:
             task = Task.model_validate(item)
         except ValidationError as exc:
-            err = exc.errors(include_url=False)[0]
-            raise TaskFileError(f"{locate(tuple(err['loc']))}: {err['msg']}") from None
+            loc, message = hints.validation_problem(exc, Task)
+            raise TaskFileError(f"{locate(loc)}: {message}") from None
+        if num_samples is not None:
+            task = task.model_copy(update={"num_samples": num_samples})
         if base is not None:
             try:
                 task = anchor_uploads(task, base)
@@ -121,7 +162,7 @@ def parse_tasks(
                     f"{locate(('runtime', 'prepare', exc.index, 'src'))}: {exc.reason}"
                 ) from None
             if resolve_imports:
-                trust_imports(task, base, locate)
+                check_local(task, base, locate)
         tasks.append(task)
     ids = [t.task_id for t in tasks]
     dupes = sorted({t for t in ids if ids.count(t) > 1})
@@ -159,16 +200,21 @@ def anchor_uploads(task: Task, base: Path) -> Task:
     return task.model_copy(update={"runtime": task.runtime.model_copy(update={"prepare": prepare})})
 
 
-def load_tasks(path: str | Path, *, resolve_imports: bool = True) -> list[Task]:
+def load_tasks(
+    path: str | Path, *, resolve_imports: bool = True, num_samples: int | None = None
+) -> list[Task]:
     """Tasks from a file; upload `src` paths are taken relative to the file's directory and must stay in it,
-    and so are import paths (trusted for this process) unless `resolve_imports` is False (a file sent to a
-    remote server, which decides what code it runs)."""
+    and so are import paths (trusted for this process, and every task checked as the server would) unless
+    `resolve_imports` is False (a file sent to a remote server, which decides what code it runs and checks
+    the names itself). `num_samples` replaces each task's."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise TaskFileError(f"{p}: cannot read: {exc.strerror}") from None
-    return parse_tasks(text, str(p), p.resolve().parent, resolve_imports=resolve_imports)
+    return parse_tasks(
+        text, str(p), p.resolve().parent, resolve_imports=resolve_imports, num_samples=num_samples
+    )
 
 
 # Public names for other YAML loaders that point their errors at the line (polar.train.config).

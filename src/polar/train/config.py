@@ -32,16 +32,18 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from polar import hints
 from polar.rollout.task import Task
 from polar.rollout.taskfile import (
     TaskFileError,
     UploadOutside,
     anchor_uploads,
+    check_local,
     field_path,
     line_of,
     load_tasks,
     locator,
-    trust_imports,
+    yaml_error,
 )
 from polar.train.advantages import Estimator
 from polar.train.loss import Aggregation, LossConfig
@@ -430,6 +432,8 @@ def _error(
         hint = suggest(err["loc"], model)
         if hint:
             msg += f" (did you mean {field_path((*prefix, *hint.split('.')))}?)"
+    else:  # a near miss of a choice (`estimator: rlo`, `runtime: {backend: dokcer}`)
+        msg = hints.hint(err, model or TrainConfig)
     culprit = _culprit(loc, overrides)
     if culprit is not None:
         raw = culprit.label.partition("=")[2]
@@ -450,9 +454,7 @@ def parse_config(
         data = yaml.safe_load(text)
         root = yaml.compose(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(yaml_error(exc, source)) from None
     if data is None and overrides:
         data = {}
     if not isinstance(data, dict):
@@ -468,7 +470,7 @@ def parse_config(
     where = by.label if by is not None else f"{_where(source, root, ('tasks',))}: tasks"
     if isinstance(config.tasks, str):
         try:
-            tasks = load_tasks(base / config.tasks)
+            tasks = load_tasks(base / config.tasks, num_samples=config.group_size)
         except TaskFileError as exc:
             raise fail(f"{where}: {exc}") from None
     else:
@@ -478,13 +480,15 @@ def parse_config(
                 task = Task.model_validate(item)
             except ValidationError as exc:
                 raise _error(exc, source, root, overrides, ("tasks", i), Task) from None
+            if config.group_size is not None:  # what the trainer submits
+                task = task.model_copy(update={"num_samples": config.group_size})
             locate = locator(source, root, ("tasks", i))
             try:  # inline tasks' uploads are relative to the config file and stay in its directory
                 task = anchor_uploads(task, base)
             except UploadOutside as exc:
                 raise fail(f"{locate(('runtime', 'prepare', exc.index, 'src'))}: {exc.reason}") from None
-            try:  # the user's own code, relative to this file
-                trust_imports(task, base, locate)
+            try:  # the user's own code, relative to this file; then what the server would check
+                check_local(task, base, locate)
             except TaskFileError as exc:
                 raise fail(str(exc)) from None
             tasks.append(task)

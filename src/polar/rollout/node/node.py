@@ -87,7 +87,7 @@ class Node:
         gw = config.gateway
         self.data_server = EmbeddedServer(self.asgi.data, gw.host, gw.port)
         self.control_server = EmbeddedServer(
-            self.asgi.control, gw.control_host, gw.control_port, lifespan="off"
+            self.asgi.control, gw.control_host, gw.control_port, lifespan="off", label="control port"
         )
         self._heartbeat: asyncio.Task[None] | None = None
         self._env: StageEnv | None = None
