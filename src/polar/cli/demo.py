@@ -104,6 +104,9 @@ def _other_dialects(base_url: str, keys: dict[str, str], model: str, max_tokens:
 @click.option("--max-tokens", default=24, show_default=True, type=int, help="Tokens sampled per turn.")
 def demo(model: str | None, out: Path, turns: int, max_tokens: int) -> None:
     """Run the quickstart: engine + gateway + SQLite, driven by a real SDK, then trajectories and audit."""
+    from polar.extras import ENGINE, require_cli
+
+    require_cli(ENGINE)
     from polar.auth import bearer
     from polar.engine import Engine, create_engine_app
     from polar.gateway.app import create_app

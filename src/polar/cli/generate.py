@@ -94,14 +94,17 @@ def generate(
     Example (keep only sessions the evaluator passed):
       polar generate tasks.yaml --backend http://127.0.0.1:8000 --min-reward 1 --out sft-data
     """
+    from polar.extras import PARQUET, require_cli
     from polar.train.export import Filter
 
+    formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
+    if "parquet" in formats:  # before any session runs, not after all of them
+        require_cli(PARQUET)
     console = Console()
     results = run_taskfile(
         taskfile, backend_url, backend_kind, model, policy, out, capacity, console, allow_callback
     )
     keep = Filter(statuses=statuses, min_reward=min_reward)
-    formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
     counts = write_outputs(results, keep, out, formats)
     console.print(_summary(counts))
     console.print(f"data: {out}/messages.*  {out}/tokens.*   all sessions: {out / 'results.jsonl'}")

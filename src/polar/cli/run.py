@@ -154,6 +154,10 @@ def run_taskfile(
     if capacity < 1:
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
+    if backend_url is None:
+        from polar.extras import ENGINE, require_cli
+
+        require_cli(ENGINE)
     out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         if backend_url is None:

@@ -63,6 +63,9 @@ def serve_model(
     Without MODEL it serves the offline default: the real Qwen3 tokenizer and chat template with tiny random
     weights, built once into $POLAR_HOME/models (or ~/.cache/polar/models). It is for plumbing, not quality.
     """
+    from polar.extras import ENGINE, require_cli
+
+    require_cli(ENGINE)
     import uvicorn
 
     from polar.engine import Engine, EngineConfig, create_engine_app

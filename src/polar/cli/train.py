@@ -53,6 +53,9 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
       polar train examples/train.yaml --set loss.eps_high=0.3 --set optimizer.lr=2e-6
       polar train examples/train.yaml --set metrics.tensorboard=true --steps 20
     """
+    from polar.extras import TENSORBOARD, TRAINER, WANDB, require_cli
+
+    require_cli(TRAINER)  # polar.train imports torch
     from polar.train.config import ConfigError, Override, OverrideError, load_config, parse_override
     from polar.train.loop import train as run_training
 
@@ -67,6 +70,7 @@ def train(config: Path, sets: tuple[str, ...], out: Path | None, steps: int | No
         raise BadOverride(str(exc)) from None
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    require_cli(*([TENSORBOARD] if cfg.metrics.tensorboard else []), *([WANDB] if cfg.metrics.wandb else []))
     if cfg.resume is not None and not (Path(cfg.resume) / "trainer_state.json").is_file():
         raise click.ClickException(
             f"resume: {cfg.resume} is not a checkpoint written by polar train (no trainer_state.json)"

@@ -118,10 +118,14 @@ class MetricsSection(_Section):
 
     tensorboard: bool = Field(
         False,
-        description="Also write TensorBoard scalars to out/tensorboard (needs the `tensorboard` package: "
-        "asking without it fails at start-up).",
+        description="Also write TensorBoard scalars to out/tensorboard (needs the `tensorboard` extra: "
+        "`pip install 'polar[tensorboard]'`; without it polar train stops before starting, exit 2).",
     )
-    wandb: bool = Field(False, description="Also log to Weights & Biases (needs the `wandb` package).")
+    wandb: bool = Field(
+        False,
+        description="Also log to Weights & Biases (needs the `wandb` extra: `pip install 'polar[wandb]'`; "
+        "without it polar train stops before starting, exit 2).",
+    )
     wandb_project: str = Field("polar", description="W&B project.")
     run_name: str | None = Field(None, description="W&B run name; null lets W&B choose one.")
 
