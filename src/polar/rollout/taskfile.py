@@ -14,39 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
-from polar import plugins
+from polar import plugins, yamlpos
 from polar.rollout.task import Task, UploadAction
 
 
 class TaskFileError(ValueError):
     """A task file that cannot be used, with `path:line: field: reason` in its message."""
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """The 1-based line of the YAML node at `loc` (or of its deepest existing ancestor)."""
-    line = None if node is None else node.start_mark.line + 1
-    for step in loc:
-        if isinstance(node, yaml.MappingNode):
-            nxt = next((v for k, v in node.value if getattr(k, "value", None) == step), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and 0 <= step < len(node.value):
-            nxt = node.value[step]
-        else:
-            nxt = None
-        if nxt is None:
-            break
-        node = nxt
-        line = node.start_mark.line + 1
-    return line
-
-
-def _path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for step in loc:
-        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
-    return out
 
 
 # The task fields that name code, as (location in the task, getter).
@@ -57,13 +32,11 @@ CODE_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
 )
 
 
-def locator(source: str, root: yaml.Node | None, prefix: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], str]:
+def locator(doc: yamlpos.Document, prefix: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], str]:
     """`locate(loc)`: the `file:line: field` of `loc` in the task at `prefix` of the YAML document."""
 
     def locate(loc: tuple[Any, ...]) -> str:
-        full = (*prefix, *loc)
-        line = _line_of(root, full)
-        return f"{source}:{line}: {_path(full) or 'task'}" if line else f"{source}: {_path(full) or 'task'}"
+        return doc.at((*prefix, *loc), "task")
 
     return locate
 
@@ -84,12 +57,10 @@ def parse_tasks(text: str, source: str = "<tasks>", *, imports_from: Path | None
     """Tasks from YAML/JSON text; with `imports_from`, the import paths they name are resolved relative to
     that directory and trusted (a local run of the user's own file)."""
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise TaskFileError(f"{where}: not valid YAML/JSON: {getattr(exc, 'problem', exc)}") from None
+        doc = yamlpos.parse(text, source)
+    except yamlpos.YAMLSyntaxError as exc:
+        raise TaskFileError(f"{exc.where}: not valid YAML/JSON: {exc.problem}") from None
+    data = doc.data
     prefix: tuple[Any, ...] = ()
     if isinstance(data, dict) and "tasks" in data:
         items, prefix = data["tasks"], ("tasks",)
@@ -103,7 +74,7 @@ def parse_tasks(text: str, source: str = "<tasks>", *, imports_from: Path | None
         raise TaskFileError(f"{source}: `tasks` must be a non-empty list")
     tasks: list[Task] = []
     for i, item in enumerate(items):
-        locate = locator(source, root, (*prefix, i) if (prefix or isinstance(data, list)) else ())
+        locate = locator(doc, (*prefix, i) if (prefix or isinstance(data, list)) else ())
         try:
             task = Task.model_validate(item)
         except ValidationError as exc:
@@ -144,8 +115,3 @@ def load_tasks(path: str | Path, *, resolve_imports: bool = True) -> list[Task]:
     base = p.resolve().parent
     tasks = parse_tasks(text, str(p), imports_from=base if resolve_imports else None)
     return [_anchor_uploads(t, base) for t in tasks]
-
-
-# Public names for other YAML loaders that point their errors at the line (polar.train.config).
-line_of = _line_of
-field_path = _path

@@ -32,11 +32,13 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from polar import yamlpos
 from polar.rollout.task import Task, UploadAction
-from polar.rollout.taskfile import TaskFileError, field_path, line_of, load_tasks, locator, trust_imports
+from polar.rollout.taskfile import TaskFileError, load_tasks, locator, trust_imports
 from polar.train.advantages import Estimator
 from polar.train.loss import Aggregation, LossConfig
 from polar.train.names import polar_name_for
+from polar.yamlpos import Document, YAMLSyntaxError, field_path
 
 
 class ConfigError(ValueError):
@@ -401,15 +403,9 @@ def _message(err: Any) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def _where(source: str, root: yaml.Node | None, loc: tuple[Any, ...]) -> str:
-    line = line_of(root, loc)
-    return f"{source}:{line}" if line else source
-
-
 def _error(
     exc: ValidationError,
-    source: str,
-    root: yaml.Node | None,
+    doc: Document,
     overrides: Sequence[Override],
     prefix: tuple[Any, ...] = (),
     model: type[BaseModel] | None = None,
@@ -432,7 +428,7 @@ def _error(
             msg += f" (YAML reads {raw} as {type(err['input']).__name__}; quote it: --set '{field_path(loc)}=\"{raw}\"')"
         where = culprit.label if loc == culprit.path else f"{culprit.label}: {field_path(loc)}"
         return OverrideError(f"{where}: {msg}")
-    return ConfigError(f"{_where(source, root, loc)}: {field_path(loc) or 'config'}: {msg}")
+    return ConfigError(f"{doc.at(loc, 'config')}: {msg}")
 
 
 def _anchor(task: Task, base: Path) -> Task:
@@ -453,12 +449,10 @@ def parse_config(
     current directory when an override set `tasks`); raises `ConfigError`, or `OverrideError` when the bad
     value came from an override."""
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+        doc = yamlpos.parse(text, source)
+    except YAMLSyntaxError as exc:
+        raise ConfigError(f"{exc.where}: not valid YAML: {exc.problem}") from None
+    data = doc.data
     if data is None and overrides:
         data = {}
     if not isinstance(data, dict):
@@ -467,11 +461,11 @@ def parse_config(
     try:
         config = TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise _error(exc, source, root, overrides) from None
+        raise _error(exc, doc, overrides) from None
     by = _culprit(("tasks",), overrides)
     base = Path.cwd() if by is not None else (base or Path.cwd())
     fail = OverrideError if by is not None else ConfigError
-    where = by.label if by is not None else f"{_where(source, root, ('tasks',))}: tasks"
+    where = by.label if by is not None else doc.at(("tasks",))
     if isinstance(config.tasks, str):
         try:
             tasks = load_tasks(base / config.tasks)
@@ -483,9 +477,9 @@ def parse_config(
             try:
                 task = Task.model_validate(item)
             except ValidationError as exc:
-                raise _error(exc, source, root, overrides, ("tasks", i), Task) from None
+                raise _error(exc, doc, overrides, ("tasks", i), Task) from None
             try:  # the user's own code, relative to this file
-                trust_imports(task, base, locator(source, root, ("tasks", i)))
+                trust_imports(task, base, locator(doc, ("tasks", i)))
             except TaskFileError as exc:
                 raise fail(str(exc)) from None
             tasks.append(_anchor(task, base))
