@@ -4,7 +4,7 @@
     python bench/reward_curve.py --metrics run/metrics.jsonl   # only plot an existing run
 
 Prints one row per step (reward, tokens, staleness, time) and the mean reward of the first five steps
-against the last five. The SVG is written by hand (a polyline with axes), so plotting needs nothing new.
+against the last five. The plot is drawn by matplotlib (the `bench` extra: pip install 'polar[bench]').
 """
 
 from __future__ import annotations
@@ -58,53 +58,28 @@ def summary(rows: list[dict[str, Any]], k: int = 5) -> tuple[float, float]:
     return sum(first) / len(first), sum(last) / len(last)
 
 
-def svg(rows: list[dict[str, Any]], title: str) -> str:
-    """Reward per step as a polyline with markers, y axis 0..1 (rewards are shares), ticks every 0.1."""
-    w, h, left, right, top, bottom = 640, 360, 56, 16, 36, 44
-    pw, ph = w - left - right, h - top - bottom
+def plot(rows: list[dict[str, Any]], title: str, path: Path) -> None:
+    """Reward per step as a line with markers, y axis within 0..1 (rewards are shares), as SVG at `path`.
+    Text stays text and the file carries no date, so the same metrics give the same file."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     steps = [r["step"] for r in rows]
-    lo, hi = min(steps), max(steps)
     ys = [r["reward_mean"] for r in rows]
-    y_lo = max(0.0, round(min(ys) - 0.1, 1))
-    y_hi = min(1.0, round(max(ys) + 0.1, 1))
-
-    def x(step: float) -> float:
-        return left + (step - lo) / max(hi - lo, 1) * pw
-
-    def y(v: float) -> float:
-        return top + (y_hi - v) / (y_hi - y_lo) * ph
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
-        'font-family="sans-serif" font-size="11">',
-        f'<rect width="{w}" height="{h}" fill="white"/>',
-        f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="13">{title}</text>',
-    ]
-    n_ticks = round((y_hi - y_lo) / 0.1)
-    for i in range(n_ticks + 1):
-        v = y_lo + i * 0.1
-        out.append(f'<line x1="{left}" y1="{y(v):.1f}" x2="{w - right}" y2="{y(v):.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.1f}</text>')
-    every = max(1, (hi - lo) // 10)
-    for s in range(lo, hi + 1, every):
-        out.append(f'<text x="{x(s):.1f}" y="{h - bottom + 16}" text-anchor="middle">{s}</text>')
-    out.append(
-        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{h - bottom}" stroke="black"/>'
-        f'<line x1="{left}" y1="{h - bottom}" x2="{w - right}" y2="{h - bottom}" stroke="black"/>'
-    )
-    out.append(f'<text x="{left + pw / 2}" y="{h - 8}" text-anchor="middle">training step</text>')
-    out.append(
-        f'<text x="14" y="{top + ph / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 14 {top + ph / 2})">reward_mean</text>'
-    )
-    points = " ".join(f"{x(s):.1f},{y(v):.1f}" for s, v in zip(steps, ys, strict=True))
-    out.append(f'<polyline points="{points}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
-    out.extend(
-        f'<circle cx="{x(s):.1f}" cy="{y(v):.1f}" r="2.5" fill="#1f77b4"/>'
-        for s, v in zip(steps, ys, strict=True)
-    )
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "polar", "font.size": 9}):
+        fig, ax = plt.subplots(figsize=(6.4, 3.6))
+        ax.plot(steps, ys, marker="o", markersize=3, linewidth=1.5, color="#1f77b4")
+        ax.set_ylim(max(0.0, round(min(ys) - 0.1, 1)), min(1.0, round(max(ys) + 0.1, 1)))
+        ax.set_xlabel("training step")
+        ax.set_ylabel("reward_mean")
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", color="#e5e5e5")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        fig.tight_layout()
+        fig.savefig(path, format="svg", metadata={"Date": None})
+        plt.close(fig)
 
 
 def main() -> None:
@@ -129,7 +104,7 @@ def main() -> None:
         f"\nreward_mean, first 5 steps: {first:.3f}   last 5 steps: {last:.3f}   change: {last - first:+.3f}"
     )
     args.svg.parent.mkdir(parents=True, exist_ok=True)
-    args.svg.write_text(svg(rows, f"GRPO on CPU, tiny policy: reward per step ({first:.2f} → {last:.2f})"))
+    plot(rows, f"GRPO on CPU, tiny policy: reward per step ({first:.2f} → {last:.2f})", args.svg)
     print(f"plot: {args.svg}")
 
 

@@ -30,6 +30,8 @@ ROUTES = {
     "responses": ("/v1/responses", RESPONSES_BODY),
     "anthropic": ("/v1/messages", ANTHROPIC_BODY),
     "gemini": ("/v1beta/models/gem:generateContent", GEMINI_BODY),
+    # API version v1: the google-genai SDK's default since 3.x (Gemini CLI's SDK still calls v1beta)
+    "gemini-v1": ("/v1/models/gem:generateContent", GEMINI_BODY),
 }
 
 
@@ -38,7 +40,7 @@ def error_message(dialect: str, body: dict) -> str:
     if dialect == "anthropic":
         assert body["type"] == "error"
         return str(body["error"]["message"])
-    if dialect == "gemini":
+    if dialect.startswith("gemini"):
         assert isinstance(body["error"]["code"], int) and body["error"]["status"]
         return str(body["error"]["message"])
     assert "type" in body["error"]
@@ -244,13 +246,41 @@ def test_probes(gateway: Gateway) -> None:
     assert httpx.get(gateway.url + "/v1beta/models/gem").json()["name"] == "models/gem"
 
 
+@pytest.mark.parametrize(
+    ("how", "headers", "params"),
+    [
+        ("x-goog-api-key", {"x-goog-api-key": "k"}, {}),
+        ("x-goog-api-client", {"x-goog-api-client": "google-genai-sdk/3.6.1 gl-python/3.11"}, {}),
+        ("?key=", {}, {"key": "k"}),
+    ],
+    ids=["api-key-header", "client-header", "query-key"],
+)
+def test_gemini_model_listing_at_v1(gateway: Gateway, how: str, headers: dict, params: dict) -> None:
+    """`/v1/models` is both OpenAI's listing and Gemini's (API version v1): a Gemini client gets Gemini's."""
+    gm = httpx.get(gateway.url + "/v1/models", headers=headers, params=params).json()
+    assert gm["models"][0]["name"] == f"models/{SERVED_MODEL}", how
+    assert (
+        httpx.get(gateway.url + "/v1/models/gem", headers=headers, params=params).json()["name"]
+        == "models/gem"
+    )
+    # OpenAI and Anthropic clients, which send none of those, still get theirs
+    for plain in ({}, {"authorization": "Bearer k"}, {"x-api-key": "k", "anthropic-version": "2023-06-01"}):
+        assert httpx.get(gateway.url + "/v1/models", headers=plain).json()["data"][0]["id"] == SERVED_MODEL
+        assert (
+            httpx.get(gateway.url + "/v1/models/Qwen/Qwen3-8B", headers=plain).json()["id"] == "Qwen/Qwen3-8B"
+        )
+
+
 def test_unknown_routes_and_methods_answer_in_dialect(gateway: Gateway) -> None:
     r = httpx.post(gateway.url + "/v1/nothing", json={})
     assert r.status_code == 404 and error_message("chat", r.json())
     r = httpx.post(gateway.url + "/v1/messages/nothing", json={}, headers={"anthropic-version": "2023-06-01"})
     assert r.status_code == 404 and error_message("anthropic", r.json())
-    r = httpx.post(gateway.url + "/v1beta/models/gem:explode", json={})
-    assert r.status_code == 404 and error_message("gemini", r.json())
+    for version in ("v1beta", "v1"):
+        r = httpx.post(f"{gateway.url}/{version}/models/gem:explode", json={})
+        assert r.status_code == 404 and error_message("gemini", r.json())
+        r = httpx.post(f"{gateway.url}/{version}/models/gem:countTokens", content=b"{", params={"key": "x"})
+        assert r.status_code == 401 and error_message("gemini", r.json())
     r = httpx.get(gateway.url + "/v1/chat/completions")
     assert r.status_code == 405 and error_message("chat", r.json())
 

@@ -12,9 +12,11 @@ from typing import Any
 
 import datasets
 import orjson
+import pytest
 import yaml
 
 from tests.conftest import SERVED_MODEL
+from tests.extras_support import one_line_error, polar_without
 from tests.fakes.fake_vllm import Reply
 from tests.node_support import fake_policy
 
@@ -129,9 +131,10 @@ def test_generate_filter_by_status_and_failures(tmp_path: Path) -> None:
     taskfile.write_text(yaml.safe_dump({"tasks": [one]}))
     out = tmp_path / "out"
     with fake_policy(policy) as (url, _):
-        proc = polar(
-            "generate", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out),
-            "--status", "ERROR", "--status", "TIMEOUT", "--format", "jsonl",
+        # JSON Lines from a remote backend needs neither pyarrow nor the engine extra: run without them
+        proc = polar_without(
+            ("pyarrow", "torch", "transformers"), "generate", str(taskfile), "--backend", url, "--model", SERVED_MODEL,
+            "--out", str(out), "--status", "ERROR", "--status", "TIMEOUT", "--format", "jsonl",
         )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (out / "messages.jsonl").read_bytes() == b"" and (out / "tokens.jsonl").read_bytes() == b""
@@ -146,3 +149,24 @@ def test_generate_filter_by_status_and_failures(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--capacity" in proc.stderr
     proc = polar("generate", str(taskfile), "--status", "DONE")
     assert proc.returncode == 2 and "--status" in proc.stderr
+
+
+@pytest.mark.parametrize("fmt", ["both", "parquet"])
+def test_generate_without_pyarrow_fails_before_any_session(tmp_path: Path, fmt: str) -> None:
+    """Parquet output (the default, `--format both`) where pyarrow cannot be imported: one line naming the
+    extra, exit 2, before a single session runs (it used to die after running all of them)."""
+    agent = tmp_path / "agent.py"
+    agent.write_text(AGENT)
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text(yaml.safe_dump({"tasks": [task("pass", "good", agent)]}))
+    out = tmp_path / "out"
+    formats = () if fmt == "both" else ("--format", fmt)
+    with fake_policy(policy) as (url, app):
+        proc = polar_without(
+            ("pyarrow",), "generate", str(taskfile), "--backend", url, "--model", SERVED_MODEL,
+            "--out", str(out), *formats,
+        )  # fmt: skip
+        assert app.requests == []
+    line = one_line_error(proc)
+    assert "Parquet output needs pyarrow" in line and "pip install 'polar[export]'" in line
+    assert not out.exists()

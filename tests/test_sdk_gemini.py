@@ -4,6 +4,11 @@ Every call is checked on what the SDK parsed and on the committed record (exact 
 server received, exact sampled ids and logprobs). The function-calling loop resends the model's content as
 received, so each prompt extends the previous prompt plus the sampled ids, token for token; reasoning comes
 back exactly through our `thoughtSignature` even when the thought parts are dropped from history.
+
+Each test runs twice: at the SDK's default API version (`v1` since google-genai 3.x) and at `v1beta` (what
+Gemini CLI's SDK calls), chosen as users choose it, with `GOOGLE_GENAI_API_VERSION`. The client is built
+from the environment alone (`GOOGLE_GEMINI_BASE_URL`, as the README points Gemini clients at a gateway), so
+the SDK's defaults (path, version, headers) are what the gateway sees.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import pytest
 from google import genai
 from google.genai import types
 
-from tests.conftest import FakeBackend, Gateway
+from tests.conftest import SERVED_MODEL, FakeBackend, Gateway
 from tests.fakes.fake_vllm import Reply
 from tests.sdk_support import (
     Sampler,
@@ -42,16 +47,28 @@ SHELL = types.FunctionDeclaration(
 LS = '{"command":"ls"}'
 
 
-def client(gw: Gateway, sid: str) -> genai.Client:
-    # v1beta is what Gemini CLI calls (the SDK's default is v1).
-    return genai.Client(api_key=sid, http_options=types.HttpOptions(base_url=gw.url, api_version="v1beta"))
+@pytest.fixture(params=["sdk-default", "env-v1beta"])
+def api_version(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, gateway: Gateway) -> str:
+    """The API version the SDK will call; the gateway's URL in `GOOGLE_GEMINI_BASE_URL`."""
+    monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", gateway.url)
+    if request.param == "env-v1beta":
+        monkeypatch.setenv("GOOGLE_GENAI_API_VERSION", "v1beta")
+        return "v1beta"
+    monkeypatch.delenv("GOOGLE_GENAI_API_VERSION", raising=False)
+    return "v1"  # google-genai 3.x's default; this test fails the day it changes, so it is looked at
 
 
-def test_generate_content(gateway: Gateway, fake_backend: FakeBackend) -> None:
+def client(api_version: str, sid: str) -> genai.Client:
+    c = genai.Client(api_key=sid)  # nothing but the key: base URL and version as the SDK resolves them
+    assert c._api_client._http_options.api_version == api_version  # the path it calls: /{version}/models/...
+    return c
+
+
+def test_generate_content(gateway: Gateway, fake_backend: FakeBackend, api_version: str) -> None:
     reply = Reply(content="Hello from the policy.")
     sampler = Sampler(fake_backend, reply)
     sid = gateway.new_session()
-    c = client(gateway, sid)  # keep it: a collected genai.Client closes its HTTP client
+    c = client(api_version, sid)  # keep it: a collected genai.Client closes its HTTP client
     r = c.models.generate_content(
         model=MODEL,
         contents="hi",
@@ -75,14 +92,16 @@ def test_generate_content(gateway: Gateway, fake_backend: FakeBackend) -> None:
     assert r.response_id == rec.completion_id
 
 
-def test_generate_content_stream_with_thoughts(gateway: Gateway, fake_backend: FakeBackend) -> None:
+def test_generate_content_stream_with_thoughts(
+    gateway: Gateway, fake_backend: FakeBackend, api_version: str
+) -> None:
     reply = Reply(content="The streamed answer.", reasoning="Let me think before streaming.")
     sampler = Sampler(fake_backend, reply)
     sid = gateway.new_session()
     config = types.GenerateContentConfig(
         thinking_config=types.ThinkingConfig(include_thoughts=True, thinking_budget=-1)
     )
-    c = client(gateway, sid)
+    c = client(api_version, sid)
     chunks = list(c.models.generate_content_stream(model=MODEL, contents="stream it", config=config))
     parts = [p for c in chunks for p in (c.candidates or [])[0].content.parts or []]  # type: ignore[union-attr]
     thoughts = [p.text for p in parts if p.thought]
@@ -99,14 +118,16 @@ def test_generate_content_stream_with_thoughts(gateway: Gateway, fake_backend: F
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
-def test_function_calling_round_trip(gateway: Gateway, fake_backend: FakeBackend, stream: bool) -> None:
+def test_function_calling_round_trip(
+    gateway: Gateway, fake_backend: FakeBackend, api_version: str, stream: bool
+) -> None:
     replies = [
         Reply(content="I'll list the files.", tool_calls=[("run_shell_command", LS)]),
         Reply(content="There is one file, a.txt."),
     ]
     sampler = Sampler(fake_backend, *replies)
     sid = gateway.new_session()
-    c = client(gateway, sid)
+    c = client(api_version, sid)
     config = types.GenerateContentConfig(
         tools=[types.Tool(function_declarations=[SHELL])],
         automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
@@ -163,7 +184,9 @@ def test_function_calling_round_trip(gateway: Gateway, fake_backend: FakeBackend
     check_prefix_chain(recs)
 
 
-def test_thought_signature_restores_reasoning_exactly(gateway: Gateway, fake_backend: FakeBackend) -> None:
+def test_thought_signature_restores_reasoning_exactly(
+    gateway: Gateway, fake_backend: FakeBackend, api_version: str
+) -> None:
     reasoning = "First list the files.\nThen answer — «exactly» this text must come back."
     replies = [
         Reply(reasoning=reasoning, tool_calls=[("run_shell_command", LS)]),
@@ -171,7 +194,7 @@ def test_thought_signature_restores_reasoning_exactly(gateway: Gateway, fake_bac
     ]
     sampler = Sampler(fake_backend, *replies)
     sid = gateway.new_session()
-    c = client(gateway, sid)
+    c = client(api_version, sid)
     config = types.GenerateContentConfig(
         tools=[types.Tool(function_declarations=[SHELL])],
         automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
@@ -204,10 +227,12 @@ def test_thought_signature_restores_reasoning_exactly(gateway: Gateway, fake_bac
     check_prefix_chain(recs)
 
 
-def test_count_tokens_matches_the_prompt_of_the_call(gateway: Gateway, fake_backend: FakeBackend) -> None:
+def test_count_tokens_matches_the_prompt_of_the_call(
+    gateway: Gateway, fake_backend: FakeBackend, api_version: str
+) -> None:
     sampler = Sampler(fake_backend, Reply(content="ok"))
     sid = gateway.new_session()
-    c = client(gateway, sid)
+    c = client(api_version, sid)
     contents = [types.Content(role="user", parts=[types.Part(text="How many tokens is this?")])]
     counted = c.models.count_tokens(model=MODEL, contents=contents)
     assert gateway.completions(sid) == []  # counting is not a generation
@@ -216,3 +241,10 @@ def test_count_tokens_matches_the_prompt_of_the_call(gateway: Gateway, fake_back
     assert counted.total_tokens == len(rec.prompt_ids or []) == r.usage_metadata.prompt_token_count  # type: ignore[union-attr]
     (tokenized,) = fake_backend.app.tokenize_requests
     assert counted.total_tokens == len(prompt_ids(tokenized))
+
+
+def test_model_listing_and_lookup(gateway: Gateway, api_version: str) -> None:
+    c = client(api_version, gateway.new_session())
+    assert [m.name for m in c.models.list()] == [f"models/{SERVED_MODEL}"]
+    got = c.models.get(model=MODEL)
+    assert got.name == f"models/{MODEL}" and got.display_name == MODEL

@@ -14,6 +14,7 @@ from polar.cli import main
 from polar.store.records import CompletionRecord, SessionInfo
 from polar.store.sqlite import SQLiteStore
 from polar.trajectory import build
+from tests.extras_support import one_line_error, polar_without
 from tests.test_trajectory_rules import A1, A2, P1, P2, rec
 
 
@@ -122,3 +123,19 @@ def test_bad_selection_and_options_are_usage_errors(store: Path, tmp_path: Path)
     assert code == 2 and "eot_id" in out
     code, out = run("show", "--store", str(tmp_path / "missing.db"), "s1")
     assert code == 2 and "does not exist" in out
+
+
+@pytest.mark.parametrize("pyarrow", ["installed", "missing"])
+def test_parquet_export_as_a_user_runs_it(store: Path, tmp_path: Path, pyarrow: str) -> None:
+    """`polar traces export --out x.parquet` in a real process: it works where pyarrow is installed (a base
+    dependency), and says in one line which extra brings it where it is not, writing nothing."""
+    out = tmp_path / "x.parquet"
+    blocked = ("pyarrow",) if pyarrow == "missing" else ()
+    proc = polar_without(blocked, "traces", "export", "--store", str(store), "--out", str(out))
+    if pyarrow == "installed":
+        assert proc.returncode == 0, proc.stderr
+        assert pq.read_table(out).num_rows > 0
+    else:
+        line = one_line_error(proc)
+        assert "Parquet output needs pyarrow" in line and "pip install 'polar[export]'" in line
+        assert not out.exists()

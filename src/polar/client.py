@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any
 
 import httpx
+from tenacity import retry_if_exception_type, retry_if_result
 
 from polar.auth import bearer, load_token
+from polar.retry import retrying
 from polar.rollout.protocol import SessionResult
 from polar.rollout.task import Task
 
@@ -84,22 +85,26 @@ class RolloutClient:
 
     # -- transport --------------------------------------------------------------------------------------
     async def _get(self, path: str, params: Any = None) -> Any:
-        """GET with retries on connection errors and 5xx, for at most `retry_window_s` (a server restart)."""
-        deadline = time.monotonic() + self.retry_window_s
-        delay = 0.1
-        while True:
-            try:
-                r = await self._http.get(f"{self.url}{path}", params=params)
-                if r.status_code < 500:
-                    _raise_for(r)
-                    return r.json()
-                error = f"HTTP {r.status_code}"
-            except httpx.TransportError as exc:
-                error = f"{type(exc).__name__}: {exc}"
-            if time.monotonic() + delay > deadline:
-                raise RolloutError(f"GET {path}: server unreachable for {self.retry_window_s:g}s ({error})")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+        """GET with retries on connection errors and 5xx (0.1 s doubling to 2 s between tries), for at most
+        `retry_window_s` (a server restart)."""
+        policy = retrying(
+            within_s=self.retry_window_s,
+            first_s=0.1,
+            cap_s=2.0,
+            retry=retry_if_exception_type(httpx.TransportError)
+            | retry_if_result(lambda r: r.status_code >= 500),
+            give_last=True,
+        )
+        try:
+            r: httpx.Response = await policy(self._http.get, f"{self.url}{path}", params=params)
+        except httpx.TransportError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            if r.status_code < 500:
+                _raise_for(r)
+                return r.json()
+            error = f"HTTP {r.status_code}"
+        raise RolloutError(f"GET {path}: server unreachable for {self.retry_window_s:g}s ({error})")
 
     # -- tasks ------------------------------------------------------------------------------------------
     async def submit(self, tasks: Task | Sequence[Task]) -> list[str]:
@@ -119,12 +124,10 @@ class RolloutClient:
     async def _post_tasks(self, tasks: list[Task]) -> None:
         body = {"tasks": [t.model_dump(mode="json") for t in tasks]}
         url = f"{self.url}/rollout/task/submit"
+        # A connect error means it was never sent: one more try after a pause (a server restarting).
+        policy = retrying(attempts=2, first_s=1.0, retry=retry_if_exception_type(httpx.ConnectError))
         try:
-            try:
-                r = await self._http.post(url, json=body)
-            except httpx.ConnectError:  # never sent: one more try after a pause (a server restarting)
-                await asyncio.sleep(1.0)
-                r = await self._http.post(url, json=body)
+            r: httpx.Response = await policy(self._http.post, url, json=body)
         except httpx.HTTPError as exc:
             # Not retried past a connect error: the server may have stored the tasks (a resubmit gets 409).
             raise RolloutError(f"POST {url}: {type(exc).__name__}: {exc}") from None

@@ -107,6 +107,9 @@ def _other_dialects(base_url: str, keys: dict[str, str], model: str, max_tokens:
 @logging_options("warning")
 def demo(model: str | None, out: Path, turns: int, max_tokens: int, log_level: str, log_json: bool) -> None:
     """Run the quickstart: engine + gateway + SQLite, driven by a real SDK, then trajectories and audit."""
+    from polar.extras import ENGINE, require_cli
+
+    require_cli(ENGINE)
     setup_logging(log_level, json=log_json)
     from polar.auth import bearer
     from polar.engine import Engine, create_engine_app

@@ -98,13 +98,16 @@ def generate(
     Example (keep only sessions the evaluator passed):
       polar generate tasks.yaml --backend http://127.0.0.1:8000 --min-reward 1 --out sft-data
     """
+    from polar.extras import PARQUET, require_cli
     from polar.train.export import Filter
 
     setup_logging(log_level, json=log_json)
+    formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
+    if "parquet" in formats:  # before any session runs, not after all of them
+        require_cli(PARQUET)
     console = _console()
     state = RunState(out)
     keep = Filter(statuses=statuses, min_reward=min_reward)
-    formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
     try:
         results = run_taskfile(
             taskfile, backend_url, backend_kind, model, policy, state, capacity, console, allow_callback,

@@ -217,6 +217,9 @@ def run_taskfile(
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
     if backend_url is None:
+        from polar.extras import ENGINE, require_cli
+
+        require_cli(ENGINE)
         try:
             prepare_model(policy)
         except ModelNotFound as exc:

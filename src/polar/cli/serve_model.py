@@ -65,9 +65,11 @@ def serve_model(
     weights, built once into $POLAR_HOME/models (or ~/.cache/polar/models). It is for plumbing, not quality.
     """
     from polar.cli.common import cannot_start, one_line, serve_until_stopped
+    from polar.extras import ENGINE, require_cli
     from polar.modelsource import ModelNotFound, prepare_model
     from polar.serving import BindError, EmbeddedServer
 
+    require_cli(ENGINE)
     setup_logging(log_level, json=log_json)
     # The port first (a port in use is said before minutes of loading), then the model: one that is not
     # here and cannot be downloaded now (offline) fails at once, in one line.

@@ -3,47 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 import orjson
-import yaml
 
 from polar.cli.common import resolve_token, token_file_option
 
 SERVER = "http://127.0.0.1:8300"
 
 
-def _loc(param: str) -> tuple[Any, ...]:
-    """`tasks[1].agent.harness` -> ("tasks", 1, "agent", "harness")."""
-    return tuple(int(i) if i else k for k, i in re.findall(r"([^.\[\]]+)|\[(\d+)\]", param))
-
-
 def locate(path: Path, param: str | None) -> str:
     """`file:line` of the field the server named (`tasks[i].field` counts tasks as the file lists them)."""
-    from polar.rollout.taskfile import _line_of
+    from polar import yamlpos
 
     if not param:
         return str(path)
     try:
-        text = path.read_text()
-        data, root = yaml.safe_load(text), yaml.compose(text)
-    except (OSError, yaml.YAMLError):
+        doc = yamlpos.parse(path.read_text(), str(path))
+    except (OSError, yamlpos.YAMLSyntaxError):
         return str(path)
-    loc = _loc(param)
+    loc = yamlpos.parse_field_path(param)
     if loc[:1] == ("tasks",) and len(loc) > 1 and isinstance(loc[1], int):
         index, rest = loc[1], loc[2:]
-        if isinstance(data, dict) and "tasks" in data:
+        if isinstance(doc.data, dict) and "tasks" in doc.data:
             loc = ("tasks", index, *rest)
-        elif isinstance(data, list):
+        elif isinstance(doc.data, list):
             loc = (index, *rest)
         else:
             loc = rest
-    line = _line_of(root, loc)
-    return f"{path}:{line}" if line else str(path)
+    return doc.where(loc)
 
 
 @click.command("submit")

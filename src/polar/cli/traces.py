@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polar import plugins
+from polar.extras import PARQUET, require_cli
 from polar.store.records import CompletionRecord, SessionInfo
 from polar.trajectory import AuditReport, BuildError, Trajectory, audit, build
 from polar.trajectory.export import rows, write_jsonl, write_parquet
@@ -303,6 +304,8 @@ def export(
         raise click.BadParameter(
             "cannot tell the format from the file name; pass --format", param_hint="--format"
         )
+    if fmt == "parquet":
+        require_cli(PARQUET)
     every: Iterator[dict[str, Any]]
     if results_path is not None:
         every = _result_rows(results_path, session_ids, task_id, estimator)

@@ -87,6 +87,9 @@ def train(
       polar train examples/train.yaml --set loss.eps_high=0.3 --set optimizer.lr=2e-6
       polar train examples/train.yaml --set metrics.tensorboard=true --steps 20
     """
+    from polar.extras import TENSORBOARD, TRAINER, WANDB, require_cli
+
+    require_cli(TRAINER)  # polar.train imports torch
     from polar.train.config import (
         ConfigError,
         Override,
@@ -108,6 +111,7 @@ def train(
         raise BadOverride(str(exc)) from None
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
+    require_cli(*([TENSORBOARD] if cfg.metrics.tensorboard else []), *([WANDB] if cfg.metrics.wandb else []))
     if cfg.resume is not None and not (Path(cfg.resume) / "trainer_state.json").is_file():
         raise click.ClickException(
             f"resume: {cfg.resume} is not a checkpoint written by polar train (no trainer_state.json)"

@@ -50,10 +50,28 @@ def _proxy(request: Request) -> Proxy:
     return proxy
 
 
+_GEMINI_METHODS = (":generateContent", ":streamGenerateContent", ":countTokens")
+
+
+def speaks_gemini(request: Request) -> bool:
+    """Whether a request is Google's Gemini API. Its model routes exist under `/v1beta` and, since the
+    google-genai SDK's default moved to API version `v1`, under `/v1` too, where `/v1/models` is also the
+    OpenAI and Anthropic listing: a Gemini method in the path, Google's key header or client header, or a
+    `?key=` tells them apart (the openai and anthropic SDKs send none of these)."""
+    path = request.url.path
+    return (
+        path.startswith("/v1beta")
+        or path.endswith(_GEMINI_METHODS)
+        or "x-goog-api-key" in request.headers
+        or "x-goog-api-client" in request.headers
+        or "key" in request.query_params
+    )
+
+
 def dialect_for(request: Request) -> Dialect:
     """Which dialect's error shape fits a request we cannot route: path first, then headers."""
     path = request.url.path
-    if path.startswith("/v1beta") or ":generateContent" in path or "x-goog-api-key" in request.headers:
+    if speaks_gemini(request):
         return GEMINI
     if path.startswith("/v1/messages") or "anthropic-version" in request.headers:
         return ANTHROPIC
@@ -89,7 +107,8 @@ async def count_tokens(request: Request) -> Response:
 
 
 async def gemini(request: Request) -> Response:
-    """`/v1beta/models/{model}:{method}`: generateContent, streamGenerateContent, countTokens."""
+    """`/v1beta/models/{model}:{method}` (or `/v1/...`): generateContent, streamGenerateContent, countTokens;
+    a GET without a method is Gemini's model lookup."""
     rest: str = request.path_params["rest"]
     model, sep, method = rest.rpartition(":")
     if not sep:
@@ -137,15 +156,22 @@ def _model_entry(name: str, created: int) -> dict[str, Any]:
 
 
 async def list_models(request: Request) -> Response:
+    """`GET /v1/models`: the OpenAI/Anthropic listing, or Gemini's for a Gemini client (API version v1)."""
+    if speaks_gemini(request):
+        return await gemini_models(request)
     name = _proxy(request).served_model
     entry = _model_entry(name, request.app.state.started)
     body = {"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name}
     return Response(orjson.dumps(body), media_type="application/json")
 
 
-async def get_model(request: Request) -> Response:
+async def v1_model(request: Request) -> Response:
+    """`/v1/models/{rest}`: Gemini's routes at API version v1 (every POST, and a GET from a Gemini client),
+    else the OpenAI/Anthropic model lookup."""
+    if request.method == "POST" or speaks_gemini(request):
+        return await gemini(request)
     return Response(
-        orjson.dumps(_model_entry(request.path_params["model"], request.app.state.started)),
+        orjson.dumps(_model_entry(request.path_params["rest"], request.app.state.started)),
         media_type="application/json",
     )
 
@@ -337,7 +363,7 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
         Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/v1/models/{rest:path}", v1_model, methods=["GET", "POST"]),
         Route("/v1beta/models", gemini_models, methods=["GET"]),
         Route("/v1beta/models/{rest:path}", gemini, methods=["GET", "POST"]),
     ]

@@ -14,45 +14,19 @@ closest registered name, before anything starts. Unknown fields get the closest 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
-from polar import hints, plugins
+from polar import hints, plugins, yamlpos
 from polar.rollout.task import Task, UploadAction
 from polar.rollout.uploads import confine_upload
 
 
 class TaskFileError(ValueError):
     """A task file that cannot be used, with `path:line: field: reason` in its message."""
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """The 1-based line of the YAML node at `loc` (or of its deepest existing ancestor)."""
-    line = None if node is None else node.start_mark.line + 1
-    for step in loc:
-        if isinstance(node, yaml.MappingNode):
-            nxt = next((v for k, v in node.value if getattr(k, "value", None) == step), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and 0 <= step < len(node.value):
-            nxt = node.value[step]
-        else:
-            nxt = None
-        if nxt is None:
-            break
-        node = nxt
-        line = node.start_mark.line + 1
-    return line
-
-
-def _path(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for step in loc:
-        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
-    return out
 
 
 # The task fields that name code, as (location in the task, getter).
@@ -63,13 +37,11 @@ CODE_FIELDS: tuple[tuple[tuple[str, ...], Any], ...] = (
 )
 
 
-def locator(source: str, root: yaml.Node | None, prefix: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], str]:
+def locator(doc: yamlpos.Document, prefix: tuple[Any, ...]) -> Callable[[tuple[Any, ...]], str]:
     """`locate(loc)`: the `file:line: field` of `loc` in the task at `prefix` of the YAML document."""
 
     def locate(loc: tuple[Any, ...]) -> str:
-        full = (*prefix, *loc)
-        line = _line_of(root, full)
-        return f"{source}:{line}: {_path(full) or 'task'}" if line else f"{source}: {_path(full) or 'task'}"
+        return doc.at((*prefix, *loc), "task")
 
     return locate
 
@@ -96,7 +68,7 @@ def check_task(task: Task, locate: Callable[[tuple[Any, ...]], str]) -> None:
     try:
         check(task)
     except SubmitError as exc:
-        loc = tuple(int(i) if i else k for k, i in re.findall(r"([^.\[\]]+)|\[(\d+)\]", exc.param))
+        loc = yamlpos.parse_field_path(exc.param)
         message = exc.message.removeprefix(f"{exc.param}: ").removeprefix(f"{exc.param} ")
         raise TaskFileError(f"{locate(loc)}: {message}") from None
 
@@ -106,14 +78,6 @@ def check_local(task: Task, base: Path, locate: Callable[[tuple[Any, ...]], str]
     its import paths resolved relative to `base` and trusted (`trust_imports`), then `check_task`."""
     trust_imports(task, base, locate)
     check_task(task, locate)
-
-
-def yaml_error(exc: yaml.YAMLError, source: str, what: str = "YAML") -> str:
-    """`source:line: not valid YAML: problem`, at the line the mistake is on (`polar.hints.yaml_problem`)."""
-    line, problem = hints.yaml_problem(exc)
-    return (
-        f"{source}:{line}: not valid {what}: {problem}" if line else f"{source}: not valid {what}: {problem}"
-    )
 
 
 def parse_tasks(
@@ -129,10 +93,10 @@ def parse_tasks(
     checked as the server would (`check_local`: a local run of the user's own file). `num_samples` replaces
     each task's (`polar train`'s `group_size`)."""
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as exc:
-        raise TaskFileError(yaml_error(exc, source, "YAML/JSON")) from None
+        doc = yamlpos.parse(text, source)
+    except yamlpos.YAMLSyntaxError as exc:
+        raise TaskFileError(f"{exc.where}: not valid YAML/JSON: {exc.problem}") from None
+    data = doc.data
     prefix: tuple[Any, ...] = ()
     if isinstance(data, dict) and "tasks" in data:
         items, prefix = data["tasks"], ("tasks",)
@@ -146,7 +110,7 @@ def parse_tasks(
         raise TaskFileError(f"{source}: `tasks` must be a non-empty list")
     tasks: list[Task] = []
     for i, item in enumerate(items):
-        locate = locator(source, root, (*prefix, i) if (prefix or isinstance(data, list)) else ())
+        locate = locator(doc, (*prefix, i) if (prefix or isinstance(data, list)) else ())
         try:
             task = Task.model_validate(item)
         except ValidationError as exc:
@@ -215,8 +179,3 @@ def load_tasks(
     return parse_tasks(
         text, str(p), p.resolve().parent, resolve_imports=resolve_imports, num_samples=num_samples
     )
-
-
-# Public names for other YAML loaders that point their errors at the line (polar.train.config).
-line_of = _line_of
-field_path = _path

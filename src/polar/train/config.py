@@ -32,22 +32,20 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from polar import hints
+from polar import hints, yamlpos
 from polar.rollout.task import Task
 from polar.rollout.taskfile import (
     TaskFileError,
     UploadOutside,
     anchor_uploads,
     check_local,
-    field_path,
-    line_of,
     load_tasks,
     locator,
-    yaml_error,
 )
 from polar.train.advantages import Estimator
 from polar.train.loss import Aggregation, LossConfig
 from polar.train.names import polar_name_for
+from polar.yamlpos import Document, YAMLSyntaxError, field_path
 
 
 class ConfigError(ValueError):
@@ -129,10 +127,14 @@ class MetricsSection(_Section):
 
     tensorboard: bool = Field(
         False,
-        description="Also write TensorBoard scalars to out/tensorboard (needs the `tensorboard` package: "
-        "asking without it fails at start-up).",
+        description="Also write TensorBoard scalars to out/tensorboard (needs the `tensorboard` extra: "
+        "`pip install 'polar[tensorboard]'`; without it polar train stops before starting, exit 2).",
     )
-    wandb: bool = Field(False, description="Also log to Weights & Biases (needs the `wandb` package).")
+    wandb: bool = Field(
+        False,
+        description="Also log to Weights & Biases (needs the `wandb` extra: `pip install 'polar[wandb]'`; "
+        "without it polar train stops before starting, exit 2).",
+    )
     wandb_project: str = Field("polar", description="W&B project.")
     run_name: str | None = Field(None, description="W&B run name; null lets W&B choose one.")
 
@@ -408,15 +410,9 @@ def _message(err: Any) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def _where(source: str, root: yaml.Node | None, loc: tuple[Any, ...]) -> str:
-    line = line_of(root, loc)
-    return f"{source}:{line}" if line else source
-
-
 def _error(
     exc: ValidationError,
-    source: str,
-    root: yaml.Node | None,
+    doc: Document,
     overrides: Sequence[Override],
     prefix: tuple[Any, ...] = (),
     model: type[BaseModel] | None = None,
@@ -441,7 +437,7 @@ def _error(
             msg += f" (YAML reads {raw} as {type(err['input']).__name__}; quote it: --set '{field_path(loc)}=\"{raw}\"')"
         where = culprit.label if loc == culprit.path else f"{culprit.label}: {field_path(loc)}"
         return OverrideError(f"{where}: {msg}")
-    return ConfigError(f"{_where(source, root, loc)}: {field_path(loc) or 'config'}: {msg}")
+    return ConfigError(f"{doc.at(loc, 'config')}: {msg}")
 
 
 def parse_config(
@@ -451,10 +447,10 @@ def parse_config(
     current directory when an override set `tasks`); raises `ConfigError`, or `OverrideError` when the bad
     value came from an override."""
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(yaml_error(exc, source)) from None
+        doc = yamlpos.parse(text, source)
+    except YAMLSyntaxError as exc:
+        raise ConfigError(f"{exc.where}: not valid YAML: {exc.problem}") from None
+    data = doc.data
     if data is None and overrides:
         data = {}
     if not isinstance(data, dict):
@@ -463,11 +459,11 @@ def parse_config(
     try:
         config = TrainConfig.model_validate(data)
     except ValidationError as exc:
-        raise _error(exc, source, root, overrides) from None
+        raise _error(exc, doc, overrides) from None
     by = _culprit(("tasks",), overrides)
     base = Path.cwd() if by is not None else (base or Path.cwd())
     fail = OverrideError if by is not None else ConfigError
-    where = by.label if by is not None else f"{_where(source, root, ('tasks',))}: tasks"
+    where = by.label if by is not None else doc.at(("tasks",))
     if isinstance(config.tasks, str):
         try:
             tasks = load_tasks(base / config.tasks, num_samples=config.group_size)
@@ -479,10 +475,10 @@ def parse_config(
             try:
                 task = Task.model_validate(item)
             except ValidationError as exc:
-                raise _error(exc, source, root, overrides, ("tasks", i), Task) from None
+                raise _error(exc, doc, overrides, ("tasks", i), Task) from None
             if config.group_size is not None:  # what the trainer submits
                 task = task.model_copy(update={"num_samples": config.group_size})
-            locate = locator(source, root, ("tasks", i))
+            locate = locator(doc, ("tasks", i))
             try:  # inline tasks' uploads are relative to the config file and stay in its directory
                 task = anchor_uploads(task, base)
             except UploadOutside as exc:

@@ -20,6 +20,8 @@ import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from polar.extras import TENSORBOARD, WANDB, require
+
 
 @dataclass(frozen=True, slots=True)
 class Metric:
@@ -163,10 +165,9 @@ class JsonlSink:
 
 class TensorBoardSink:
     def __init__(self, logdir: Path) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:  # torch's writer needs the `tensorboard` package
-            raise RuntimeError("metrics.tensorboard is on but `tensorboard` is not installed") from exc
+        require(TENSORBOARD)  # torch's writer needs the `tensorboard` package
+        from torch.utils.tensorboard import SummaryWriter
+
         self._w = SummaryWriter(str(logdir))
 
     def log(self, m: StepMetrics) -> None:
@@ -181,10 +182,9 @@ class TensorBoardSink:
 
 class WandbSink:
     def __init__(self, project: str, name: str | None, config: dict[str, Any]) -> None:
-        try:
-            import wandb
-        except ImportError as exc:
-            raise RuntimeError("metrics.wandb is on but `wandb` is not installed") from exc
+        require(WANDB)
+        import wandb
+
         self._run = wandb.init(project=project, name=name, config=config)
 
     def log(self, m: StepMetrics) -> None:

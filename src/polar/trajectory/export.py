@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from polar.extras import PARQUET, require
 from polar.trajectory.models import Trajectory
 
 JSON_COLUMNS = ("prompt_messages", "response_messages", "tools", "metadata")
@@ -141,11 +142,10 @@ def write_parquet(
 ) -> int:
     """Write in row groups of `batch_rows` rows so a large export never sits in memory twice. `schema`
     (a pyarrow schema) defaults to the trace-row schema above."""
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError as e:  # pyarrow is the `export` extra
-        raise RuntimeError("Parquet export needs pyarrow: pip install 'polar[export]'") from e
+    require(PARQUET)
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     schema = schema if schema is not None else row_schema()
     n = 0
     with pq.ParquetWriter(str(path), schema) as writer:

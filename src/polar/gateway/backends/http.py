@@ -7,24 +7,35 @@ times cheaper than aiohttp's stdlib-json helpers.
 Retries are only for failures where the server certainly did not produce an answer we could use: a connection
 that could not be made or was dropped, and 502/503/504 (a proxy or a server that is starting or overloaded).
 A 4xx is the request's fault and is never retried; a timeout is not retried either, since the call already
-used its whole budget. A destination the options' `OutboundPolicy` refuses is not retried either.
+used its whole budget. A destination the options' `OutboundPolicy` refuses is not retried either. A retry
+waits `retry_backoff_s`, doubling, `retries` times at most (`polar.retry`; the first attempt runs outside
+the retry policy, so a call that succeeds pays nothing for it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
 import aiohttp
 import orjson
+from tenacity import retry_if_exception_type
 
 from polar.gateway.backends.base import BackendOptions
 from polar.gateway.errors import GatewayError
 from polar.netguard import OutboundRefused, guarded_session
+from polar.retry import continue_after, retrying
 
 _RETRY_STATUS = frozenset((502, 503, 504))
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+
+
+class _Retryable(Exception):
+    """An attempt that failed where the server certainly produced nothing: worth another attempt."""
+
+    def __init__(self, failure: GatewayError) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
 
 
 class UpstreamClient:
@@ -82,46 +93,60 @@ class UpstreamClient:
     async def _request(self, method: str, path: str, payload: bytes | None) -> Any:
         if self._session is None or self._session.closed:
             await self.start()
-        assert self._session is not None
         url = self.base_url + path
         o = self.options
-        attempt = 0
-        while True:
-            failure: GatewayError
+        try:
             try:
-                async with self._session.request(method, url, data=payload, allow_redirects=False) as resp:
-                    raw = await resp.read()
-                    status = resp.status
-            except OutboundRefused as e:
-                raise GatewayError(
-                    "upstream_error", f"inference server at {self.base_url} is not allowed: {e}"
-                ) from None
-            except TimeoutError:
-                # aiohttp's ServerTimeoutError/ConnectionTimeoutError are TimeoutError subclasses too.
-                raise GatewayError(
-                    "timeout", f"inference server at {self.base_url} did not answer within {o.timeout_s:g} s"
-                ) from None
-            except aiohttp.ClientConnectorError:
-                failure = GatewayError("upstream_error", f"inference server unreachable at {self.base_url}")
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as e:
-                # A pooled keep-alive connection the server had already closed lands here; a new one works.
-                failure = GatewayError(
+                return await self._attempt(method, url, payload)
+            except _Retryable as first:
+                if o.retries < 1:
+                    raise
+                policy = retrying(
+                    attempts=o.retries + 1,
+                    first_s=o.retry_backoff_s,
+                    retry=retry_if_exception_type(_Retryable),
+                )
+                return await continue_after(policy, first, lambda: self._attempt(method, url, payload))
+        except _Retryable as e:
+            raise e.failure from None
+
+    async def _attempt(self, method: str, url: str, payload: bytes | None) -> Any:
+        """One request: the decoded body, a GatewayError, or `_Retryable` (nothing came back)."""
+        assert self._session is not None
+        try:
+            async with self._session.request(method, url, data=payload, allow_redirects=False) as resp:
+                raw = await resp.read()
+                status = resp.status
+        except OutboundRefused as e:
+            raise GatewayError(
+                "upstream_error", f"inference server at {self.base_url} is not allowed: {e}"
+            ) from None
+        except TimeoutError:
+            # aiohttp's ServerTimeoutError/ConnectionTimeoutError are TimeoutError subclasses too.
+            raise GatewayError(
+                "timeout",
+                f"inference server at {self.base_url} did not answer within {self.options.timeout_s:g} s",
+            ) from None
+        except aiohttp.ClientConnectorError:
+            raise _Retryable(
+                GatewayError("upstream_error", f"inference server unreachable at {self.base_url}")
+            ) from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as e:
+            # A pooled keep-alive connection the server had already closed lands here; a new one works.
+            raise _Retryable(
+                GatewayError(
                     "upstream_error", f"inference server at {self.base_url} dropped the connection ({e})"
                 )
-            except aiohttp.ClientError as e:
-                raise GatewayError(
-                    "upstream_error", f"inference server at {self.base_url} failed: {type(e).__name__}: {e}"
-                ) from None
-            else:
-                if status < 300:
-                    return _decode(raw, status)
-                if status not in _RETRY_STATUS or attempt >= o.retries:
-                    raise map_status(status, raw)
-                failure = map_status(status, raw)
-            if attempt >= o.retries:
-                raise failure
-            await asyncio.sleep(o.retry_backoff_s * (2**attempt))
-            attempt += 1
+            ) from None
+        except aiohttp.ClientError as e:
+            raise GatewayError(
+                "upstream_error", f"inference server at {self.base_url} failed: {type(e).__name__}: {e}"
+            ) from None
+        if status < 300:
+            return _decode(raw, status)
+        if status in _RETRY_STATUS:
+            raise _Retryable(map_status(status, raw))
+        raise map_status(status, raw)
 
 
 def _decode(raw: bytes, status: int) -> Any:

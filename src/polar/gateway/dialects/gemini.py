@@ -1,6 +1,6 @@
-"""Google Gemini (`POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent`), as Gemini CLI
-speaks it. The model and whether to stream come from the path, not the body; how a request becomes Chat
-messages is in `gemini_request`.
+"""Google Gemini (`POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent`, also under
+`/v1`, the google-genai SDK's default API version), as Gemini CLI speaks it. The model and whether to
+stream come from the path, not the body; how a request becomes Chat messages is in `gemini_request`.
 
 Responses put `thoughtSignature` (our codec token, base64) on the first non-thought part, so the reasoning
 survives a harness that drops thought parts from its history.

@@ -43,7 +43,10 @@ def parse_request(
 ) -> CanonicalRequest:
     """Validate a `generateContent` body and normalize it; the model and streaming come from the path."""
     if not path_model:
-        raise invalid("the model must be given in the path: /v1beta/models/{model}:generateContent", "model")
+        raise invalid(
+            "the model must be given in the path: /v1beta/models/{model}:generateContent (or /v1/...)",
+            "model",
+        )
     req = validate(g.GENERATE_CONTENT_REQUEST, body, PLAIN_STYLE)
     render: dict[str, Any] = {}
     messages: list[dict[str, Any]] = []

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import tomli_w
+
 from polar.harness.base import HarnessContext, gateway_env
 from polar.harness.cli_common import (
     absolute_binary,
@@ -57,19 +59,6 @@ EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # Codex 0.171.0
 _SETTINGS = ("binary", "context_window", "reasoning_effort", "max_retries")
 
 
-def _toml(value: str | int | bool) -> str:
-    """A TOML scalar; strings are basic strings with `"`, `\\` and every control character escaped."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    body = "".join(
-        f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else "\\" + c if c in '"\\' else c
-        for c in value
-    )
-    return f'"{body}"'
-
-
 def config_toml(
     ctx: HarnessContext,
     context_window: int | None = None,
@@ -96,17 +85,15 @@ def config_toml(
     }
     if max_retries is not None:
         provider |= {"request_max_retries": max_retries, "stream_max_retries": max_retries}
-    tables: dict[str, dict[str, str | int | bool]] = {
-        f"model_providers.{PROVIDER}": provider,
+    config: dict[str, Any] = {
+        **top,
+        "model_providers": {PROVIDER: provider},
         # 0.171.0: these two are all its other traffic (the facts sheet measured it in an empty netns).
         "analytics": {"enabled": False},
         "features": {"plugins": False},
         "otel": {"exporter": "none"},
     }
-    lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
-    for name, table in tables.items():
-        lines += ["", f"[{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items())]
-    return "\n".join(lines) + "\n"
+    return tomli_w.dumps(config)
 
 
 class CodexHarness:

@@ -12,9 +12,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from tenacity import retry_if_exception_type
+
 from polar.evaluate.base import EvalContext, EvalResult
 from polar.gateway.proxy import Proxy
 from polar.harness.base import HarnessContext
+from polar.retry import retrying
 from polar.rollout.node.deadline import Deadline, RunLimit
 from polar.rollout.node.session import NodeSession, SessionEnd
 from polar.rollout.node.side_calls import apply_policy, gateway_route
@@ -66,26 +69,32 @@ def runtime_spec(task: Task, root: Path | None) -> RuntimeSpec:
 
 
 # -- INIT -------------------------------------------------------------------------------------------------
+class _StepFailed(Exception):
+    """One attempt of a prepare command failed (an error, a non-zero exit, a timeout): maybe transiently."""
+
+
 async def _exec_with_retries(runtime: Runtime, step: int, action: ExecAction, deadline: Deadline) -> None:
-    attempts = action.retries + 1
-    last = ""
-    for attempt in range(attempts):
-        if attempt:
-            await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+    """Run a prepare command, `action.retries` more times on failure (0.2 s doubling to 2 s between)."""
+
+    async def attempt() -> None:
         try:
             result = await runtime.exec(
                 action.cmd, timeout_s=min(action.timeout_seconds, deadline.remaining())
             )
         except Exception as exc:  # RuntimeFailure and friends: the step failed, maybe transiently
-            last = _describe(exc)
-            continue
-        if result.exit_code == 0 and not result.timed_out:
-            return
-        how = "timed out" if result.timed_out else f"exit code {result.exit_code}"
-        last = f"{how}: {_tail(result.stderr or result.stdout)}"
-    raise SessionEnd(
-        ERROR, f"prepare step {step} ({action.cmd!r}) failed after {attempts} attempt(s): {last}"
-    )
+            raise _StepFailed(_describe(exc)) from exc
+        if result.exit_code != 0 or result.timed_out:
+            how = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+            raise _StepFailed(f"{how}: {_tail(result.stderr or result.stdout)}")
+
+    attempts = action.retries + 1
+    policy = retrying(attempts=attempts, first_s=0.2, cap_s=2.0, retry=retry_if_exception_type(_StepFailed))
+    try:
+        await policy(attempt)
+    except _StepFailed as last:
+        raise SessionEnd(
+            ERROR, f"prepare step {step} ({action.cmd!r}) failed after {attempts} attempt(s): {last}"
+        ) from None
 
 
 async def prepare(runtime: Runtime, task: Task, deadline: Deadline) -> None:

@@ -1,8 +1,9 @@
 """The node's side of talking to the rollout server: registration, heartbeats, and result delivery.
 
-A finished session's result is POSTed to the server until it is acknowledged (connection errors and 5xx are
-retried with a doubling backoff; a 4xx means the server refuses this result and retrying cannot help). The
-result stays on the node either way, so a server that missed it can still GET it.
+A finished session's result is POSTed to the server until it is acknowledged (connection errors, 5xx, 408,
+425 and 429 are retried, `attempts` tries in all, with a doubling backoff capped at 30 s; any other 4xx means
+the server refuses this result and retrying cannot help). The result stays on the node either way, so a
+server that missed it can still GET it. Registration retries the same way, without end (see `polar.retry`).
 
 Every call carries the deployment's control token; a result also carries the credential the server gave
 with that session's dispatch (`SessionSpec.result_token`), so only the node a session was dispatched to can
@@ -16,14 +17,22 @@ import logging
 from collections.abc import Callable
 
 import httpx
+from tenacity import RetryCallState, retry_if_exception_type, retry_if_result
 
 from polar.auth import bearer
+from polar.retry import backoff, retrying
 from polar.rollout.protocol import RESULT_TOKEN_HEADER, NodeRegistration, NodeStatus, SessionResult
 
 log = logging.getLogger("polar.node")
 
 _RETRY_STATUS = {408, 425, 429}
 _AUTH_RETRY_S = 30.0  # a refused token needs an operator; retry slowly, loudly
+_MAX_DELAY_S = 30.0
+
+
+def _transient(r: httpx.Response) -> bool:
+    """A result delivery the server may accept when asked again."""
+    return r.status_code >= 500 or r.status_code in _RETRY_STATUS
 
 
 class Reporter:
@@ -35,9 +44,6 @@ class Reporter:
         self._client = httpx.AsyncClient(timeout=timeout_s, headers=bearer(token))
         self._tasks: set[asyncio.Task[bool]] = set()
         self.delivered: dict[str, bool] = {}  # session id -> acknowledged (False: gave up)
-
-    def _delay(self, attempt: int) -> float:
-        return float(min(self.backoff_s * 2**attempt, 30.0))
 
     def report(self, server_url: str, result: SessionResult, result_token: str | None) -> asyncio.Task[bool]:
         """Deliver `result` in the background; the task's value says whether the server acknowledged."""
@@ -52,57 +58,70 @@ class Reporter:
         headers = {"content-type": "application/json"}
         if result_token is not None:
             headers[RESULT_TOKEN_HEADER] = result_token
-        last = ""
-        for attempt in range(self.attempts):
-            if attempt:
-                await asyncio.sleep(self._delay(attempt - 1))
-            try:
-                r = await self._client.post(url, content=body, headers=headers)
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
+        policy = retrying(
+            attempts=self.attempts,
+            first_s=self.backoff_s,
+            cap_s=_MAX_DELAY_S,
+            retry=retry_if_exception_type(httpx.HTTPError) | retry_if_result(_transient),
+            give_last=True,
+        )
+        try:
+            r: httpx.Response = await policy(self._client.post, url, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        else:
             if r.is_success:
                 self.delivered[result.session_id] = True
                 return True
             last = f"HTTP {r.status_code}: {r.text[:200]}"
-            if r.status_code < 500 and r.status_code not in _RETRY_STATUS:
-                break
         log.warning("result of session %s not delivered to %s: %s", result.session_id, url, last)
         self.delivered[result.session_id] = False
         return False
 
     async def register(self, server_url: str, registration: NodeRegistration) -> str:
-        """Register with the server (retrying until it answers); returns the node id it acknowledged."""
+        """Register with the server (retrying until it answers); returns the node id it acknowledged.
+
+        Connection errors and 5xx are retried with the delivery backoff, a refused token (401) every 30 s
+        with an error in the log; another 4xx raises RuntimeError (nothing to retry)."""
         url = f"{server_url.rstrip('/')}/nodes/register"
-        attempt = 0
-        while True:
-            try:
-                r = await self._client.post(
-                    url,
-                    content=registration.model_dump_json().encode(),
-                    headers={"content-type": "application/json"},
+        exponential = backoff(self.backoff_s, _MAX_DELAY_S)
+
+        def wait(state: RetryCallState) -> float:
+            refused = _refused_token(state)
+            return _AUTH_RETRY_S if refused is not None else exponential(state)
+
+        def before_sleep(state: RetryCallState) -> None:
+            refused = _refused_token(state)
+            if refused is not None:
+                log.error(
+                    "the rollout server at %s refused this node's control token (%s); the node gets no "
+                    "work until it has the server's token (POLAR_TOKEN or --token-file). Retrying in %gs",
+                    server_url,
+                    _message(refused),
+                    _AUTH_RETRY_S,
                 )
-                if r.is_success:
-                    node_id = r.json().get("node_id", registration.node_id)
-                    return str(node_id)
-                if r.status_code == 401:
-                    log.error(
-                        "the rollout server at %s refused this node's control token (%s); the node gets no "
-                        "work until it has the server's token (POLAR_TOKEN or --token-file). Retrying in %gs",
-                        server_url,
-                        _message(r),
-                        _AUTH_RETRY_S,
-                    )
-                    await asyncio.sleep(_AUTH_RETRY_S)
-                    continue
-                if r.status_code < 500:
-                    raise RuntimeError(f"the server at {server_url} refused registration: {r.text[:300]}")
-                why = f"HTTP {r.status_code}"
-            except httpx.HTTPError as exc:
-                why = f"{type(exc).__name__}: {exc}"
+                return
+            assert state.outcome is not None
+            exc = state.outcome.exception()
+            why = f"{type(exc).__name__}: {exc}" if exc else f"HTTP {state.outcome.result().status_code}"
             log.warning("cannot register with %s (%s); retrying", server_url, why)
-            await asyncio.sleep(self._delay(attempt))
-            attempt += 1
+
+        policy = retrying(
+            first_s=self.backoff_s,
+            wait=wait,
+            retry=retry_if_exception_type(httpx.HTTPError)
+            | retry_if_result(lambda r: r.status_code >= 500 or r.status_code == 401),
+            before_sleep=before_sleep,
+        )
+        r: httpx.Response = await policy(
+            self._client.post,
+            url,
+            content=registration.model_dump_json().encode(),
+            headers={"content-type": "application/json"},
+        )
+        if not r.is_success:
+            raise RuntimeError(f"the server at {server_url} refused registration: {r.text[:300]}")
+        return str(r.json().get("node_id", registration.node_id))
 
     async def heartbeats(
         self,
@@ -143,6 +162,15 @@ class Reporter:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         await self._client.aclose()
+
+
+def _refused_token(state: RetryCallState) -> httpx.Response | None:
+    """The 401 response an attempt ended with, if that is how it ended."""
+    outcome = state.outcome
+    if outcome is None or outcome.failed:
+        return None
+    r: httpx.Response = outcome.result()
+    return r if r.status_code == 401 else None
 
 
 def _message(r: httpx.Response) -> str:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from polar.netguard import OutboundPolicy, OutboundRefused, guarded_session
+from polar.retry import backoff, delay_after
 from polar.rollout.server.events import EventBus
 from polar.rollout.server.store import CallbackRow, ServerStore
 
@@ -36,7 +37,9 @@ class RetryPolicy:
     timeout_s: float = 10.0
 
     def delay(self, attempts_made: int) -> float:
-        return float(min(self.backoff_max_s, self.backoff_s * 2 ** max(0, attempts_made - 1)))
+        """When the next attempt is due after `attempts_made` failed ones: the node's and clients' backoff
+        (`polar.retry`), kept as a row's due time so that delivery resumes after a restart."""
+        return delay_after(backoff(self.backoff_s, self.backoff_max_s), attempts_made)
 
 
 class CallbackDeliverer:

@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 
 from polar.client import RolloutClient
+from polar.extras import TRL, require
 from polar.rollout.protocol import SessionResult
 from polar.rollout.task import Task
 from polar.train.export import main_trace, trajectory_of
@@ -130,6 +131,7 @@ class PolarRollout:
         poll_wait_s: float = 5.0,
         token: str | None = None,
     ) -> None:
+        require(TRL)  # at construction, not at TRL's first generation step
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.server_url = server_url
