@@ -111,5 +111,5 @@ def test_polar_serve_routes_uvicorn_through_the_plain_format(tmp_path: Path) -> 
     wait_until(up, timeout=60, what="polar serve")
     out = stop(proc, signal.SIGTERM)
     lines = [line for line in out.splitlines() if line.strip()]
-    assert any("uvicorn.error: Uvicorn running on" in line for line in lines), out
+    assert any("uvicorn.error: Started server process" in line for line in lines), out
     assert all(PLAIN.match(line) for line in lines), out  # nothing in uvicorn's own "INFO:     " format

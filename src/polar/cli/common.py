@@ -240,11 +240,13 @@ def serve_until_stopped(
     command = command_name()
 
     async def main() -> None:
-        await start_servers(start_all(servers), command, database)
+        # Handlers first: a signal while the listeners start (the first one already answers) still stops
+        # cleanly instead of raising KeyboardInterrupt through asyncio ("Aborted!", exit 1).
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        await start_servers(start_all(servers), command, database)
         if started is not None:
             started()
         waiting = asyncio.create_task(stop.wait())
