@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import SERVED_MODEL
-from tests.node_support import CALL_GATEWAY, alive, fake_policy
+from tests.node_support import CALL_GATEWAY, alive, fake_policy, pids_under
 from tests.server_support import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +152,13 @@ def test_ctrl_c_keeps_what_finished_and_a_resume_runs_the_rest(tmp_path: Path) -
                     return done and marks.is_file() and len(marks.read_text().split()) == 2
 
                 wait_until(ready, timeout=120, what="the quick sessions to finish, the slow ones to run")
+                # The slow agents' sleeps, by host pid (`$$` inside a session is its PID namespace's own).
+                sleepers = wait_until(
+                    lambda: (
+                        len(found := pids_under(Path(tempfile.gettempdir()), "sleep", "600")) >= 2 and found
+                    ),
+                    what="the slow agents' sleeps",
+                )
                 proc.send_signal(signal.SIGINT)
                 code = proc.wait(timeout=120)
             finally:
@@ -166,7 +174,7 @@ def test_ctrl_c_keeps_what_finished_and_a_resume_runs_the_rest(tmp_path: Path) -
         assert "2 sessions left: run the same command again to resume them" in printed
         kept = (out / "results.jsonl").read_bytes()
         assert [r["task_id"] for r in results(out)] == ["quick", "quick"]
-        for pid in map(int, marks.read_text().split()):  # the agents were stopped, not left behind
+        for pid in sleepers:  # the agents were stopped, not left behind
             deadline = time.monotonic() + 10
             while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -101,7 +101,7 @@ async def test_on_output_stopped_runtime_raises(make_repo) -> None:
         ({"command": ""}, "command"),
         (
             {"command": "true", "expect": "(", "match": "regex"},
-            "Value error, expect is not a valid regex",
+            "expect is not a valid regex",
         ),
         ({"command": "true", "match": "fuzzy"}, "match"),
         ({"command": "true", "timeout_seconds": 0}, "timeout_seconds"),

@@ -45,7 +45,7 @@ def test_json_is_yaml_and_an_empty_file_has_no_line() -> None:
 @pytest.mark.parametrize(
     ("text", "where"),
     [
-        ("a: [\n", "bad.yaml:2"),
+        ("a: [\n", "bad.yaml:1"),  # where the bracket opened, not the end where the parser gave up
         ("a: 1\n---\nb: 2\n", "bad.yaml:2"),
         ("a: !!python/object:os.system x\n", "bad.yaml:1"),
     ],
