@@ -21,15 +21,10 @@ Every field's type, default and meaning: docs/reference/train-config.md (generat
 
 from __future__ import annotations
 
-import copy
-import difflib
-import types
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from polar import hints, yamlpos
@@ -42,19 +37,26 @@ from polar.rollout.taskfile import (
     load_tasks,
     locator,
 )
+from polar.train import overrides as overrides_mod
 from polar.train.advantages import Estimator
 from polar.train.loss import Aggregation, LossConfig
 from polar.train.names import polar_name_for
+from polar.train.overrides import ConfigError, Override, OverrideError, apply_overrides, culprit
+
+__all__ = [  # the config's API, overrides included (cli/train.py, tests)
+    "ConfigError",
+    "Override",
+    "OverrideError",
+    "TrainConfig",
+    "apply_overrides",
+    "field_paths",
+    "load_config",
+    "parse_config",
+    "parse_override",
+    "suggest",
+    "upload_roots",
+]
 from polar.yamlpos import Document, YAMLSyntaxError, field_path
-
-
-class ConfigError(ValueError):
-    """A training config that cannot be used, with `path:line: field: reason` in its message."""
-
-
-class OverrideError(ConfigError):
-    """A `--set` (or `--out`/`--steps`) that is malformed, names no field, or gives a bad value: a usage
-    error of the command line, reported with the override as the user wrote it."""
 
 
 class _Section(BaseModel):
@@ -274,135 +276,24 @@ class TrainConfig(_Section):
         return self.loss.to_loss_config()
 
 
-# -- field paths: sections, suggestions, overrides ---------------------------------------------------------
-
-
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model a field holds (`X` or `X | None`), or None for a plain value."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = get_args(annotation)
-        models = [m for a in args if (m := _model_of(a)) is not None]
-        if len(models) == 1 and len(args) == 2 and type(None) in args:
-            return models[0]
-    return None
+# -- field paths and overrides, bound to TrainConfig (polar.train.overrides) -------------------------------
 
 
 def field_paths(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
     """Every dotted field path of `model` (default `TrainConfig`): sections and their fields, in order."""
-    out: list[str] = []
-    for name, info in (model or TrainConfig).model_fields.items():
-        out.append(prefix + name)
-        sub = _model_of(info.annotation)
-        if sub is not None:
-            out += field_paths(sub, f"{prefix}{name}.")
-    return out
+    return overrides_mod.field_paths(model or TrainConfig, prefix)
 
 
 def suggest(path: Sequence[Any], model: type[BaseModel] | None = None) -> str | None:
-    """The field path of `model` (default `TrainConfig`) an unknown `path` most likely meant: polar's name
-    for a TRL or verl key (`learning_rate` -> `optimizer.lr`), the same name in another section (`lr` ->
-    `optimizer.lr`), else the closest spelling (`loss.eps_hi` -> `loss.eps_high`); None when nothing is
-    close or the path runs through a list."""
-    if not path or any(isinstance(p, int) for p in path):
-        return None
-    candidates = field_paths(model)
-    key, last = ".".join(map(str, path)), str(path[-1])
-    if model in (None, TrainConfig) and (known := polar_name_for(key)) is not None:
-        return known  # a TRL or verl name typed by habit
-    leaves: dict[str, str] = {}
-    for c in candidates:
-        leaves.setdefault(c.rsplit(".", 1)[-1], c)
-    if last in leaves and leaves[last] != key:
-        return leaves[last]
-    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
-    if close:
-        return close[0]
-    close = difflib.get_close_matches(last, list(leaves), n=1, cutoff=0.7)
-    return leaves[close[0]] if close else None
-
-
-@dataclass(frozen=True, slots=True)
-class Override:
-    """One command-line change: the field at `path` set to `value`. `label` is the override as typed
-    (`--set loss.eps_high=0.3`, `--steps 5`), so an error quotes what the user wrote."""
-
-    label: str
-    path: tuple[str, ...]
-    value: Any
-
-
-def _check_path(label: str, path: tuple[str, ...]) -> None:
-    """Raise `OverrideError` unless `path` names a field of `TrainConfig` (through sections only)."""
-    model: type[BaseModel] | None = TrainConfig
-    for i, name in enumerate(path):
-        info = model.model_fields.get(name) if model is not None else None
-        if info is None:
-            hint = suggest(path)
-            maybe = f" (did you mean {hint}?)" if hint else ""
-            raise OverrideError(f"{label}: no config field {'.'.join(path)}{maybe}")
-        model = _model_of(info.annotation)
-        if model is None and i < len(path) - 1:
-            here = ".".join(path[: i + 1])
-            raise OverrideError(
-                f"{label}: {here} is a single value, not a section: set it whole ({here}=...)"
-            )
+    """The field path of `model` (default `TrainConfig`, which also knows TRL's and verl's names) an unknown
+    `path` most likely meant (`polar.train.overrides.suggest`)."""
+    root = model or TrainConfig
+    return overrides_mod.suggest(path, root, polar_name_for if root is TrainConfig else None)
 
 
 def parse_override(text: str) -> Override:
-    """`KEY=VALUE` from `--set`: KEY a dotted field path (`optimizer.lr`), VALUE parsed as YAML, so `2e-6`,
-    `true`, `null`, `[0.9, 0.95]`, `{eps_high: 0.3}` and `other.yaml` mean what they would in the file.
-    A path that names no field raises `OverrideError` at once, with the closest field name."""
-    label = f"--set {text}"
-    key, sep, raw = text.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise OverrideError(f"{label}: expected KEY=VALUE with a dotted KEY, e.g. --set loss.eps_high=0.3")
-    path = tuple(key.split("."))
-    if not all(path):
-        raise OverrideError(f"{label}: {key!r} has an empty name between dots")
-    _check_path(label, path)
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        raise OverrideError(f"{label}: not a YAML value: {getattr(exc, 'problem', exc)}") from None
-    return Override(label, path, value)
-
-
-def _merged(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in update.items():
-        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def apply_overrides(data: dict[str, Any], overrides: Sequence[Override]) -> dict[str, Any]:
-    """A copy of the config mapping with each override applied in order (a later one wins); a mapping
-    given for a section is merged into it, so `--set loss={eps_high: 0.3}` keeps the file's other keys."""
-    out = copy.deepcopy(data)
-    for o in overrides:
-        node = out
-        for name in o.path[:-1]:
-            if not isinstance(node.get(name), dict):
-                node[name] = {}
-            node = node[name]
-        leaf, value = o.path[-1], copy.deepcopy(o.value)
-        node[leaf] = (
-            _merged(node[leaf], value)
-            if isinstance(value, dict) and isinstance(node.get(leaf), dict)
-            else value
-        )
-    return out
-
-
-def _culprit(loc: Sequence[Any], overrides: Sequence[Override]) -> Override | None:
-    """The last override that set the value at `loc` (or a value inside it, or the section holding it)."""
-    for o in reversed(overrides):
-        n = min(len(o.path), len(loc))
-        if n and tuple(loc[:n]) == o.path[:n]:
-            return o
-    return None
+    """`--set KEY=VALUE` for a `TrainConfig` field (`polar.train.overrides.parse_override`)."""
+    return overrides_mod.parse_override(text, TrainConfig, polar_name_for)
 
 
 def _message(err: Any) -> str:
@@ -430,12 +321,12 @@ def _error(
             msg += f" (did you mean {field_path((*prefix, *hint.split('.')))}?)"
     else:  # a near miss of a choice (`estimator: rlo`, `runtime: {backend: dokcer}`)
         msg = hints.hint(err, model or TrainConfig)
-    culprit = _culprit(loc, overrides)
-    if culprit is not None:
-        raw = culprit.label.partition("=")[2]
+    by = culprit(loc, overrides)
+    if by is not None:
+        raw = by.label.partition("=")[2]
         if err["type"] == "string_type" and raw and not isinstance(err["input"], (str, dict, list)):
             msg += f" (YAML reads {raw} as {type(err['input']).__name__}; quote it: --set '{field_path(loc)}=\"{raw}\"')"
-        where = culprit.label if loc == culprit.path else f"{culprit.label}: {field_path(loc)}"
+        where = by.label if loc == by.path else f"{by.label}: {field_path(loc)}"
         return OverrideError(f"{where}: {msg}")
     return ConfigError(f"{doc.at(loc, 'config')}: {msg}")
 
@@ -460,7 +351,7 @@ def parse_config(
         config = TrainConfig.model_validate(data)
     except ValidationError as exc:
         raise _error(exc, doc, overrides) from None
-    by = _culprit(("tasks",), overrides)
+    by = culprit(("tasks",), overrides)
     base = Path.cwd() if by is not None else (base or Path.cwd())
     fail = OverrideError if by is not None else ConfigError
     where = by.label if by is not None else doc.at(("tasks",))
