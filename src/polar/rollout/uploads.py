@@ -17,7 +17,10 @@ from polar.rollout.task import Task, UploadAction
 def confine_upload(src: str | Path, roots: Sequence[Path]) -> Path:
     """`src` with symlinks and `..` resolved, when it lies inside one of `roots`; ValueError otherwise."""
     if not roots:
-        raise ValueError(f"{str(src)!r}: this node reads no host files for uploads (no upload root given)")
+        raise ValueError(
+            f"{str(src)!r}: this node reads no host files for uploads (start it with --upload-root DIR "
+            "naming the directory the task files upload from)"
+        )
     resolved = Path(src).resolve()
     if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
         names = ", ".join(str(r) for r in roots)
