@@ -84,7 +84,7 @@ def test_confinement_resolves_symlinks_and_dots(tmp_path: Path, secret: Path) ->
     for src in (root / "out", root / ".." / "secret.txt", secret):
         with pytest.raises(ValueError, match="outside the allowed upload roots"):
             confine_upload(src, [root])
-    with pytest.raises(ValueError, match="reads no host files for uploads .*--upload-root"):
+    with pytest.raises(ValueError, match=r"reads no host files for uploads .*--upload-root"):
         confine_upload(root / "inside", [])
 
 
