@@ -144,3 +144,49 @@ def test_serve_model_on_a_device_that_is_not_here() -> None:
     """Was: torch's AssertionError traceback ("Torch not compiled with CUDA enabled")."""
     proc = polar("serve-model", "--device", "cuda:99", "--port", "0")
     assert one_line(proc).startswith("polar serve-model: cannot load the default model: device 'cuda:99': ")
+
+
+@pytest.mark.parametrize("fake", ["openai", "vllm-without-token-ids"])
+def test_gateway_refuses_a_backend_without_token_data(fake: str, tmp_path: Path) -> None:
+    """An OpenAI-compatible server declared `vllm` (the default kind), or a vLLM that ignores
+    `return_token_ids`, would make a whole run of untrainable records: one test call at start-up finds out."""
+    from tests.fakes.fake_vllm import make_fake_backend
+    from tests.fakes.server import serve
+
+    app = make_fake_backend("openai") if fake == "openai" else make_fake_backend("vllm", no_token_ids=True)
+    with serve(app) as srv:
+        common = ["gateway", "--backend", srv.url, "--model", "fake-policy", "--port", "0"]
+        proc = polar(*common, "--control-port", "0", "--store", str(tmp_path / "g.db"))
+        line = one_line(proc)
+        assert line.startswith(f"polar gateway: the vllm server at {srv.url} answered without token data (")
+        assert "(no prompt ids, no sampled ids, no logprobs)" in line and line.endswith(
+            "pass --backend-kind openai to serve it anyway"
+        )
+        # Declared on purpose, the same server is served (records flagged untrainable, as documented).
+        served = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "polar",
+                *common,
+                "--control-port",
+                "0",
+                "--backend-kind",
+                "openai",
+                "--store",
+                str(tmp_path / "o.db"),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        try:
+            assert served.stderr is not None
+            for text in served.stderr:
+                if "gateway serving" in text:
+                    break
+            else:
+                raise AssertionError(f"polar gateway exited with {served.wait()}")
+        finally:
+            served.terminate()
+            served.wait(timeout=30)

@@ -26,6 +26,7 @@ from polar.auth import Refusal, RequireToken
 from polar.gateway import control
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
+from polar.gateway.backends.http import BackendUnreachable
 from polar.gateway.config import GatewayConfig
 from polar.gateway.dialects.anthropic import AnthropicDialect
 from polar.gateway.dialects.base import Dialect, StreamFormat
@@ -255,6 +256,24 @@ async def _first_model(backend: Backend) -> str:
     return models[0]
 
 
+async def _check_token_data(backend: Backend, served: str) -> None:
+    """Refuse to start in front of a server that cannot give training data (`Backend.check_token_data`)."""
+    try:
+        await backend.check_token_data(served)
+    except BackendUnreachable:
+        # Started before its server (a cluster starting both at once): serve, and say what was not checked.
+        log.warning(
+            "the %s server at %s is not reachable yet, so whether it returns token data was not checked; "
+            "records without token ids are flagged untrainable",
+            backend.kind,
+            backend.url,
+        )
+    except GatewayError as err:
+        raise RuntimeError(
+            f"the {backend.kind} server at {backend.url} failed a one-token test call: {err.message}"
+        ) from None
+
+
 class HotPath:
     """Serves the generation routes straight from ASGI, in front of Starlette's router and middleware.
 
@@ -332,6 +351,8 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
         try:  # everything opened above is closed however start-up or serving ends
             await backend.start()
             served = config.served_model or await _first_model(backend)
+            if config.check_token_data:
+                await _check_token_data(backend, served)
             app.state.config = config
             app.state.started = int(time.time())
             app.state.proxy = Proxy(

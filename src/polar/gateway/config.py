@@ -34,6 +34,9 @@ class GatewayConfig:
     control_port: int = 0  # 0: any free port
     # Where sessions' side-call routes (task-given URLs) may connect; checked at every connection.
     outbound: OutboundPolicy = field(default_factory=OutboundPolicy)
+    # One one-token call at start-up proves a vllm/sglang backend returns token ids and logprobs; a server
+    # that does not is refused (`--backend-kind openai` declares a token-less server on purpose).
+    check_token_data: bool = True
 
     def __post_init__(self) -> None:
         if self.backend_kind not in ("vllm", "sglang", "openai"):

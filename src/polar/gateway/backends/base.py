@@ -63,6 +63,10 @@ class Backend(Protocol):
         """Prompt length of `req` in tokens, as the server would render it (an estimate for `openai`)."""
         ...
 
+    async def check_token_data(self, served_model: str) -> None:
+        """Raise `TokenDataMissing` when the server does not return the token data its kind promises."""
+        ...
+
     async def list_models(self) -> list[str]:
         """The model ids the server serves (`GET /v1/models`), for resolving the served model at start-up."""
         ...

@@ -38,6 +38,10 @@ class _Retryable(Exception):
         self.failure = failure
 
 
+class BackendUnreachable(GatewayError):
+    """No connection to the server at all (nothing listening yet, or gone): it produced nothing."""
+
+
 class UpstreamClient:
     """JSON over HTTP to one server at `base_url` (no trailing slash)."""
 
@@ -129,7 +133,7 @@ class UpstreamClient:
             ) from None
         except aiohttp.ClientConnectorError:
             raise _Retryable(
-                GatewayError("upstream_error", f"inference server unreachable at {self.base_url}")
+                BackendUnreachable("upstream_error", f"inference server unreachable at {self.base_url}")
             ) from None
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as e:
             # A pooled keep-alive connection the server had already closed lands here; a new one works.

@@ -22,6 +22,18 @@ from polar.gateway.backends.base import (
 )
 from polar.gateway.backends.http import UpstreamClient
 from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.store.records import FLAG_NO_LOGPROBS, FLAG_NO_PROMPT_IDS, FLAG_NO_RESPONSE_IDS
+
+TOKEN_FLAGS = {
+    FLAG_NO_PROMPT_IDS: "no prompt ids",
+    FLAG_NO_RESPONSE_IDS: "no sampled ids",
+    FLAG_NO_LOGPROBS: "no logprobs",
+}
+
+
+class TokenDataMissing(RuntimeError):
+    """The policy's server does not return the token data training needs (found at start-up)."""
+
 
 # Rough bytes per token of JSON-serialized chat messages with a BPE tokenizer (English prose and code land
 # between 3 and 4.5); the openai kind has no tokenizer endpoint, so its counts are estimates.
@@ -101,6 +113,10 @@ class OpenAIBackend:
         """No token data from a plain OpenAI endpoint: every token flag is raised by `assemble`."""
         return TokenData()
 
+    async def check_token_data(self, served_model: str) -> None:
+        """A plain OpenAI endpoint gives no token data, and was declared so on purpose: nothing to check."""
+        return None
+
     async def count_tokens(self, req: CanonicalRequest, served_model: str) -> int:
         """An estimate: serialized messages and tools at ESTIMATE_BYTES_PER_TOKEN bytes per token."""
         size = len(orjson.dumps(req.messages))
@@ -129,6 +145,29 @@ class TokenizingBackend(OpenAIBackend):
     @staticmethod
     def _base_url(url: str) -> str:
         return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    async def check_token_data(self, served_model: str) -> None:
+        """One greedy one-token call with the training fields; raises `TokenDataMissing` naming what the
+        server left out.
+
+        A server that answers chat but not with token ids (an OpenAI-compatible API declared `vllm`, a vLLM
+        older than `return_token_ids`, an SGLang without `return_meta_info`) would otherwise yield a whole
+        run of untrainable records before anyone looks."""
+        body = {
+            "model": served_model,
+            "messages": [{"role": "user", "content": "Say OK."}],
+            "max_tokens": 1,
+            "temperature": 0,
+            **self.training_fields(),
+        }
+        done = self.parse_completion(await self.http.post(self.chat_path, body))
+        missing = [TOKEN_FLAGS[f] for f in done.flags if f in TOKEN_FLAGS]
+        if missing:
+            raise TokenDataMissing(
+                f"the {self.kind} server at {self.url} answered without token data "
+                f"({', '.join(missing)}): it is not a {self.kind} that returns token ids and logprobs. "
+                "Records from it cannot be trained on; pass --backend-kind openai to serve it anyway"
+            )
 
     async def count_tokens(self, req: CanonicalRequest, served_model: str) -> int:
         body: dict[str, Any] = {
