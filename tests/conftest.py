@@ -20,6 +20,7 @@ from polar.harness.registry import classifier
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
 from tests.fakes.server import ServerThread, serve
+from tests.vllm_support import VLLMServer
 
 SERVED_MODEL = "fake-policy"
 # The suite is the operator of the servers it starts: it allows its own helper modules (test harnesses and
@@ -128,3 +129,24 @@ def gateway(request: pytest.FixtureRequest, fake_backend: FakeBackend, tmp_path:
         yield gw
     finally:
         gw.server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """One real `vllm serve` of the offline default model for the whole session (it starts in ~1 minute).
+
+    Tests that change its weights put the original ones back before they end. While working on these
+    tests, `POLAR_TEST_VLLM_URL=http://127.0.0.1:PORT` reuses a server started by hand with
+    `tests.vllm_support.TRAINING_FLAGS` and `--served-model-name tiny` (the suite never sets it)."""
+    from polar.engine.tiny import default_model_dir
+    from tests.vllm_support import attach_vllm, start_vllm
+
+    reuse = os.environ.get("POLAR_TEST_VLLM_URL")
+    if reuse:
+        yield attach_vllm(reuse, default_model_dir())
+        return
+    server = start_vllm(default_model_dir(), tmp_path_factory.mktemp("vllm"))
+    try:
+        yield server
+    finally:
+        server.stop()

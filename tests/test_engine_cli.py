@@ -39,7 +39,7 @@ def test_serve_model_default_answers_chat() -> None:
             assert time.monotonic() < deadline, "serve-model did not come up"
             time.sleep(0.2)
         model = httpx.get(url + "/v1/models").json()["data"][0]
-        assert model["id"] == "tiny-qwen3-v1" and model["max_model_len"] == 1024
+        assert model["id"] == "tiny-qwen3-v2" and model["max_model_len"] == 1024
         body = httpx.post(
             url + "/v1/chat/completions",
             json={

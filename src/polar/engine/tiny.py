@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the recipe changes so an old cache is never mistaken for the new model.
-TINY_MODEL_NAME = "tiny-qwen3-v1"
+TINY_MODEL_NAME = "tiny-qwen3-v2"
 TINY_SEED = 20260
 TINY_MAX_POSITIONS = 32768
 
@@ -69,7 +69,7 @@ def default_model_dir(home: Path | None = None) -> Path:
 
 
 def build_tiny_qwen3(dest: Path, seed: int = TINY_SEED) -> Path:
-    """Write a seeded tiny Qwen3 (hidden 64, 2 layers, 4 heads, tied embeddings) plus the real tokenizer."""
+    """Write a seeded tiny Qwen3 (hidden 64, 2 layers, 4 heads of 32, tied embeddings) plus the real tokenizer."""
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -86,7 +86,9 @@ def build_tiny_qwen3(dest: Path, seed: int = TINY_SEED) -> Path:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        # 32, not 16: vLLM's CPU attention takes head_dim 32, 64, 80, ... only (a head_dim-16 model loads,
+        # then its first request kills the engine), and the default model must serve on a real vLLM too.
+        head_dim=32,
         tie_word_embeddings=True,
         max_position_embeddings=TINY_MAX_POSITIONS,
         rope_theta=1_000_000.0,
