@@ -346,7 +346,16 @@ if __name__ == "__main__":  # `python -m tests.fakes.fake_vllm --port 8000`: the
     parser.add_argument("--kind", choices=["vllm", "sglang", "openai"], default="vllm")
     parser.add_argument("--bytes-per-token", type=int, default=4, help="about 4 for BPE-like id counts")
     parser.add_argument("--token-delay-ms", type=float, default=0.0, help="streamed answers: delay per token")
+    parser.add_argument("--answer-chars", type=int, default=0, help="answer every call with this many chars")
     cli = parser.parse_args()
     faults = StreamFaults(token_delay_s=cli.token_delay_ms / 1000.0)
-    app = make_fake_backend(cli.kind, record=False, bytes_per_token=cli.bytes_per_token, streaming=faults)
+    script: Script = None
+    if cli.answer_chars:
+        text = ("The quick brown fox jumps over the lazy dog. " * (cli.answer_chars // 45 + 1))[
+            : cli.answer_chars
+        ]
+        script = lambda body: Reply(content=text)  # noqa: E731
+    app = make_fake_backend(
+        cli.kind, script, record=False, bytes_per_token=cli.bytes_per_token, streaming=faults
+    )
     uvicorn.run(app, host="127.0.0.1", port=cli.port, log_level="warning", access_log=False)

@@ -79,18 +79,9 @@ class Call:
     req: CanonicalRequest | None = None
 
 
-def render(
-    dialect: Dialect, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec, fmt: StreamFormat
-) -> Response:
-    """The dialect's three response shapes: one JSON body, an SSE stream, or Gemini's JSON-array stream."""
-    if not req.stream:
-        return Response(orjson.dumps(dialect.render(req, comp, codec)), media_type=JSON)
-    if fmt == "json-array":
-        return Response(orjson.dumps(dialect.stream_json(req, comp, codec)), media_type=JSON)
-    # A stream synthesized from one upstream call: every frame is known, so send them in one write.
-    return Response(
-        b"".join(dialect.stream(req, comp, codec)), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+def render(dialect: Dialect, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> Response:
+    """A whole answer as the dialect's JSON body (streamed calls are answered by `Proxy._relay`)."""
+    return Response(orjson.dumps(dialect.render(req, comp, codec)), media_type=JSON)
 
 
 def failure_response(call: Call, err: GatewayError, fmt: StreamFormat) -> Response:
@@ -319,7 +310,7 @@ class Proxy:
         except GatewayError as err:
             await self._record_failure(call.state, call.seq, call.dialect, call.created, call.body, err)
             return failure_response(call, err, stream_format)
-        return render(call.dialect, call.req, comp, self.codec, stream_format)
+        return render(call.dialect, call.req, comp, self.codec)
 
     async def _prepare(
         self, call: Call, request: Request, path_model: str | None, path_stream: bool | None
@@ -407,11 +398,16 @@ class Proxy:
             await self._commit(call, placed, comp, upstream_ms)
             ended = True
             yield encoder.close(comp)
-        except GatewayError as err:
+        except Exception as exc:
             ended = True
             if in_gate:
                 self.gate.leave()
                 in_gate = False
+            if isinstance(exc, GatewayError):
+                err = exc
+            else:  # a bug here must still end the harness's stream in its grammar, and be recorded
+                log.exception("stream of session %s call %d failed", call.state.session_id, call.seq)
+                err = GatewayError("upstream_error", "internal gateway error; the call was not completed")
             await chunks.aclose()
             await self._record_failure(call.state, call.seq, call.dialect, call.created, call.body, err)
             yield encoder.fail(err)
