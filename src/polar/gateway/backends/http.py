@@ -166,9 +166,15 @@ class UpstreamClient:
             await self.start()
         url = self.base_url + path
         resp = await self._with_retries(lambda: self._open_stream(url, payload))
+        done = False
         try:
             async for data in _sse_data(resp.content):
                 if data == b"[DONE]":
+                    # Read the body's end too, so the connection goes back to the pool (a closed one
+                    # costs the next call a new connection).
+                    while await resp.content.readany():
+                        pass
+                    done = True
                     return
                 try:
                     yield orjson.loads(data)
@@ -186,7 +192,10 @@ class UpstreamClient:
             assert isinstance(err, GatewayError)
             raise GatewayError(err.kind, f"{err.message} mid-stream") from None
         finally:
-            resp.close()
+            if done:
+                resp.release()
+            else:
+                resp.close()  # closing the connection is how vLLM learns to abort the generation
 
     async def _open_stream(self, url: str, payload: bytes) -> aiohttp.ClientResponse:
         """One attempt to start a streamed answer: the open 2xx response, a GatewayError or `_Retryable`."""
