@@ -112,9 +112,12 @@ def test_build_body_per_kind() -> None:
         "max_tokens": 64,
         "stream": False,
     }
-    assert make_backend("openai", "http://h/v1").build_body(req, "served") == {**common, "logprobs": False}
+    # A streamed request is streamed upstream, with the usage chunk asked for (the harness's own
+    # stream_options are not forwarded); SGLang refuses its training fields on streams, so it is not.
+    streamed = {**common, "stream": True, "stream_options": {"include_usage": True}}
+    assert make_backend("openai", "http://h/v1").build_body(req, "served") == {**streamed, "logprobs": False}
     assert make_backend("vllm", "http://h").build_body(req, "served") == {
-        **common,
+        **streamed,
         "return_token_ids": True,
         "logprobs": True,
         "top_logprobs": 0,

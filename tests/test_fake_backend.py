@@ -271,9 +271,10 @@ def test_models_health_unknown_route_and_bad_bodies(servers: Any, client: httpx.
     r = client.post(f"{url}/v1/chat/completions", json={"model": "served-model"})
     assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
     r = client.post(
-        f"{url}/v1/chat/completions", json={"model": "served-model", "messages": [], "stream": True}
+        f"{url}/v1/chat/completions",
+        json={"model": "served-model", "messages": [], "stream_options": {"include_usage": True}},
     )
-    assert r.status_code == 400 and "does not stream" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "only be defined when `stream=True`" in r.json()["error"]["message"]
 
 
 def test_script_list_exhausted_is_a_clear_500(servers: Any, client: httpx.Client) -> None:

@@ -25,6 +25,23 @@ CALLS = {
     "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     "/v1/messages": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
     "/v1beta/models/m:generateContent": {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+    # Streamed from the backend: acknowledged only by the stream's closing event, sent after the commit.
+    "/v1/chat/completions?stream": {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    },
+    "/v1/messages?stream": {
+        "model": "m",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    },
+}
+# What ends a complete stream: Chat's [DONE] after a finish reason, Anthropic's message_stop.
+CLOSING = {
+    "/v1/chat/completions?stream": b'"finish_reason":"stop"',
+    "/v1/messages?stream": b"event: message_stop",
 }
 
 
@@ -48,10 +65,10 @@ async def _load(url: str, keys: list[str], acked: dict[str, list[str]], stop: as
         async with httpx.AsyncClient(timeout=30) as http:
             while not stop.is_set():
                 try:
-                    r = await http.post(url + path, json=CALLS[path], headers=headers)
+                    r = await http.post(url + path.split("?")[0], json=CALLS[path], headers=headers)
                 except httpx.TransportError:
                     return  # the gateway is gone: this call was never acknowledged
-                if r.status_code == 200:
+                if r.status_code == 200 and CLOSING.get(path, b"") in r.content:
                     acked[key].append(path)
 
     await asyncio.gather(*(worker(i) for i in range(16)))

@@ -453,7 +453,7 @@ def test_backend_without_token_ids_answers_but_is_not_trainable(
     r = raw_call(gw.url, dialect, sid, stream)
     assert r.status_code == 200
     if stream:
-        assert r.headers["content-type"].startswith("text/event-stream") and SAID in r.text
+        assert r.headers["content-type"].startswith("text/event-stream") and r.text.count("data:") > 3
     assert sdk_call(gw.url, dialect, sid, stream) == SAID
     recs = completions(gw, sid)
     assert [rec.seq for rec in recs] == [0, 1] and failures(gw, sid) == []

@@ -102,7 +102,7 @@ def test_messages_streaming(gateway: Gateway, fake_backend: FakeBackend) -> None
     assert final.usage.input_tokens == len(rec.prompt_ids or [])
     assert final.usage.output_tokens == len(rec.response_ids or [])
     assert sampler.requests[0]["chat_template_kwargs"] == {"enable_thinking": True}
-    assert sampler.requests[0]["stream"] is False and rec.request["stream"] is True
+    assert sampler.requests[0]["stream"] is True and rec.request["stream"] is True
 
 
 def test_tool_use_round_trip_with_error_result(gateway: Gateway, fake_backend: FakeBackend) -> None:

@@ -108,8 +108,9 @@ def test_chat_streaming_with_usage(gateway: Gateway, fake_backend: FakeBackend) 
     (rec,) = check_records(gateway, sid, sampler, dialect="chat", model="qwen3-coder-plus")
     assert last.usage.prompt_tokens == len(rec.prompt_ids or [])
     assert last.usage.completion_tokens == len(rec.response_ids or [])
-    # One non-streaming upstream call; the harness's stream_options never reach vLLM (it would refuse them).
-    assert sampler.requests[0]["stream"] is False and "stream_options" not in sampler.requests[0]
+    # One streamed upstream call, asking for the usage chunk whatever the harness asked.
+    assert sampler.requests[0]["stream"] is True
+    assert sampler.requests[0]["stream_options"] == {"include_usage": True}
     assert rec.request["stream"] is True
 
 
@@ -214,7 +215,7 @@ def test_responses_streaming_helper_and_raw_events(gateway: Gateway, fake_backen
 
     recs = check_records(gateway, sid, sampler, dialect="responses", model="gpt-5-codex")
     assert [r.request["stream"] for r in recs] == [True, True]
-    assert all(r["stream"] is False for r in sampler.requests)
+    assert all(r["stream"] is True for r in sampler.requests)  # streamed from the backend too
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])

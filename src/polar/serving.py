@@ -204,10 +204,14 @@ class EmbeddedServer:
             return
         try:
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
+            # IPPROTO_TCP named, not 0: asyncio turns Nagle's algorithm off only on sockets whose `proto`
+            # says TCP, and accepted sockets inherit the listener's. With Nagle on, each SSE event after the
+            # response headers waited for the client's delayed ACK: 40 ms before a stream's first token.
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         except OSError as exc:
             raise BindError(self.host, self.port, self.label, exc) from None
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted sockets (Linux)
         try:
             sock.bind((self.host, self.port))
         except OSError as exc:

@@ -11,6 +11,11 @@ Faults are constructor keywords and plain attributes, switchable while it runs (
 400), `fail_first_n` (the first N calls answer `fail_status`, default 502), `transform` (a callable that may
 rewrite each successful chat body before it is sent: for corrupting one field precisely).
 `policy_version` is reported like our embedded engine does (vLLM kind) or as SGLang's weight_version.
+
+`stream: true` is answered in real vLLM 0.32's streamed shape (`tests.fakes.stream`), cut from the body the
+fake would have sent whole; `streaming` (a `StreamFaults`) holds the per-token delay and the mid-stream
+faults (drop the connection, an error event, a malformed chunk, hold until released). SGLang refuses the
+training fields on streamed requests, and so does the fake of that kind.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 import orjson
 
 from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, text_of
+from tests.fakes.stream import StreamFaults, StreamWriter, stream_body
 from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message
 
 KINDS = ("vllm", "sglang", "openai")
@@ -74,6 +80,7 @@ class FakeInferenceServer:
         policy_version: int | None = None,
         record: bool = True,
         bytes_per_token: int = 1,
+        streaming: StreamFaults | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
@@ -92,6 +99,8 @@ class FakeInferenceServer:
         self.policy_version = policy_version
         self.record = record
         self.tokenizer = FakeTokenizer(bytes_per_token)
+        self.streaming = streaming or StreamFaults()
+        self.bytes_per_token = bytes_per_token
         self.requests: list[dict[str, Any]] = []
         self.tokenize_requests: list[dict[str, Any]] = []
         self.calls = 0  # POSTs received, faulted ones included
@@ -137,11 +146,18 @@ class FakeInferenceServer:
         except HTTPError as e:
             status, ctype = e.status, _JSON
             body = orjson.dumps(error_body(self.kind, e.status, e.message, e.err_type))
+        if isinstance(body, StreamWriter):
+            headers = [(b"content-type", b"text/event-stream")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for piece in stream_body(body, self.streaming):
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
         headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def _route(self, method: str, path: str, raw: bytes) -> tuple[int, bytes, bytes]:
+    async def _route(self, method: str, path: str, raw: bytes) -> tuple[int, bytes | StreamWriter, bytes]:
         if path == "/health":
             return 200, b"", _JSON
         if path == "/v1/models" and method == "GET":
@@ -175,7 +191,10 @@ class FakeInferenceServer:
             raise HTTPError(400, f"JSON decode error: {e}") from None
         if not isinstance(body, dict):
             raise HTTPError(400, "the request body must be a JSON object")
-        return 200, orjson.dumps(fn(body)), _JSON
+        out = fn(body)
+        if isinstance(out, StreamWriter):
+            return 200, out, b"text/event-stream"
+        return 200, orjson.dumps(out), _JSON
 
     def _faults_for_get(self) -> None:
         if self.status is not None:
@@ -209,19 +228,26 @@ class FakeInferenceServer:
         if self.model is not None and body.get("model") != self.model:
             raise HTTPError(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
 
-    def _tokenize(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _tokenize(self, body: dict[str, Any]) -> dict[str, Any] | StreamWriter:
         if self.record:
             self.tokenize_requests.append(body)
         self._check_model(body)
         ids = self.tokenizer.encode(str(body["prompt"])) if "prompt" in body else self._prompt_ids(body)
         return {"count": len(ids), "max_model_len": self.max_model_len or 131072, "tokens": ids}
 
-    def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _chat(self, body: dict[str, Any]) -> dict[str, Any] | StreamWriter:
         if self.record:
             self.requests.append(body)
         self._check_model(body)
-        if body.get("stream"):
-            raise HTTPError(400, "the fake inference server does not stream")
+        streamed = bool(body.get("stream"))
+        if not streamed and body.get("stream_options") is not None:
+            raise HTTPError(400, "Stream options can only be defined when `stream=True`.")
+        if (
+            streamed
+            and self.kind == "sglang"
+            and (body.get("return_meta_info") or body.get("return_prompt_token_ids"))
+        ):
+            raise HTTPError(400, "fake: SGLang does not return token data on streamed requests")
         prompt = self._prompt_ids(body)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         limit = self.max_model_len
@@ -235,7 +261,10 @@ class FakeInferenceServer:
                 out["policy_version"] = self.policy_version
             if sampled["flags"]:
                 out["polar_flags"] = list(sampled["flags"])
-        return self.transform(out) if self.transform is not None else out
+        out = self.transform(out) if self.transform is not None else out
+        if streamed:
+            return StreamWriter(self.kind, out, sampled["ids"], body, self.tokenizer)
+        return out
 
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         script = self.script
@@ -316,6 +345,17 @@ if __name__ == "__main__":  # `python -m tests.fakes.fake_vllm --port 8000`: the
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--kind", choices=["vllm", "sglang", "openai"], default="vllm")
     parser.add_argument("--bytes-per-token", type=int, default=4, help="about 4 for BPE-like id counts")
+    parser.add_argument("--token-delay-ms", type=float, default=0.0, help="streamed answers: delay per token")
+    parser.add_argument("--answer-chars", type=int, default=0, help="answer every call with this many chars")
     cli = parser.parse_args()
-    app = make_fake_backend(cli.kind, record=False, bytes_per_token=cli.bytes_per_token)
+    faults = StreamFaults(token_delay_s=cli.token_delay_ms / 1000.0)
+    script: Script = None
+    if cli.answer_chars:
+        text = ("The quick brown fox jumps over the lazy dog. " * (cli.answer_chars // 45 + 1))[
+            : cli.answer_chars
+        ]
+        script = lambda body: Reply(content=text)  # noqa: E731
+    app = make_fake_backend(
+        cli.kind, script, record=False, bytes_per_token=cli.bytes_per_token, streaming=faults
+    )
     uvicorn.run(app, host="127.0.0.1", port=cli.port, log_level="warning", access_log=False)

@@ -79,3 +79,64 @@ class Completion:
                 for tc in self.tool_calls
             ]
         return msg
+
+
+# ---- streams ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of tool call `index` in a stream: its first piece has `name` (and usually `id`); `arguments`
+    is the next piece of the JSON text the model writes."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+    @property
+    def call_id(self) -> str:
+        """The call's id, from its first piece: the server's, else `call_{index}` (as for a whole answer).
+        Dialect encoders and the stream accumulator both use this, so the stream and the record agree."""
+        return self.id or f"call_{self.index}"
+
+
+@dataclass(slots=True)
+class StreamChunk:
+    """One upstream chunk of a streamed answer, parsed (`polar.gateway.backends.stream`).
+
+    Dialect encoders read the pieces (`content`, `reasoning`, `tool_calls`: None or empty when the chunk
+    carries none); the accumulator also reads the token fields, which are None when the chunk does not have
+    them. `whole` is set by a backend that cannot stream and answers one finished completion as one chunk."""
+
+    id: str = ""
+    model: str = ""
+    created: int = 0
+    content: str | None = None
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+    finish_reason: Any = None
+    has_choice: bool = False
+    prompt_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    usage: dict[str, Any] | None = None
+    policy_version: int | None = None
+    flags: list[str] = field(default_factory=list)
+    whole: Completion | None = None
+
+    @property
+    def has_output(self) -> bool:
+        """Whether the chunk carries something sampled (text, reasoning, a tool-call piece)."""
+        return bool(self.content or self.reasoning or self.tool_calls)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHead:
+    """What a stream's opening events announce, known from its first upstream chunk: the completion id,
+    the served model, the creation time and the prompt's length (0 when the server sends no prompt ids)."""
+
+    id: str
+    model: str
+    created: int
+    prompt_tokens: int

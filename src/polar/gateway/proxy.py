@@ -3,24 +3,33 @@
 This is the hot path. Its only network wait is the upstream call; the record is committed (group commit,
 see `polar.store.writer`) before the harness receives its answer, so a response the harness saw always has
 its record. A failure after the key was accepted is recorded as a failure, never as a completion.
+
+A streamed call (`stream: true`, Gemini's stream route) is streamed from the backend: each upstream chunk
+is encoded in the harness's dialect as it arrives (`Dialect.stream_encoder`), the chunks are added up to the
+same `Completion` a whole answer gives, and the stream's closing events go out only after its record is
+committed. Layers: `call` -> `_call_handling_errors` -> `_prepare`, then `_call_single` (one answer) or
+`_call_streamed` -> `_relay` (a stream); both end in `_commit`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend, BackendOptions
-from polar.gateway.canonical import CanonicalRequest, Completion
-from polar.gateway.dialects.base import Dialect, StreamFormat
+from polar.gateway.backends.stream import StreamAccumulator
+from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
+from polar.gateway.dialects.base import Dialect, StreamEncoder, StreamFormat
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.keys import session_key
 from polar.gateway.quirks import apply_quirks
@@ -47,6 +56,16 @@ SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 CLOSE = {"connection": "close"}
 
 
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where a call goes: the backend, the exact body sent to it, the harness's tags, the quirks applied."""
+
+    backend: Backend
+    upstream: dict[str, Any]
+    tags: tuple[str, ...]
+    quirks: tuple[str, ...]
+
+
 @dataclass
 class Call:
     """One generation call on its way through the proxy's layers; a failure record needs what it got to."""
@@ -60,18 +79,9 @@ class Call:
     req: CanonicalRequest | None = None
 
 
-def render(
-    dialect: Dialect, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec, fmt: StreamFormat
-) -> Response:
-    """The dialect's three response shapes: one JSON body, an SSE stream, or Gemini's JSON-array stream."""
-    if not req.stream:
-        return Response(orjson.dumps(dialect.render(req, comp, codec)), media_type=JSON)
-    if fmt == "json-array":
-        return Response(orjson.dumps(dialect.stream_json(req, comp, codec)), media_type=JSON)
-    # A stream synthesized from one upstream call: every frame is known, so send them in one write.
-    return Response(
-        b"".join(dialect.stream(req, comp, codec)), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+def render(dialect: Dialect, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> Response:
+    """A whole answer as the dialect's JSON body (streamed calls are answered by `Proxy._relay`)."""
+    return Response(orjson.dumps(dialect.render(req, comp, codec)), media_type=JSON)
 
 
 def failure_response(call: Call, err: GatewayError, fmt: StreamFormat) -> Response:
@@ -200,6 +210,8 @@ class Proxy:
         # Frozen backends for routed side calls, one per (kind, url), opened on first use.
         self._side_backends: dict[tuple[str, str], Backend] = {}
         self._side_lock = asyncio.Lock()
+        # Clean-ups of streams whose harness went away, run outside the cancelled request.
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def side_backend(self, route: SideRoute) -> Backend:
         """The (cached, started) client of a route's frozen backend, with the policy backend's timeouts
@@ -220,7 +232,10 @@ class Proxy:
         return backend
 
     async def aclose(self) -> None:
-        """Close the side-call backends (the policy backend belongs to whoever made the proxy)."""
+        """Finish the clean-ups of abandoned streams and close the side-call backends (the policy backend
+        belongs to whoever made the proxy)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         backends, self._side_backends = list(self._side_backends.values()), {}
         for backend in backends:
             await backend.aclose()
@@ -285,20 +300,23 @@ class Proxy:
         stream_format: StreamFormat,
     ) -> Response:
         """A call's failure is recorded and answered in the caller's dialect (and stream grammar); its
-        success is rendered in one of the dialect's three response shapes."""
+        success is rendered in one of the dialect's three response shapes, or streamed as it is sampled."""
         try:
-            comp = await self._call_single(call, request, path_model, path_stream)
+            placed = await self._prepare(call, request, path_model, path_stream)
+            assert call.req is not None
+            if call.req.stream:
+                return await self._call_streamed(call, placed, stream_format)
+            comp = await self._call_single(call, placed)
         except GatewayError as err:
             await self._record_failure(call.state, call.seq, call.dialect, call.created, call.body, err)
             return failure_response(call, err, stream_format)
-        assert call.req is not None
-        return render(call.dialect, call.req, comp, self.codec, stream_format)
+        return render(call.dialect, call.req, comp, self.codec)
 
-    async def _call_single(
+    async def _prepare(
         self, call: Call, request: Request, path_model: str | None, path_stream: bool | None
-    ) -> Completion:
-        """Read and parse, place (policy or frozen side-call backend), generate, record: the completion, its
-        record committed before anyone sees it."""
+    ) -> Placed:
+        """Read and parse, normalize (quirks, restored tool arguments), place (policy or frozen side-call
+        backend): everything before generation."""
         call.body = parse_json(await read_raw(request, self.max_body_bytes, self.body_timeout_s))
         check_nesting(call.body)  # before any generation: whatever is accepted can be stored
         req = call.dialect.parse(call.body, self.codec, path_model=path_model, path_stream=path_stream)
@@ -308,16 +326,120 @@ class Proxy:
             quirks = (*quirks, "tool_arguments_restored")
         call.req = req
         backend, upstream, tags = await self._place(call, req)
+        return Placed(backend, upstream, tags, quirks)
+
+    async def _call_single(self, call: Call, placed: Placed) -> Completion:
+        """Generate in one upstream call, record: the completion, its record committed before anyone sees it."""
         await self.gate.enter()
         try:
             t_up = time.perf_counter()
-            comp = await backend.complete(upstream)
+            comp = await placed.backend.complete(placed.upstream)
             upstream_ms = (time.perf_counter() - t_up) * 1000.0
         finally:
             self.gate.leave()
+        await self._commit(call, placed, comp, upstream_ms)
+        return comp
+
+    async def _call_streamed(self, call: Call, placed: Placed, fmt: StreamFormat) -> Response:
+        """Start the upstream stream and answer with `_relay` once its first chunk is here.
+
+        Until then a failure (refused, unreachable, an error event) is an ordinary failed call, answered with
+        the dialect's status; afterwards the harness has a 200 and failures end its stream (`_relay`)."""
+        assert call.req is not None
+        encoder = call.dialect.stream_encoder(call.req, self.codec, fmt)
+        await self.gate.enter()
+        t_up = time.perf_counter()
+        chunks = placed.backend.stream(placed.upstream)
+        try:
+            try:
+                first = await anext(chunks)
+            except StopAsyncIteration:
+                raise GatewayError(
+                    "upstream_error", "inference server ended the stream before any chunk"
+                ) from None
+        except BaseException:
+            self.gate.leave()
+            await chunks.aclose()
+            raise
+        relay = self._relay(call, placed, encoder, chunks, first, t_up)
+        media = JSON if fmt == "json-array" else "text/event-stream"
+        return StreamingResponse(relay, media_type=media, headers=SSE_HEADERS)
+
+    async def _relay(
+        self,
+        call: Call,
+        placed: Placed,
+        encoder: StreamEncoder,
+        chunks: AsyncGenerator[StreamChunk, None],
+        first: StreamChunk,
+        t_up: float,
+    ) -> AsyncIterator[bytes]:
+        """The harness's stream: each upstream chunk encoded as it comes; at the end the record is committed
+        and only then the closing events are sent, so a stream the harness saw finish has its record. A
+        failure on the way (dropped upstream, error event, malformed chunk, the store) is recorded and ends
+        the stream with the dialect's error event. A harness that goes away closes the upstream stream (the
+        server aborts the generation) and leaves a failure record."""
+        acc = StreamAccumulator()
+        in_gate, ended = True, False
+        try:
+            acc.add(first)
+            out = encoder.open(acc.head()) + encoder.delta(first)
+            if out:
+                yield out
+            async for chunk in chunks:
+                acc.add(chunk)
+                out = encoder.delta(chunk)
+                if out:
+                    yield out
+            upstream_ms = (time.perf_counter() - t_up) * 1000.0
+            self.gate.leave()
+            in_gate = False
+            comp = acc.completion()
+            await self._commit(call, placed, comp, upstream_ms)
+            ended = True
+            yield encoder.close(comp)
+        except Exception as exc:
+            ended = True
+            if in_gate:
+                self.gate.leave()
+                in_gate = False
+            if isinstance(exc, GatewayError):
+                err = exc
+            else:  # a bug here must still end the harness's stream in its grammar, and be recorded
+                log.exception("stream of session %s call %d failed", call.state.session_id, call.seq)
+                err = GatewayError("upstream_error", "internal gateway error; the call was not completed")
+            await chunks.aclose()
+            await self._record_failure(call.state, call.seq, call.dialect, call.created, call.body, err)
+            yield encoder.fail(err)
+        finally:
+            if in_gate:
+                self.gate.leave()
+            if not ended:
+                # The harness went away (or the task was cancelled): nothing more can be awaited here.
+                gone = GatewayError("upstream_error", "the client closed the stream before it ended")
+                self._spawn(self._abandon(call, chunks, gone))
+
+    async def _abandon(
+        self, call: Call, chunks: AsyncGenerator[StreamChunk, None], err: GatewayError
+    ) -> None:
+        with contextlib.suppress(Exception):
+            await chunks.aclose()
+        await self._record_failure(call.state, call.seq, call.dialect, call.created, call.body, err)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _commit(self, call: Call, placed: Placed, comp: Completion, upstream_ms: float) -> None:
+        """Record `comp` (committed to the store) and remember its tool calls; `overloaded` if it cannot be."""
+        assert call.req is not None
+        req, backend, tags = call.req, placed.backend, placed.tags
         overhead_ms = (time.perf_counter() - call.started) * 1000.0 - upstream_ms
         state, seq = call.state, call.seq
-        record = self._record(state, seq, call.dialect, call.created, call.body, upstream, req, comp, quirks)
+        record = self._record(
+            state, seq, call.dialect, call.created, call.body, placed.upstream, req, comp, placed.quirks
+        )
         record = replace(
             record, upstream_latency_ms=round(upstream_ms, 3), gateway_overhead_ms=round(overhead_ms, 3)
         )
@@ -339,7 +461,6 @@ class Proxy:
             raise GatewayError("overloaded", "the gateway could not record this call; retry") from None
         state.counts["completions"] += 1
         state.tool_arguments.remember(comp.tool_calls)
-        return comp
 
     async def _place(
         self, call: Call, req: CanonicalRequest

@@ -18,6 +18,9 @@ FLAG_NO_LOGPROBS = "missing_logprobs"
 FLAG_LOGPROB_MISMATCH = "logprob_count_mismatch"
 FLAG_NOT_TRAINABLE = "not_trainable"
 FLAG_TOOL_PARSE_ERROR = "tool_call_parse_error"
+# A streamed answer whose sampled ids do not add up to the server's own `usage.completion_tokens` (a chunk
+# was lost, or the server skipped chunks whose text its parsers held back).
+FLAG_TOKEN_COUNT_MISMATCH = "token_count_mismatch"
 
 
 @dataclass(frozen=True, slots=True)

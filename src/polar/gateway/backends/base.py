@@ -11,12 +11,13 @@ inconsistent becomes a flag that makes the record untrainable. Nothing is re-tok
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
-from polar.gateway.canonical import CanonicalRequest, Completion, FinishReason, ToolCall
+from polar.gateway.canonical import CanonicalRequest, Completion, FinishReason, StreamChunk, ToolCall
 from polar.gateway.errors import GatewayError
 from polar.netguard import OutboundPolicy
 from polar.store.records import (
@@ -56,7 +57,16 @@ class Backend(Protocol):
         ...
 
     async def complete(self, body: dict[str, Any]) -> Completion:
-        """Send `body` (from `build_body`) and read the answer; raises `GatewayError`."""
+        """Send `body` (from `build_body` of a request that is not streamed) and read the answer; raises
+        `GatewayError`."""
+        ...
+
+    def stream(self, body: dict[str, Any]) -> AsyncGenerator[StreamChunk, None]:
+        """Send `body` (from `build_body` of a streamed request) and yield the answer's chunks as they come
+        (`polar.gateway.backends.stream`; a `StreamAccumulator` adds them up to the `Completion`). Raises
+        `GatewayError` before the first chunk (refused, unreachable) or mid-stream (dropped connection, an
+        error event, a malformed chunk). A kind that cannot stream with token data yields one chunk holding
+        the whole answer (`whole_chunk`). Closing the iterator early closes the upstream connection."""
         ...
 
     async def count_tokens(self, req: CanonicalRequest, served_model: str) -> int:
@@ -102,9 +112,9 @@ def chat_body(req: CanonicalRequest, served_model: str) -> dict[str, Any]:
     if req.tool_choice is not None:
         body["tool_choice"] = req.tool_choice
     body.update(req.params)
-    # Exactly one non-streaming upstream call per harness call; streams are synthesized by the dialect.
-    # vLLM rejects `stream_options` unless `stream` is true ("Stream options can only be defined when
-    # `stream=True`"), so a harness's stream_options must not leak through.
+    # One upstream call per harness call, streamed when the harness streams and the kind can (see
+    # `OpenAIBackend.build_body`). vLLM rejects `stream_options` unless `stream` is true ("Stream options can
+    # only be defined when `stream=True`"), so a harness's stream_options never leak through.
     body.pop("stream_options", None)
     body["stream"] = False
     return body

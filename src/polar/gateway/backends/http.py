@@ -15,7 +15,8 @@ the retry policy, so a call that succeeds pays nothing for it).
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -28,6 +29,8 @@ from polar.retry import continue_after, retrying
 
 _RETRY_STATUS = frozenset((502, 503, 504))
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
+_SSE_HEADERS = {"Accept": "text/event-stream"}
+T = TypeVar("T")
 
 
 class _Retryable(Exception):
@@ -85,23 +88,20 @@ class UpstreamClient:
         return await self._request("GET", path, None)
 
     async def post(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            payload = orjson.dumps(body)
-        except orjson.JSONEncodeError as e:
-            # Only harness-given values reach here (e.g. a seed beyond 64 bits): the caller's fault.
-            raise GatewayError(
-                "invalid_request", f"the request cannot be sent upstream as JSON: {e}"
-            ) from None
-        return await self._request("POST", path, payload)
+        return await self._request("POST", path, _encode(body))
 
     async def _request(self, method: str, path: str, payload: bytes | None) -> Any:
         if self._session is None or self._session.closed:
             await self.start()
         url = self.base_url + path
+        return await self._with_retries(lambda: self._attempt(method, url, payload))
+
+    async def _with_retries(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """`attempt()`, again after a `_Retryable` failure while the options allow; its GatewayError else."""
         o = self.options
         try:
             try:
-                return await self._attempt(method, url, payload)
+                return await attempt()
             except _Retryable as first:
                 if o.retries < 1:
                     raise
@@ -110,7 +110,7 @@ class UpstreamClient:
                     first_s=o.retry_backoff_s,
                     retry=retry_if_exception_type(_Retryable),
                 )
-                return await continue_after(policy, first, lambda: self._attempt(method, url, payload))
+                return await continue_after(policy, first, attempt)
         except _Retryable as e:
             raise e.failure from None
 
@@ -121,36 +121,140 @@ class UpstreamClient:
             async with self._session.request(method, url, data=payload, allow_redirects=False) as resp:
                 raw = await resp.read()
                 status = resp.status
-        except OutboundRefused as e:
-            raise GatewayError(
-                "upstream_error", f"inference server at {self.base_url} is not allowed: {e}"
-            ) from None
-        except TimeoutError:
-            # aiohttp's ServerTimeoutError/ConnectionTimeoutError are TimeoutError subclasses too.
-            raise GatewayError(
-                "timeout",
-                f"inference server at {self.base_url} did not answer within {self.options.timeout_s:g} s",
-            ) from None
-        except aiohttp.ClientConnectorError:
-            raise _Retryable(
-                BackendUnreachable("upstream_error", f"inference server unreachable at {self.base_url}")
-            ) from None
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, aiohttp.ClientPayloadError) as e:
-            # A pooled keep-alive connection the server had already closed lands here; a new one works.
-            raise _Retryable(
-                GatewayError(
-                    "upstream_error", f"inference server at {self.base_url} dropped the connection ({e})"
-                )
-            ) from None
-        except aiohttp.ClientError as e:
-            raise GatewayError(
-                "upstream_error", f"inference server at {self.base_url} failed: {type(e).__name__}: {e}"
-            ) from None
+        except (OutboundRefused, TimeoutError, aiohttp.ClientError) as e:
+            raise self._failure(e) from None
         if status < 300:
             return _decode(raw, status)
         if status in _RETRY_STATUS:
             raise _Retryable(map_status(status, raw))
         raise map_status(status, raw)
+
+    def _failure(self, e: BaseException) -> Exception:
+        """What a failed connection attempt means: a `GatewayError`, or `_Retryable` when nothing came back."""
+        if isinstance(e, OutboundRefused):
+            return GatewayError("upstream_error", f"inference server at {self.base_url} is not allowed: {e}")
+        if isinstance(e, TimeoutError):
+            # aiohttp's ServerTimeoutError/ConnectionTimeoutError are TimeoutError subclasses too.
+            return GatewayError(
+                "timeout",
+                f"inference server at {self.base_url} did not answer within {self.options.timeout_s:g} s",
+            )
+        if isinstance(e, aiohttp.ClientConnectorError):
+            return _Retryable(
+                BackendUnreachable("upstream_error", f"inference server unreachable at {self.base_url}")
+            )
+        if isinstance(
+            e, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | aiohttp.ClientPayloadError
+        ):
+            # A pooled keep-alive connection the server had already closed lands here; a new one works.
+            return _Retryable(
+                GatewayError(
+                    "upstream_error", f"inference server at {self.base_url} dropped the connection ({e})"
+                )
+            )
+        return GatewayError(
+            "upstream_error", f"inference server at {self.base_url} failed: {type(e).__name__}: {e}"
+        )
+
+    # ---- streams ----------------------------------------------------------------------------------------
+
+    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+        """The decoded `data:` events of a server-sent-events answer to `POST path`, up to `[DONE]`.
+
+        Until the answer has begun this retries like `post`; once it has, nothing is retried (tokens were
+        sampled and perhaps already passed on): a dropped connection, a timeout or an end without `[DONE]`
+        is a `GatewayError`. Leaving the iteration early closes the connection, which makes vLLM and SGLang
+        abort the generation."""
+        payload = _encode(body)
+        if self._session is None or self._session.closed:
+            await self.start()
+        url = self.base_url + path
+        resp = await self._with_retries(lambda: self._open_stream(url, payload))
+        done = False
+        try:
+            async for data in _sse_data(resp.content):
+                if data == b"[DONE]":
+                    # Read the body's end too, so the connection goes back to the pool (a closed one
+                    # costs the next call a new connection).
+                    while await resp.content.readany():
+                        pass
+                    done = True
+                    return
+                try:
+                    yield orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    raise GatewayError(
+                        "upstream_error",
+                        f"inference server sent a stream event that is not JSON: {_snippet(data)}",
+                    ) from None
+            raise GatewayError(
+                "upstream_error", f"inference server at {self.base_url} ended the stream early"
+            )
+        except (TimeoutError, aiohttp.ClientError) as e:
+            failure = self._failure(e)
+            err = failure.failure if isinstance(failure, _Retryable) else failure
+            assert isinstance(err, GatewayError)
+            raise GatewayError(err.kind, f"{err.message} mid-stream") from None
+        finally:
+            if done:
+                resp.release()
+            else:
+                resp.close()  # closing the connection is how vLLM learns to abort the generation
+
+    async def _open_stream(self, url: str, payload: bytes) -> aiohttp.ClientResponse:
+        """One attempt to start a streamed answer: the open 2xx response, a GatewayError or `_Retryable`."""
+        assert self._session is not None
+        try:
+            resp = await self._session.post(url, data=payload, headers=_SSE_HEADERS, allow_redirects=False)
+        except (OutboundRefused, TimeoutError, aiohttp.ClientError) as e:
+            raise self._failure(e) from None
+        if resp.status < 300 and resp.content_type == "text/event-stream":
+            return resp
+        try:
+            raw = await resp.read()
+        except (TimeoutError, aiohttp.ClientError):
+            raw = b""
+        finally:
+            resp.release()
+        if resp.status < 300:
+            _decode(raw, resp.status)  # not JSON either: says so
+            raise GatewayError(
+                "upstream_error",
+                f"inference server answered a streamed request with {resp.content_type}, not an event stream",
+            )
+        if resp.status in _RETRY_STATUS:
+            raise _Retryable(map_status(resp.status, raw))
+        raise map_status(resp.status, raw)
+
+
+async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The data of each server-sent event (its `data:` lines joined by newlines); other fields are skipped."""
+    buf = b""
+    data: list[bytes] = []
+    async for piece in content.iter_any():
+        lines = (buf + piece).split(b"\n")
+        buf = lines.pop()
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
+    if buf.startswith(b"data:"):
+        data.append(buf[6:] if buf[5:6] == b" " else buf[5:])
+    if data:
+        yield b"\n".join(data)
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError as e:
+        # Only harness-given values reach here (e.g. a seed beyond 64 bits): the caller's fault.
+        raise GatewayError("invalid_request", f"the request cannot be sent upstream as JSON: {e}") from None
 
 
 def _decode(raw: bytes, status: int) -> Any:

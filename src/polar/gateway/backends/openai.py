@@ -6,6 +6,7 @@ fields added and read the token data their server returns (`training_fields`, `r
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,7 +22,8 @@ from polar.gateway.backends.base import (
     upstream_error,
 )
 from polar.gateway.backends.http import UpstreamClient
-from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.gateway.backends.stream import parse_chunk, whole_chunk
+from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.store.records import FLAG_NO_LOGPROBS, FLAG_NO_PROMPT_IDS, FLAG_NO_RESPONSE_IDS
 
 TOKEN_FLAGS = {
@@ -57,6 +59,8 @@ class OpenAIBackend:
     kind = "openai"
     chat_path = "/chat/completions"
     models_path = "/models"
+    # Whether a streamed harness request is streamed from this server (with its token data, where it has any).
+    streams = True
 
     def __init__(self, url: str, options: BackendOptions | None = None) -> None:
         self.url = url.rstrip("/")
@@ -79,11 +83,21 @@ class OpenAIBackend:
 
     def build_body(self, req: CanonicalRequest, served_model: str) -> dict[str, Any]:
         body = chat_body(req, served_model)
+        if req.stream and self.streams:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         body.update(self.training_fields())
         return body
 
     async def complete(self, body: dict[str, Any]) -> Completion:
         return self.parse_completion(await self.http.post(self.chat_path, body))
+
+    async def stream(self, body: dict[str, Any]) -> AsyncGenerator[StreamChunk, None]:
+        if not body.get("stream"):
+            yield whole_chunk(await self.complete(body))
+            return
+        async for data in self.http.stream(self.chat_path, body):
+            yield parse_chunk(data, self.read_tokens, self.read_content, self.read_reasoning)
 
     def parse_completion(self, raw: Any) -> Completion:
         """The `Completion` from a decoded response body; raises `GatewayError` on a shape-less one."""

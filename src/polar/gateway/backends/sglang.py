@@ -7,7 +7,9 @@ Matched against SGLang main of mid-2026 (python/sglang/srt/entrypoints/openai/pr
   holds `output_token_logprobs`: one `[logprob, token_id, text]` per sampled token (the text is null unless
   asked for), so sampled ids and their logprobs come from one list and cannot disagree in length;
 - `metadata.weight_version` names the weights that sampled (a string; a numeric one is the policy version).
-SGLang refuses these fields on streaming requests; the gateway never streams upstream.
+SGLang refuses these fields on streaming requests, so a streamed harness request is answered from one
+non-streamed upstream call (`streams = False`: `stream()` yields the whole answer as one chunk), and the
+harness gets its stream only once the answer is complete.
 
 SGLang answers `content: ""` rather than null when the model wrote no text (so that re-tokenizing the message
 is stable); here that becomes None like every other backend.
@@ -23,6 +25,7 @@ from polar.gateway.backends.openai import TokenData, TokenizingBackend
 
 class SGLangBackend(TokenizingBackend):
     kind = "sglang"
+    streams = False
 
     def training_fields(self) -> dict[str, Any]:
         return {

@@ -39,8 +39,8 @@ import orjson
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import anthropic_schema as s
 from polar.gateway.dialects.anthropic_blocks import document_text, function_line, functions_block
-from polar.gateway.dialects.anthropic_stream import MessageStream
-from polar.gateway.dialects.base import SSEOnly, sse
+from polar.gateway.dialects.anthropic_stream import AnthropicStreamEncoder, MessageStream
+from polar.gateway.dialects.base import SSEOnly, StreamFormat, sse
 from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
 from polar.gateway.dialects.wire import (
@@ -200,6 +200,14 @@ class AnthropicDialect(SSEOnly):
             yield w.tool_use(tc.id, tc.name)
             yield w.tool_input(tool_input_json(tc.arguments))
         yield w.finish(_stop_reason(comp), None, comp.completion_tokens)
+
+    def stream_encoder(
+        self, req: CanonicalRequest, codec: ReasoningCodec, fmt: StreamFormat
+    ) -> AnthropicStreamEncoder:
+        self._sse_only(fmt)
+        return AnthropicStreamEncoder(
+            req, codec, message_id=_message_id, stop_reason=_stop_reason, error=self.stream_error
+        )
 
     # ---- errors ------------------------------------------------------------------------------------
 
@@ -381,8 +389,8 @@ def _shown_reasoning(req: CanonicalRequest, comp: Completion) -> str | None:
     return comp.reasoning
 
 
-def _message_id(comp: Completion) -> str:
-    cid = comp.id.removeprefix("chatcmpl-")
+def _message_id(comp: Completion | str) -> str:
+    cid = (comp if isinstance(comp, str) else comp.id).removeprefix("chatcmpl-")
     return cid if cid.startswith("msg_") else f"msg_{cid}"
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import orjson
 
-from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead
 from polar.gateway.dialects import chat_schema as s
-from polar.gateway.dialects.base import SSEOnly
+from polar.gateway.dialects.base import SSEOnly, StreamFormat
 from polar.gateway.dialects.openai_wire import (
     OPENAI_STYLE,
     error_object,
@@ -124,13 +124,19 @@ class ChatDialect(SSEOnly):
             yield w.usage(_usage(comp))
         yield _DONE
 
+    def stream_encoder(
+        self, req: CanonicalRequest, codec: ReasoningCodec, fmt: StreamFormat
+    ) -> ChatStreamEncoder:
+        self._sse_only(fmt)
+        return ChatStreamEncoder(req)
+
     def error(self, err: GatewayError) -> tuple[int, dict[str, Any]]:
         return err.status, {"error": _error_object(err)}
 
     def stream_error(self, err: GatewayError) -> bytes:
         # The openai SDK raises `APIError` on any SSE data with a top-level "error" key (openai-python
         # `Stream.__stream__`); `[DONE]` then closes the stream for clients that keep reading.
-        return b"data: " + orjson.dumps({"error": _error_object(err)}) + b"\n\n" + _DONE
+        return _stream_error(err)
 
     def stream_error_status(self, err: GatewayError) -> int:
         return 200
@@ -187,6 +193,58 @@ class ChatChunkWriter:
     def usage(self, usage: dict[str, int]) -> bytes:
         """The trailing `stream_options.include_usage` chunk: no choices, only usage."""
         return self._head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
+
+
+class ChatStreamEncoder:
+    """A Chat stream as it is sampled (a `StreamEncoder`): the role chunk on `open`; every reasoning, text
+    and tool-call piece as its own chunk (a call's first chunk carries its id and name, then its argument
+    pieces); `close` sends the finish reason (only known at the end: vLLM reports "stop" for a forced tool
+    call, which the gateway reports as "tool_calls"), the usage chunk when the harness asked for it, and
+    `[DONE]`. Nothing is held back."""
+
+    __slots__ = ("_req", "_started", "_w")
+
+    def __init__(self, req: CanonicalRequest) -> None:
+        self._req = req
+        self._w: ChatChunkWriter | None = None
+        self._started: set[int] = set()
+
+    def open(self, head: StreamHead) -> bytes:
+        self._w = ChatChunkWriter(
+            head.id, head.created or unix_now(), self._req.render.get("model", self._req.model)
+        )
+        return self._w.role()
+
+    def delta(self, chunk: StreamChunk) -> bytes:
+        w = self._w
+        assert w is not None
+        out = b""
+        if chunk.reasoning:
+            out += w.reasoning(chunk.reasoning)
+        if chunk.content:
+            out += w.content(chunk.content)
+        for tc in chunk.tool_calls:
+            if tc.index not in self._started:
+                self._started.add(tc.index)
+                out += w.tool_call_start(tc.index, tc.call_id, tc.name or "")
+            if tc.arguments:
+                out += w.tool_call_args(tc.index, tc.arguments)
+        return out
+
+    def close(self, comp: Completion) -> bytes:
+        w = self._w
+        assert w is not None
+        out = w.finish(comp.finish_reason)
+        if self._req.render.get("include_usage"):
+            out += w.usage(_usage(comp))
+        return out + _DONE
+
+    def fail(self, err: GatewayError) -> bytes:
+        return _stream_error(err)
+
+
+def _stream_error(err: GatewayError) -> bytes:
+    return b"data: " + orjson.dumps({"error": _error_object(err)}) + b"\n\n" + _DONE
 
 
 def _usage(comp: Completion) -> dict[str, int]:

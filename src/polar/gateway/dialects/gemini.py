@@ -8,13 +8,13 @@ survives a harness that drops thought parts from its history.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 
-from polar.gateway.canonical import CanonicalRequest, Completion
-from polar.gateway.dialects.base import sse
+from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead
+from polar.gateway.dialects.base import StreamFormat, sse
 from polar.gateway.dialects.gemini_request import encode_signature, parse_request
 from polar.gateway.dialects.wire import tool_input
 from polar.gateway.errors import GatewayError
@@ -105,20 +105,17 @@ class GeminiDialect:
         chunks = [self._chunk(req, comp, parts) for parts in groups]
         last = chunks[-1]
         last["candidates"][0]["finishReason"] = _FINISH.get(comp.finish_reason, "STOP")
-        last["usageMetadata"] = {
-            "promptTokenCount": comp.prompt_tokens,
-            "candidatesTokenCount": comp.completion_tokens,
-            "totalTokenCount": comp.prompt_tokens + comp.completion_tokens,
-        }
+        last["usageMetadata"] = usage_metadata(comp)
         return chunks
 
     @staticmethod
     def _chunk(req: CanonicalRequest, comp: Completion, parts: list[dict[str, Any]]) -> dict[str, Any]:
-        return {
-            "candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}],
-            "modelVersion": req.model,
-            "responseId": comp.id,
-        }
+        return chunk(req, comp.id, parts)
+
+    def stream_encoder(
+        self, req: CanonicalRequest, codec: ReasoningCodec, fmt: StreamFormat
+    ) -> GeminiStreamEncoder:
+        return GeminiStreamEncoder(req, codec, fmt, self.error)
 
     # ---- errors ------------------------------------------------------------------------------------
 
@@ -142,3 +139,109 @@ class GeminiDialect:
         reading the stream (JS `throwErrorIfNotOK`, Python `APIError.raise_for_response`), with the status
         their retry logic keys on."""
         return err.status
+
+
+def chunk(req: CanonicalRequest, response_id: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}],
+        "modelVersion": req.model,
+        "responseId": response_id,
+    }
+
+
+def usage_metadata(comp: Completion) -> dict[str, int]:
+    return {
+        "promptTokenCount": comp.prompt_tokens,
+        "candidatesTokenCount": comp.completion_tokens,
+        "totalTokenCount": comp.prompt_tokens + comp.completion_tokens,
+    }
+
+
+class GeminiStreamEncoder:
+    """A Gemini stream as it is sampled (a `StreamEncoder`), as SSE events or as the items of one JSON array
+    (`:streamGenerateContent` without `alt=sse`: `[` on `open`, the chunks comma-separated, `]` at the end).
+
+    - every text piece, and every thought piece when the request included thoughts, as one chunk with one
+      part, as it comes;
+    - a function call as one `functionCall` part when the call is complete (the next call starts, or
+      `close`): Gemini carries `args` as an object, which only the whole arguments text gives
+      (`wire.tool_input`, with the `_polar_raw_arguments` form for text that is not an object);
+    - the `thoughtSignature` on the first part after the reasoning (it signs the whole reasoning, which is
+      complete once anything else starts; on the last chunk when nothing follows it);
+    - `close`: a last chunk with `finishReason` and `usageMetadata` (Gemini CLI rejects a stream that ends
+      without a finish reason), its one part empty unless the signature is still due.
+    A failure after `open` is the error object as the stream's last event (or the array's last item).
+    """
+
+    def __init__(
+        self,
+        req: CanonicalRequest,
+        codec: ReasoningCodec,
+        fmt: StreamFormat,
+        error: Callable[[GatewayError], tuple[int, dict[str, Any]]],
+    ) -> None:
+        self._req = req
+        self._codec = codec
+        self._array = fmt == "json-array"
+        self._error = error
+        self._id = ""
+        self._sent = 0
+        self._show_reasoning = req.render.get("thinking") is not False
+        self._thoughts = bool(req.render.get("include_thoughts"))
+        self._reasoning: list[str] = []
+        self._signed = False
+        self._call: list[Any] | None = None  # [index, id, name, [argument pieces]]
+
+    def _frame(self, payload: dict[str, Any]) -> bytes:
+        self._sent += 1
+        if not self._array:
+            return sse(orjson.dumps(payload))
+        return (b"," if self._sent > 1 else b"") + orjson.dumps(payload)
+
+    def _part(self, part: dict[str, Any]) -> bytes:
+        if self._reasoning and not self._signed and not part.get("thought"):
+            part["thoughtSignature"] = encode_signature(self._codec, "".join(self._reasoning))
+            self._signed = True
+        return self._frame(chunk(self._req, self._id, [part]))
+
+    def open(self, head: StreamHead) -> bytes:
+        self._id = head.id
+        return b"[" if self._array else b""
+
+    def delta(self, c: StreamChunk) -> bytes:
+        out = b""
+        if c.reasoning and self._show_reasoning:
+            self._reasoning.append(c.reasoning)
+            if self._thoughts:
+                out += self._part({"text": c.reasoning, "thought": True})
+        if c.content:
+            out += self._end_call() + self._part({"text": c.content})
+        for tc in c.tool_calls:
+            if self._call is None or self._call[0] != tc.index:
+                out += self._end_call()
+                self._call = [tc.index, tc.call_id, tc.name or "", []]
+            self._call[3].append(tc.arguments)
+        return out
+
+    def _end_call(self) -> bytes:
+        if self._call is None:
+            return b""
+        _, call_id, name, args = self._call
+        self._call = None
+        return self._part({"functionCall": {"name": name, "args": tool_input("".join(args)), "id": call_id}})
+
+    def close(self, comp: Completion) -> bytes:
+        out = self._end_call()
+        part: dict[str, Any] = {"text": ""}
+        if self._reasoning and not self._signed:
+            part["thoughtSignature"] = encode_signature(self._codec, "".join(self._reasoning))
+            self._signed = True
+        last = chunk(self._req, self._id, [part])
+        last["candidates"][0]["finishReason"] = _FINISH.get(comp.finish_reason, "STOP")
+        last["usageMetadata"] = usage_metadata(comp)
+        out += self._frame(last)
+        return out + b"]" if self._array else out
+
+    def fail(self, err: GatewayError) -> bytes:
+        out = self._frame(self._error(err)[1])
+        return out + b"]" if self._array else out

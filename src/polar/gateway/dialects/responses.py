@@ -12,11 +12,11 @@ from typing import Any
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import responses_schema as s
-from polar.gateway.dialects.base import SSEOnly
-from polar.gateway.dialects.openai_wire import OPENAI_STYLE, error_object, settle_tool_choice, upstream_effort
+from polar.gateway.dialects.base import SSEOnly, StreamFormat
+from polar.gateway.dialects.openai_wire import OPENAI_STYLE, settle_tool_choice, upstream_effort
 from polar.gateway.dialects.responses_input import convert_history, convert_tool_choice, convert_tools
-from polar.gateway.dialects.responses_render import render_response
-from polar.gateway.dialects.responses_stream import ResponsesEventWriter, synthesize
+from polar.gateway.dialects.responses_render import error_body, render_response
+from polar.gateway.dialects.responses_stream import ResponsesEventWriter, ResponsesStreamEncoder, synthesize
 from polar.gateway.dialects.validation import validate
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
@@ -108,6 +108,12 @@ class ResponsesDialect(SSEOnly):
     def stream(self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> Iterator[bytes]:
         return synthesize(req, comp, codec)
 
+    def stream_encoder(
+        self, req: CanonicalRequest, codec: ReasoningCodec, fmt: StreamFormat
+    ) -> ResponsesStreamEncoder:
+        self._sse_only(fmt)
+        return ResponsesStreamEncoder(req, codec)
+
     def error(self, err: GatewayError) -> tuple[int, dict[str, Any]]:
         return err.status, {"error": error_body(err)}
 
@@ -116,22 +122,6 @@ class ResponsesDialect(SSEOnly):
 
     def stream_error_status(self, err: GatewayError) -> int:
         return 200
-
-
-def error_body(err: GatewayError) -> dict[str, Any]:
-    """OpenAI's error object; a context overflow carries `context_length_exceeded`, which is what Codex
-    keys its context-window handling on (codex-rs `is_context_window_error`)."""
-    if err.kind == "context_length":
-        message = (
-            "Your input exceeds the context window of this model. Please adjust your input and try again."
-        )
-        if err.prompt_tokens is not None and err.max_tokens is not None:
-            message = (
-                f"Your input exceeds the context window of this model ({err.prompt_tokens} tokens > "
-                f"{err.max_tokens} maximum). Please adjust your input and try again."
-            )
-        return error_object(err, message, param=err.param or "input")
-    return error_object(err)
 
 
 def _refuse_server_state(req: s.ResponsesRequest) -> None:

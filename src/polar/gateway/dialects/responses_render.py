@@ -14,7 +14,8 @@ from typing import Any, Literal
 import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion
-from polar.gateway.dialects.openai_wire import unix_now
+from polar.gateway.dialects.openai_wire import error_object, unix_now
+from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
@@ -34,7 +35,11 @@ class OutputItem:
 
 def base_id(comp: Completion) -> str:
     """Ids of the response and its items derive from the completion id, so records and answers link up."""
-    cid = comp.id
+    return strip_id(comp.id)
+
+
+def strip_id(cid: str) -> str:
+    """A completion id without the server's prefix."""
     for prefix in ("chatcmpl-", "resp_", "cmpl-"):
         if cid.startswith(prefix):
             return cid[len(prefix) :]
@@ -182,3 +187,19 @@ def render_response(req: CanonicalRequest, comp: Completion, codec: ReasoningCod
         usage=usage(comp),
         incomplete_reason=reason,
     )
+
+
+def error_body(err: GatewayError) -> dict[str, Any]:
+    """OpenAI's error object; a context overflow carries `context_length_exceeded`, which is what Codex
+    keys its context-window handling on (codex-rs `is_context_window_error`)."""
+    if err.kind == "context_length":
+        message = (
+            "Your input exceeds the context window of this model. Please adjust your input and try again."
+        )
+        if err.prompt_tokens is not None and err.max_tokens is not None:
+            message = (
+                f"Your input exceeds the context window of this model ({err.prompt_tokens} tokens > "
+                f"{err.max_tokens} maximum). Please adjust your input and try again."
+            )
+        return error_object(err, message, param=err.param or "input")
+    return error_object(err)

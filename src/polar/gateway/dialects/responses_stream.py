@@ -1,7 +1,7 @@
 """The Responses streaming grammar: `event:` + `data:` frames numbered by `sequence_number`.
 
-`ResponsesEventWriter` has one method per event kind, so an incremental upstream can drive it token by token;
-`synthesize` drives it from one finished `Completion`, the way OpenAI would have streamed it:
+`ResponsesEventWriter` has one method per event kind; `ResponsesStreamEncoder` drives it token by token from a
+streamed upstream, `synthesize` from one finished `Completion`, the way OpenAI would have streamed it:
 
     response.created, response.in_progress,
     per output item: response.output_item.added,
@@ -20,16 +20,20 @@ from typing import Any
 
 import orjson
 
-from polar.gateway.canonical import CanonicalRequest, Completion
+from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead, ToolCallDelta
 from polar.gateway.dialects.openai_wire import split_text, unix_now
 from polar.gateway.dialects.responses_render import (
     OutputItem,
     base_id,
+    custom_input,
+    error_body,
     final_status,
     output_items,
     response_object,
+    strip_id,
     usage,
 )
+from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 
 
@@ -220,3 +224,177 @@ def _item_events(w: ResponsesEventWriter, index: int, out: OutputItem) -> Iterat
                 yield w.input_delta(index, item_id, item["call_id"], piece)
         yield w.input_done(index, item_id, item["call_id"], out.text)
     yield w.item_done(index, item)
+
+
+class ResponsesStreamEncoder:
+    """A Responses stream as it is sampled (a `StreamEncoder`).
+
+    Output items open in the order their pieces arrive (vLLM: reasoning, message, tool calls), each closed
+    (its `.done` events) when a piece of another item arrives or at `close`:
+    - reasoning: summary text deltas as they come; the item's `encrypted_content` (our codec token) on its
+      `output_item.done`, since it signs the whole reasoning;
+    - message: `output_text` deltas as they come; a message still open at `close` is `incomplete` when the
+      policy hit its token limit;
+    - function call: argument deltas as they come;
+    - custom tool call: held back and sent whole when the call is complete, because its `input` is the
+      string inside the model's `{"input": ...}` arguments (`custom_input`), known only from the whole text.
+    `close` adds the empty message a Responses answer has when the policy said nothing and called nothing,
+    then `response.completed` (or `incomplete`) with every item and the usage.
+    """
+
+    def __init__(self, req: CanonicalRequest, codec: ReasoningCodec) -> None:
+        self._req = req
+        self._codec = codec
+        self._w = ResponsesEventWriter()
+        self._base = ""
+        self._resp_id = ""
+        self._created = 0
+        self._items: list[dict[str, Any]] = []  # finished items, in output order
+        self._kind: str | None = None  # kind of the open item
+        self._item: dict[str, Any] = {}
+        self._parts: list[str] = []
+        self._tool_index = -1
+        self._has_answer = False  # a message or a tool call was written
+        self._custom: frozenset[str] = req.render.get("custom_tools") or frozenset()
+
+    def open(self, head: StreamHead) -> bytes:
+        self._base = strip_id(head.id)
+        self._resp_id = f"resp_{self._base}"
+        self._created = head.created or unix_now()
+        opening = response_object(self._req, self._resp_id, self._created, status="in_progress", output=[])
+        return self._w.lifecycle("response.created", opening) + self._w.lifecycle(
+            "response.in_progress", opening
+        )
+
+    def delta(self, chunk: StreamChunk) -> bytes:
+        out = b""
+        w = self._w
+        if chunk.reasoning:
+            if self._kind != "reasoning":
+                item_id = self._next_id("rs")
+                out += self._begin("reasoning", {"id": item_id, "type": "reasoning", "summary": []})
+                out += w.summary_part("response.reasoning_summary_part.added", self._index, item_id, "")
+            out += w.summary_delta(self._index, self._item["id"], chunk.reasoning)
+            self._parts.append(chunk.reasoning)
+        if chunk.content:
+            if self._kind != "message":
+                item_id = self._next_id("msg")
+                item = {
+                    "id": item_id,
+                    "type": "message",
+                    "status": "in_progress",
+                    "role": "assistant",
+                    "content": [],
+                }
+                out += self._begin("message", item)
+                out += w.text_part("response.content_part.added", self._index, item_id, "")
+            out += w.text_delta(self._index, self._item["id"], chunk.content)
+            self._parts.append(chunk.content)
+        for tc in chunk.tool_calls:
+            if tc.index != self._tool_index or self._kind not in ("function_call", "custom_tool_call"):
+                out += self._begin_call(tc)
+            if tc.arguments:
+                self._parts.append(tc.arguments)
+                if self._kind == "function_call":
+                    out += w.arguments_delta(self._index, self._item["id"], tc.arguments)
+        return out
+
+    @property
+    def _index(self) -> int:
+        return len(self._items)
+
+    def _next_id(self, prefix: str) -> str:
+        n = sum(1 for i in self._items if i["id"].startswith(f"{prefix}_"))
+        return f"{prefix}_{self._base}" if n == 0 else f"{prefix}_{self._base}_{n}"
+
+    def _begin(self, kind: str, item: dict[str, Any]) -> bytes:
+        out = self._end()
+        self._kind, self._item, self._parts = kind, item, []
+        return out + self._w.item_added(self._index, item)
+
+    def _begin_call(self, tc: ToolCallDelta) -> bytes:
+        self._tool_index = tc.index
+        name = tc.name or ""
+        if name in self._custom:
+            item = {
+                "id": f"ctc_{self._base}_{tc.index}",
+                "type": "custom_tool_call",
+                "status": "in_progress",
+                "call_id": tc.call_id,
+                "name": name,
+                "input": "",
+            }
+            return self._begin("custom_tool_call", item)
+        item = {
+            "id": f"fc_{self._base}_{tc.index}",
+            "type": "function_call",
+            "status": "in_progress",
+            "call_id": tc.call_id,
+            "name": name,
+            "arguments": "",
+        }
+        return self._begin("function_call", item)
+
+    def _end(self, truncated: bool = False) -> bytes:
+        """The `.done` events of the open item, which joins the finished ones."""
+        kind, item, w, index = self._kind, self._item, self._w, self._index
+        if kind is None:
+            return b""
+        text = "".join(self._parts)
+        item_id = item["id"]
+        self._kind = None
+        if kind == "reasoning":
+            done: dict[str, Any] = {**item, "summary": [{"type": "summary_text", "text": text}]}
+            if self._req.render.get("include_encrypted"):
+                done["encrypted_content"] = self._codec.encode(text)
+            out = w.summary_done(index, item_id, text)
+            out += w.summary_part("response.reasoning_summary_part.done", index, item_id, text)
+        elif kind == "message":
+            self._has_answer = True
+            content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+            done = {**item, "status": "incomplete" if truncated else "completed", "content": content}
+            out = w.text_done(index, item_id, text)
+            out += w.text_part("response.content_part.done", index, item_id, text)
+        elif kind == "function_call":
+            self._has_answer = True
+            done = {**item, "status": "completed", "arguments": text}
+            out = w.arguments_done(index, item_id, item["name"], text)
+        else:
+            self._has_answer = True
+            value = custom_input(text)
+            done = {**item, "status": "completed", "input": value}
+            out = w.input_delta(index, item_id, item["call_id"], value) if value else b""
+            out += w.input_done(index, item_id, item["call_id"], value)
+        self._items.append(done)
+        return out + w.item_done(index, done)
+
+    def close(self, comp: Completion) -> bytes:
+        status, reason = final_status(comp)
+        out = self._end(truncated=reason is not None)
+        if not self._has_answer:  # an answer always has a message, empty when the policy said nothing
+            item_id = self._next_id("msg")
+            item = {
+                "id": item_id,
+                "type": "message",
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
+            out += self._begin("message", item)
+            out += self._w.text_part("response.content_part.added", self._index, item_id, "")
+            out += self._end(truncated=reason is not None)
+        final = response_object(
+            self._req,
+            self._resp_id,
+            self._created,
+            status=status,
+            output=self._items,
+            usage=usage(comp),
+            incomplete_reason=reason,
+        )
+        return out + self._w.lifecycle(f"response.{status}", final)
+
+    def fail(self, err: GatewayError) -> bytes:
+        return self._w.failed(
+            error_body(err), self._resp_id or None, self._req.render.get("model", self._req.model)
+        )
