@@ -13,6 +13,7 @@ system prompt, and its prompt token ids extend call k's. Two encodings exploit t
 from __future__ import annotations
 
 import hashlib
+import struct
 import zlib
 from array import array
 from dataclasses import dataclass
@@ -29,7 +30,12 @@ _RAW, _ZLIB = b"r", b"z"
 
 
 def ids_to_bytes(ids: list[int]) -> bytes:
-    return array(_INT32, ids).tobytes()
+    """Native int32 bytes, as `array("i", ids).tobytes()` but in one C pass straight into the bytes object
+    (the array's copy out cost as much again: ~1.5 ms a 64k-token prompt here). Out of range: OverflowError."""
+    try:
+        return struct.pack(f"={len(ids)}i", *ids)
+    except struct.error as exc:
+        raise OverflowError(f"token id out of int32 range or not an integer: {exc}") from None
 
 
 def bytes_to_ids(data: bytes) -> list[int]:
