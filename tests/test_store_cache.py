@@ -290,16 +290,19 @@ def test_a_session_evicted_while_idle_records_as_if_it_never_was(
         )
         with SQLiteStore(config.store_path) as store:
             kept, evicted = (store.completions(sessions[n]) for n in ("kept", "evicted"))
-            bases = [
-                row[0]
-                for row in store.conn.execute(
-                    "SELECT prompt_base FROM completions WHERE session_id = ? ORDER BY seq",
-                    (sessions["evicted"],),
-                )
-            ]
+            bases = {
+                name: [
+                    row[0]
+                    for row in store.conn.execute(
+                        "SELECT prompt_base FROM completions WHERE session_id = ? ORDER BY seq", (sid,)
+                    )
+                ]
+                for name, sid in sessions.items()
+            }
         assert len(kept) == len(evicted) == 4
         assert [_essence(r) for r in kept] == [_essence(r) for r in evicted]
         assert sum("quirk:tool_arguments_restored" in r.flags for r in evicted) == 3  # restored after reload
-        assert bases == [None, None, None, None]  # every call after an eviction took the slow path
+        assert bases["evicted"] == [None] * 4  # every call after an eviction took the slow path
+        assert bases["kept"] == [None, 0, 1, 2]  # and the fast path is what it replaces
     finally:
         server.stop()
