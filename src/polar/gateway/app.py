@@ -8,6 +8,7 @@ control app shares it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -36,8 +37,9 @@ from polar.gateway.dialects.responses import ResponsesDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.proxy import Proxy, error_response, read_json
 from polar.gateway.routing import Classifiers
-from polar.gateway.sessions import SessionRegistry
+from polar.gateway.sessions import SessionRegistry, sweep_idle
 from polar.gateway.signatures import ReasoningCodec
+from polar.store.cache import SessionCache
 from polar.store.sqlite import SQLiteStore
 from polar.store.writer import AsyncWriter
 
@@ -345,8 +347,10 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        writer = AsyncWriter(config.store_path, config.durability)
+        cache = SessionCache(config.session_cache_bytes, config.session_idle_s)
+        writer = AsyncWriter(config.store_path, config.durability, cache=cache)
         reader = SQLiteStore(config.store_path, config.durability)
+        sweeper: asyncio.Task[None] | None = None
         backend = make_backend(config.backend_kind, config.backend_url, config.backend)
         try:  # everything opened above is closed however start-up or serving ends
             await backend.start()
@@ -358,16 +362,20 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
             app.state.proxy = Proxy(
                 backend=backend,
                 served_model=served,
-                sessions=SessionRegistry(writer, reader, classifiers),
+                sessions=SessionRegistry(writer, reader, classifiers, idle_s=config.session_idle_s),
                 writer=writer,
                 codec=ReasoningCodec(_reasoning_key(config, reader)),
                 max_body_bytes=config.max_body_bytes,
                 outbound=config.outbound,
                 body_timeout_s=config.body_timeout_s,
             )
+            every_s = min(60.0, config.session_idle_s / 2)
+            sweeper = asyncio.create_task(sweep_idle(app.state.proxy.sessions, writer, every_s))
             log.info("gateway serving %s from %s backend at %s", served, backend.kind, backend.url)
             yield
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
             proxy = getattr(app.state, "proxy", None)
             if proxy is not None:
                 await proxy.aclose()  # the side-call backends it opened

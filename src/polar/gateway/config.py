@@ -10,6 +10,7 @@ from polar.auth import MIN_TOKEN_CHARS, new_token
 from polar.gateway.backends.base import BackendOptions
 from polar.limits import DEFAULT_BODY_TIMEOUT_S
 from polar.netguard import OutboundPolicy
+from polar.store.cache import DEFAULT_CACHE_BYTES, DEFAULT_IDLE_S
 
 BackendKind = Literal["vllm", "sglang", "openai"]
 
@@ -37,6 +38,11 @@ class GatewayConfig:
     # One one-token call at start-up proves a vllm/sglang backend returns token ids and logprobs; a server
     # that does not is refused (`--backend-kind openai` declares a token-less server on purpose).
     check_token_data: bool = True
+    # Memory for live sessions (`polar.store.cache`): what storing the next call as a delta needs, at most
+    # this many bytes, dropped when a session closes or has been idle for `session_idle_s` (the registry
+    # forgets it then too). Smaller only costs disk: the next call of a forgotten session is stored whole.
+    session_cache_bytes: int = DEFAULT_CACHE_BYTES
+    session_idle_s: float = DEFAULT_IDLE_S
 
     def __post_init__(self) -> None:
         if self.backend_kind not in ("vllm", "sglang", "openai"):
@@ -51,3 +57,7 @@ class GatewayConfig:
             raise ValueError("max_body_bytes must be positive")
         if not self.body_timeout_s > 0:
             raise ValueError("body_timeout_s must be positive")
+        if self.session_cache_bytes < 0:
+            raise ValueError("session_cache_bytes must be zero or more")
+        if not self.session_idle_s > 0:
+            raise ValueError("session_idle_s must be positive")

@@ -289,7 +289,10 @@ class Proxy:
         except GatewayError as err:
             return error_response(dialect, err)
         call = Call(state, state.take_seq(), dialect, time.time(), time.perf_counter())
-        return await self._call_handling_errors(call, request, path_model, path_stream, stream_format)
+        try:
+            return await self._call_handling_errors(call, request, path_model, path_stream, stream_format)
+        finally:
+            self.sessions.release(state)  # in flight until here: an idle session is never evicted mid-call
 
     async def _call_handling_errors(
         self,

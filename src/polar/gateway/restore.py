@@ -13,6 +13,7 @@ sent.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -29,9 +30,13 @@ class ToolArguments:
         self._limit = limit
 
     def remember(self, calls: tuple[ToolCall, ...]) -> None:
-        for call in calls:
-            self._by_id[call.id] = call.arguments
-            self._by_id.move_to_end(call.id)
+        self.remember_text((call.id, call.arguments) for call in calls)
+
+    def remember_text(self, calls: Iterable[tuple[str, str]]) -> None:
+        """Remember (call id, arguments text) pairs, oldest first (also: a session loaded from the store)."""
+        for call_id, arguments in calls:
+            self._by_id[call_id] = arguments
+            self._by_id.move_to_end(call_id)
         while len(self._by_id) > self._limit:
             self._by_id.popitem(last=False)
 

@@ -3,17 +3,28 @@
 A session id *is* the API key its harness is given. The registry never invents a session: a key that is not
 in memory is looked up in the store (a gateway restarted mid-rollout keeps serving its sessions), and an
 unknown key is refused.
+
+Memory holds live sessions only: a session leaves it when it closes, or when it has had no call in flight for
+`idle_s` (an RL run makes hundreds of thousands of sessions, and many are abandoned rather than closed). An
+evicted session that calls again is loaded back from the store like after a restart: its next seq, its
+counts, and the tool-call arguments its policy wrote, so nothing it records changes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import secrets
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from polar.gateway.restore import ToolArguments
 from polar.gateway.routing import Classifiers, SideRoute, side_route
+from polar.store.cache import DEFAULT_IDLE_S
 from polar.store.records import SessionInfo
 from polar.store.sqlite import SQLiteStore
 from polar.store.writer import AsyncWriter
@@ -29,21 +40,37 @@ class SessionState:
     counts: dict[str, int] = field(default_factory=lambda: {"completions": 0, "failures": 0})
     tool_arguments: ToolArguments = field(default_factory=ToolArguments)  # see polar.gateway.restore
     route: SideRoute | None = None  # where side calls go (see polar.gateway.routing); None: nowhere else
+    # Calls that took a seq and have not finished: such a session is never evicted, since reloading it would
+    # hand out a seq that is in use.
+    in_flight: int = 0
+    used: float = 0.0  # monotonic time it was last looked up or finished a call
 
     def take_seq(self) -> int:
+        """The next call's seq; the call is in flight until `SessionRegistry.release`."""
         seq = self.next_seq
         self.next_seq += 1
+        self.in_flight += 1
         return seq
 
 
 class SessionRegistry:
     def __init__(
-        self, writer: AsyncWriter, reader: SQLiteStore, classifiers: Classifiers | None = None
+        self,
+        writer: AsyncWriter,
+        reader: SQLiteStore,
+        classifiers: Classifiers | None = None,
+        idle_s: float = DEFAULT_IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._writer = writer
         self._classifiers = classifiers  # builds side-call routes (polar.gateway.routing)
         self._reader = reader  # used only on the event loop thread
-        self._live: dict[str, SessionState] = {}
+        self._live: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
+        self.idle_s = idle_s
+        self.clock = clock  # injectable: tests move time instead of waiting
+
+    def __len__(self) -> int:
+        return len(self._live)
 
     async def create(self, metadata: dict[str, Any], session_id: str | None = None) -> SessionState:
         """A new session; KeyError if the id was used, ValueError if its side-call route is malformed."""
@@ -54,13 +81,17 @@ class SessionRegistry:
         state = SessionState(session_id=sid, created_at=time.time(), metadata=metadata, route=route)
         info = SessionInfo(session_id=sid, created_at=state.created_at, status="open", metadata=metadata)
         await self._writer.write(lambda w: w.add_session(info))
+        state.used = self.clock()
         self._live[sid] = state
+        self.evict_idle()
         return state
 
     def get(self, session_id: str) -> SessionState | None:
         """The live state of a session, loading it from the store when this process has not seen it."""
         state = self._live.get(session_id)
         if state is not None:
+            self._live.move_to_end(session_id)
+            state.used = self.clock()
             return state
         info = self._reader.session(session_id)
         if info is None:
@@ -73,9 +104,32 @@ class SessionRegistry:
             closed=info.status == "closed",
             counts={"completions": info.completions, "failures": info.failures},
             route=side_route(info.metadata, self._classifiers),  # checked when the session was created
+            used=self.clock(),
         )
+        state.tool_arguments.remember_text(self._reader.tool_call_arguments(session_id))
         self._live[session_id] = state
         return state
+
+    def release(self, state: SessionState) -> None:
+        """A call of `state` finished (recorded, or failed and recorded as a failure)."""
+        state.in_flight -= 1
+        state.used = self.clock()
+        if self._live.get(state.session_id) is state:
+            self._live.move_to_end(state.session_id)
+        self.evict_idle()
+
+    def evict_idle(self) -> int:
+        """Forget sessions with no call in flight that were not used for `idle_s`; how many."""
+        limit = self.clock() - self.idle_s
+        idle = []
+        for sid, state in self._live.items():
+            if state.used > limit:
+                break  # least recently used first: the rest are fresher
+            if state.in_flight == 0:
+                idle.append(sid)
+        for sid in idle:
+            del self._live[sid]
+        return len(idle)
 
     async def close(self, session_id: str) -> bool:
         state = self.get(session_id)
@@ -86,3 +140,15 @@ class SessionRegistry:
         # A closed session is read back from the store if asked for again; memory holds live ones only.
         self._live.pop(session_id, None)
         return True
+
+
+async def sweep_idle(registry: SessionRegistry, writer: AsyncWriter, every_s: float) -> None:
+    """Every `every_s`, drop idle sessions from the registry and from the record writer's cache, so memory
+    returns even when no call arrives to trigger it. Runs until cancelled."""
+    log = logging.getLogger("polar.gateway")
+    while True:
+        await asyncio.sleep(every_s)
+        registry.evict_idle()
+        with contextlib.suppress(Exception):  # a store that fails here fails the next call, loudly
+            await writer.evict_idle()
+        log.debug("sessions in memory: %d; writer cache %d bytes", len(registry), writer.cache.nbytes)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +17,7 @@ from typing import Any, Literal
 import orjson
 
 from polar.store import codec
+from polar.store.cache import RecentHashes, SessionCache
 from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
 
 Durability = Literal["normal", "full"]
@@ -93,65 +93,50 @@ def connect(path: str | Path, durability: Durability = "normal") -> sqlite3.Conn
 
 
 class RecordWriter:
-    """Turns records into rows. Keeps, per session, the latest prompts it wrote so the next prompt is
-    stored as a delta; the cache is bounded by bytes, and a miss only costs a full copy."""
+    """Turns records into rows. Remembers, per live session, its latest prompts and body lists, so the next
+    call is stored as a delta (`polar.store.cache`: bounded by bytes, dropped when the session closes or goes
+    idle; a miss only costs a full copy)."""
 
-    def __init__(self, conn: sqlite3.Connection, cache_bytes: int = 256 << 20, prompts_per_session: int = 4):
+    def __init__(self, conn: sqlite3.Connection, cache: SessionCache | None = None) -> None:
         self.conn = conn
-        self._cache: OrderedDict[str, list[tuple[int, bytes]]] = OrderedDict()
-        self._cache_bytes = 0
-        self._cache_limit = cache_bytes
-        self._per_session = prompts_per_session
-        self._known_blobs: set[bytes] = set()
-        # (session, column) -> (seq, full list refs) of the last body written: the next one's lists chain to it.
-        self._lists: OrderedDict[tuple[str, str], tuple[int, codec.Refs]] = OrderedDict()
-        self._lists_limit = 8192
+        self.cache = cache if cache is not None else SessionCache()
+        self._known_blobs = RecentHashes()
 
     def reset(self) -> None:
         """Forget cached state after a rollback: cached prompts and blobs may name rows that never landed."""
-        self._cache.clear()
-        self._cache_bytes = 0
+        self.cache.clear()
         self._known_blobs.clear()
-        self._lists.clear()
+
+    def evict_idle(self) -> int:
+        """Drop the state of sessions idle longer than the cache's TTL (also done on every write)."""
+        return self.cache.evict_idle()
 
     # -- blobs ------------------------------------------------------------------------------------------
     def _put_blobs(self, blobs: dict[bytes, bytes]) -> None:
         new = [(h, codec.pack_blob(data)) for h, data in blobs.items() if h not in self._known_blobs]
         if new:
             self.conn.executemany("INSERT OR IGNORE INTO blobs (hash, data) VALUES (?, ?)", new)
-            if len(self._known_blobs) > 2_000_000:
-                self._known_blobs.clear()
-            self._known_blobs.update(h for h, _ in new)
+            for h, _ in new:
+                self._known_blobs.add(h)
 
     def _put_json(self, obj: dict[str, Any], chain: tuple[str, str] | None = None, seq: int = 0) -> bytes:
         """Store a body; with `chain` (session, column) its lists extend the previous record's of that chain."""
-        prev = self._lists.get(chain) if chain is not None else None
+        prev = self.cache.chain(*chain) if chain is not None else None
         base, previous = prev if prev is not None else (None, None)
-        skeleton, blobs, full = codec.split_json(obj, previous, base)
+        skeleton, blobs, state = codec.split_json(obj, previous, base)
         self._put_blobs(blobs)
         if chain is not None:
-            self._lists[chain] = (seq, full)
-            self._lists.move_to_end(chain)
-            if len(self._lists) > self._lists_limit:
-                self._lists.popitem(last=False)
+            self.cache.set_chain(chain[0], chain[1], seq, state)
         return skeleton
 
     # -- prompts ----------------------------------------------------------------------------------------
     def _prompt_delta(self, session_id: str, seq: int, ids: bytes) -> tuple[int | None, int, bytes]:
         best_seq, best = None, 0
-        for prev_seq, prev in self._cache.get(session_id, ()):
+        for prev_seq, prev in self.cache.prompts(session_id):
             n = codec.prefix_len(prev, ids)
             if n > best:
                 best_seq, best = prev_seq, n
-        entries = self._cache.setdefault(session_id, [])
-        self._cache.move_to_end(session_id)
-        entries.append((seq, ids))
-        self._cache_bytes += len(ids)
-        if len(entries) > self._per_session:
-            self._cache_bytes -= len(entries.pop(0)[1])
-        while self._cache_bytes > self._cache_limit and self._cache:
-            _, evicted = self._cache.popitem(last=False)
-            self._cache_bytes -= sum(len(b) for _, b in evicted)
+        self.cache.add_prompt(session_id, seq, ids)
         if best_seq is None:
             return None, 0, ids
         return best_seq, best, ids[best * 4 :]
@@ -173,6 +158,7 @@ class RecordWriter:
         self.conn.execute(
             "UPDATE sessions SET status = 'closed', closed_at = ? WHERE id = ?", (time.time(), session_id)
         )
+        self.cache.forget(session_id)  # a closed session makes no more calls
 
     def add_completion(self, r: CompletionRecord) -> None:
         if r.prompt_ids is None:
@@ -306,6 +292,20 @@ class SQLiteStore:
             completions=n_ok,
             failures=n_fail,
         )
+
+    def tool_call_arguments(self, session_id: str, limit: int = 4096) -> list[tuple[str, str]]:
+        """(call id, arguments text) of the latest tool calls the session's policy made, oldest first: what
+        a gateway remembers to give the policy its own arguments back (`polar.gateway.restore`)."""
+        rows = self.conn.execute(
+            "SELECT response_message FROM completions WHERE session_id = ? ORDER BY seq", (session_id,)
+        ).fetchall()
+        calls: list[tuple[str, str]] = []
+        for (raw,) in rows:
+            for call in orjson.loads(raw).get("tool_calls") or ():
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    calls.append((str(call.get("id")), fn["arguments"]))
+        return calls[-limit:]
 
     def next_seq(self, session_id: str) -> int:
         row = self.conn.execute(

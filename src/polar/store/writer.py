@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from polar.store.cache import SessionCache
 from polar.store.sqlite import Durability, RecordWriter, connect
 
 log = logging.getLogger(__name__)
@@ -30,10 +31,16 @@ _STOP = object()
 class AsyncWriter:
     """Runs write operations on a dedicated thread and resolves each caller's future after the commit."""
 
-    def __init__(self, path: str | Path, durability: Durability = "normal", max_batch: int = 512) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        durability: Durability = "normal",
+        max_batch: int = 512,
+        cache: SessionCache | None = None,
+    ) -> None:
         self.path = Path(path)
         self._conn = connect(self.path, durability)
-        self._writer = RecordWriter(self._conn)
+        self._writer = RecordWriter(self._conn, cache)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._max_batch = max_batch
         self._lock = threading.Lock()  # one user of the connection at a time: the thread or an inline write
@@ -64,6 +71,15 @@ class AsyncWriter:
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((op, fut, loop))
         await fut
+
+    @property
+    def cache(self) -> SessionCache:
+        """The per-session state of the record writer (read its `nbytes` for accounting, not its contents)."""
+        return self._writer.cache
+
+    async def evict_idle(self) -> None:
+        """Drop the writer's state of idle sessions, in its turn with the writes (`SessionCache`)."""
+        await self.write(_evict_idle)
 
     def _run(self) -> None:
         while True:
@@ -133,6 +149,10 @@ class AsyncWriter:
             self._thread.join(timeout=30)
         with self._lock:  # an inline write may still hold the connection
             pass
+
+
+def _evict_idle(w: RecordWriter) -> None:
+    w.evict_idle()
 
 
 def _resolve(items: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
