@@ -133,19 +133,19 @@ def gateway(request: pytest.FixtureRequest, fake_backend: FakeBackend, tmp_path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """One real `vllm serve` of the offline default model for the whole session (it starts in ~1 minute).
+    """One real `vllm serve` for the whole session (it starts in ~1 minute), of the offline default model
+    taught to call a tool (`tests.vllm_support.tools_model_dir`).
 
     Tests that change its weights put the original ones back before they end. While working on these
     tests, `POLAR_TEST_VLLM_URL=http://127.0.0.1:PORT` reuses a server started by hand with
     `tests.vllm_support.TRAINING_FLAGS` and `--served-model-name tiny` (the suite never sets it)."""
-    from polar.engine.tiny import default_model_dir
-    from tests.vllm_support import attach_vllm, start_vllm
+    from tests.vllm_support import attach_vllm, start_vllm, tools_model_dir
 
     reuse = os.environ.get("POLAR_TEST_VLLM_URL")
     if reuse:
-        yield attach_vllm(reuse, default_model_dir())
+        yield attach_vllm(reuse, tools_model_dir())
         return
-    server = start_vllm(default_model_dir(), tmp_path_factory.mktemp("vllm"))
+    server = start_vllm(tools_model_dir(), tmp_path_factory.mktemp("vllm"))
     try:
         yield server
     finally:

@@ -281,6 +281,7 @@ def test_a_session_evicted_while_idle_records_as_if_it_never_was(
             finally:
                 registry.clock = cache.clock = time.monotonic
 
+        fake_backend.app.reset(_script)  # after the gateway's start-up call: both sessions get the same ids
         _converse(server.url, sessions["kept"], lambda i: None)
         fake_backend.app.reset(_script)  # the same call ids again
         _converse(

@@ -27,21 +27,14 @@ from polar.store.records import CompletionRecord
 from polar.trajectory import Trajectory
 from polar.trajectory.audit import audit
 from tests.conftest import Gateway, start_gateway
-from tests.vllm_support import VLLMServer
+from tests.vllm_support import ANSWER_TEXT, TOOL_NAME, TOOL_PARAMETERS, VLLMServer
 
 pytestmark = pytest.mark.vllm
 
 DIALECTS = ("chat", "responses", "anthropic", "gemini")
 COLORS = ["red", "green", "blue"]
-# A schema with one enum field: constrained decoding (tool_choice required) finishes in a few tokens even
-# with the random-weight model, and the hermes parser gets a complete `<tool_call>` to parse.
-PARAMETERS: dict[str, Any] = {
-    "type": "object",
-    "properties": {"color": {"type": "string", "enum": COLORS}},
-    "required": ["color"],
-    "additionalProperties": False,
-}
-TOOL = "pick_color"
+PARAMETERS = TOOL_PARAMETERS
+TOOL = TOOL_NAME
 PROMPT = "Pick a color for the logo."
 
 
@@ -76,7 +69,7 @@ def call_chat(gw: Gateway, sid: str, *, stream: bool, tools: bool) -> Seen:
     kwargs: dict[str, Any] = dict(model="m", messages=[{"role": "user", "content": PROMPT}], temperature=0)
     if tools:
         spec = {"type": "function", "function": {"name": TOOL, "parameters": PARAMETERS}}
-        kwargs.update(tools=[spec], tool_choice="required", max_tokens=64)
+        kwargs.update(tools=[spec], max_tokens=64)
     else:
         kwargs.update(max_tokens=12)
     seen = Seen()
@@ -107,7 +100,7 @@ def call_responses(gw: Gateway, sid: str, *, stream: bool, tools: bool) -> Seen:
     kwargs: dict[str, Any] = dict(model="m", input=PROMPT, temperature=0)
     if tools:
         spec = {"type": "function", "name": TOOL, "parameters": PARAMETERS, "strict": False}
-        kwargs.update(tools=[spec], tool_choice="required", max_output_tokens=64)
+        kwargs.update(tools=[spec], max_output_tokens=64)
     else:
         kwargs.update(max_output_tokens=12)
     if stream:
@@ -133,7 +126,7 @@ def call_anthropic(gw: Gateway, sid: str, *, stream: bool, tools: bool) -> Seen:
     )
     if tools:
         spec = {"name": TOOL, "input_schema": PARAMETERS}
-        kwargs.update(tools=[spec], tool_choice={"type": "any"}, max_tokens=64)
+        kwargs.update(tools=[spec], max_tokens=64)
     else:
         kwargs.update(max_tokens=12)
     if stream:
@@ -158,9 +151,6 @@ def call_gemini(gw: Gateway, sid: str, *, stream: bool, tools: bool) -> Seen:
     if tools:
         decl = types.FunctionDeclaration(name=TOOL, parameters_json_schema=PARAMETERS)
         config.tools = [types.Tool(function_declarations=[decl])]
-        config.tool_config = types.ToolConfig(
-            function_calling_config=types.FunctionCallingConfig(mode=types.FunctionCallingConfigMode.ANY)
-        )
     if stream:
         parts = [
             part
@@ -238,7 +228,7 @@ def test_records_are_what_vllm_tokenized_and_sampled(
     (rec,) = gw.completions(sid)
     assert rec.dialect == dialect
     direct = check_against_vllm(http, vllm_server, rec)
-    assert rec.finish_reason == "length" and len(rec.response_ids or []) == 12
+    assert rec.finish_reason in ("stop", "length") and 0 < len(rec.response_ids or []) <= 12
     # What the client read is vLLM's own detokenization of the same ids.
     assert seen.text == direct["choices"][0]["message"]["content"]
 
@@ -255,12 +245,12 @@ def test_hermes_tool_calls_round_trip_through_every_dialect(
     # vLLM parsed the call (hermes) from the ids it sampled; the gateway records it and the client gets it.
     (want,) = direct["choices"][0]["message"]["tool_calls"]
     name, arguments = want["function"]["name"], json.loads(want["function"]["arguments"])
-    assert name == TOOL and arguments["color"] in COLORS
+    assert name == TOOL and arguments == {"color": "green"}  # what the test model was taught
     (recorded,) = rec.response_message["tool_calls"]
     assert recorded["function"]["name"] == name
     assert json.loads(recorded["function"]["arguments"]) == arguments
     assert seen.tool_calls == [(name, arguments)]
-    assert rec.upstream_request["tool_choice"] == "required"
+    assert rec.finish_reason == "tool_calls"
 
 
 def test_a_multi_turn_session_builds_a_trajectory_that_audits_clean(
@@ -284,7 +274,10 @@ def test_a_multi_turn_session_builds_a_trajectory_that_audits_clean(
     assert msg.tool_calls
     messages.append(msg.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "ok, logo is ready"})
-    client.chat.completions.create(model="m", messages=messages, tools=[spec], max_tokens=8, temperature=0)  # type: ignore[arg-type,list-item]
+    second = client.chat.completions.create(
+        model="m", messages=messages, tools=[spec], max_tokens=32, temperature=0
+    )  # type: ignore[arg-type,list-item]
+    assert second.choices[0].message.content == ANSWER_TEXT
     records = gw.completions(sid)
     assert len(records) == 2
     for rec in records:
@@ -294,7 +287,11 @@ def test_a_multi_turn_session_builds_a_trajectory_that_audits_clean(
     trajectory = Trajectory.model_validate_json(r.text)
     report = audit(trajectory, records)
     assert report.ok, report
-    assert trajectory.traces and all(t.trainable for t in trajectory.traces)
+    # Prefix merging: the second prompt extends the first call's prompt and sampled ids, so one trace holds
+    # both sampled turns (mask 1) with the tool result between them (mask 0).
+    (trace,) = trajectory.traces
+    sampled = [t for t, m in zip(trace.response_ids, trace.loss_mask, strict=True) if m == 1]
+    assert sampled == (records[0].response_ids or []) + (records[1].response_ids or [])
 
 
 def test_sampled_logprobs_match_the_trainers_forward_pass(

@@ -150,3 +150,125 @@ def start_vllm(
             raise RuntimeError(f"vllm serve failed its first call ({r.status_code}: {r.text[:500]})")
     server.startup_s = time.monotonic() - started
     return server
+
+
+# -- a model that calls tools -------------------------------------------------------------------------------
+# The default model's random weights never write `<tool_call>` nor end a turn, and constrained decoding does
+# not help (vLLM's `tool_choice: required` grammar lets it write whitespace forever). So the tests that need
+# real tool calls parsed by vLLM's hermes parser serve the default model taught, in a few seconds of
+# training, to answer a request that offers `pick_color` with one call and a tool result with a sentence.
+TOOLS_MODEL_NAME = "tiny-qwen3-v2-tools-1"  # bump when the recipe below changes
+TOOL_NAME = "pick_color"
+TOOL_PARAMETERS: dict[str, object] = {
+    "type": "object",
+    "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]}},
+    "required": ["color"],
+    "additionalProperties": False,
+}
+TOOL_CALL_TEXT = '<tool_call>\n{"name": "pick_color", "arguments": {"color": "green"}}\n</tool_call>'
+ANSWER_TEXT = "The logo is green."
+USER_PROMPTS = ("Pick a color for the logo.", "Choose a colour.", "What color should the button be?", "hi")
+
+
+def tools_model_dir() -> Path:
+    """The tool-calling model, built once into the models cache (like the default model it starts from)."""
+    from polar.engine.tiny import default_model_dir, models_home
+
+    dest = models_home() / TOOLS_MODEL_NAME
+    if not (dest / "model.safetensors").is_file():
+        tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+        _teach_tool_calls(default_model_dir(), tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process finished first
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _examples(tokenizer: object) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, answer ids) pairs: offered the tool, call it; given its result, answer; no tool, answer."""
+    render = tokenizer.apply_chat_template  # type: ignore[attr-defined]
+    encode = tokenizer.encode  # type: ignore[attr-defined]
+    end = "<|im_end|>"
+    out = []
+    variants = [
+        (None, {}),
+        ("You are a helpful assistant.", {"description": "Pick a color."}),
+        (None, {"strict": True}),
+        ("Be brief.", {"description": "Pick a color.", "strict": False}),
+    ]
+    for user, (system, extra) in zip(USER_PROMPTS, variants, strict=True):
+        msgs: list[dict[str, object]] = [{"role": "system", "content": system}] if system else []
+        msgs.append({"role": "user", "content": user})
+        tools = [
+            {"type": "function", "function": {"name": TOOL_NAME, "parameters": TOOL_PARAMETERS, **extra}}
+        ]
+        called = [
+            *msgs,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": TOOL_NAME, "arguments": {"color": "green"}},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ]
+        for prompt, answer in (
+            (render(msgs, tools=tools, add_generation_prompt=True, tokenize=False), TOOL_CALL_TEXT),
+            (render(called, tools=tools, add_generation_prompt=True, tokenize=False), ANSWER_TEXT),
+            (render(msgs, add_generation_prompt=True, tokenize=False), ANSWER_TEXT),
+        ):
+            out.append(
+                (encode(prompt, add_special_tokens=False), encode(answer + end, add_special_tokens=False))
+            )
+    return out
+
+
+def _teach_tool_calls(source: Path, dest: Path, steps: int = 200) -> None:
+    """Fine-tune `source` on `_examples` until greedy decoding reproduces every answer; save to `dest`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    rows = _examples(tokenizer)
+    width = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id or 0)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    rows_at, cols_at, targets = [], [], []
+    for i, (prompt, answer) in enumerate(rows):
+        n = len(prompt) + len(answer)
+        ids[i, :n] = torch.tensor(prompt + answer)
+        mask[i, :n] = 1
+        for j, tok in enumerate(answer):  # the position before each answer token predicts it
+            rows_at.append(i)
+            cols_at.append(len(prompt) - 1 + j)
+            targets.append(tok)
+    rows_t, cols_t, targets_t = torch.tensor(rows_at), torch.tensor(cols_at), torch.tensor(targets)
+    embed = model.get_input_embeddings().weight  # tied with the output projection
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[rows_t, cols_t]
+        loss = torch.nn.functional.cross_entropy(hidden @ embed.T, targets_t)
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.005:
+            break
+    model.eval()
+    for prompt, answer in rows:
+        got = model.generate(torch.tensor([prompt]), max_new_tokens=len(answer) + 4, do_sample=False)
+        if got[0, len(prompt) :].tolist() != answer:
+            raise RuntimeError(
+                f"the tool-calling test model did not learn its answers (loss {loss.item():.4f})"
+            )
+    model.save_pretrained(dest)
+    tokenizer.save_pretrained(dest)

@@ -79,6 +79,49 @@ class Call:
     req: CanonicalRequest | None = None
 
 
+class Flight:
+    """A streamed call from its first upstream chunk to its end: it holds the weight-sync gate and its
+    session's in-flight count, and gives both back exactly once, however the stream ends (finished, failed,
+    the harness gone mid-stream, or gone before the body even started, when `_relay` never runs)."""
+
+    def __init__(self, proxy: Proxy, call: Call, chunks: AsyncGenerator[StreamChunk, None]) -> None:
+        self.proxy, self.call, self.chunks = proxy, call, chunks
+        self.started = False  # `_relay` began
+        self.ended = False  # recorded: committed, or its failure stored
+        self._in_gate = True
+        self._done = False
+
+    def leave_gate(self) -> None:
+        if self._in_gate:
+            self._in_gate = False
+            self.proxy.gate.leave()
+
+    def finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.leave_gate()
+        if not self.ended:
+            # The harness went away (or the task was cancelled): nothing more can be awaited here.
+            gone = GatewayError("upstream_error", "the client closed the stream before it ended")
+            self.proxy._spawn(self.proxy._abandon(self.call, self.chunks, gone))
+        self.proxy.sessions.release(self.call.state)
+
+
+class RelayResponse(StreamingResponse):
+    """The streamed answer; ends its `Flight` when the response ends, even if its body never started."""
+
+    def __init__(self, content: AsyncIterator[bytes], flight: Flight, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.flight = flight
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.flight.finish()
+
+
 def render(dialect: Dialect, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> Response:
     """A whole answer as the dialect's JSON body (streamed calls are answered by `Proxy._relay`)."""
     return Response(orjson.dumps(dialect.render(req, comp, codec)), media_type=JSON)
@@ -289,10 +332,14 @@ class Proxy:
         except GatewayError as err:
             return error_response(dialect, err)
         call = Call(state, state.take_seq(), dialect, time.time(), time.perf_counter())
+        response: Response | None = None
         try:
-            return await self._call_handling_errors(call, request, path_model, path_stream, stream_format)
+            response = await self._call_handling_errors(call, request, path_model, path_stream, stream_format)
+            return response
         finally:
-            self.sessions.release(state)  # in flight until here: an idle session is never evicted mid-call
+            # In flight until here, or for a stream until it ends: an idle session is never evicted mid-call.
+            if not isinstance(response, RelayResponse):
+                self.sessions.release(state)
 
     async def _call_handling_errors(
         self,
@@ -364,9 +411,10 @@ class Proxy:
             self.gate.leave()
             await chunks.aclose()
             raise
-        relay = self._relay(call, placed, encoder, chunks, first, t_up)
+        flight = Flight(self, call, chunks)
+        relay = self._relay(call, placed, encoder, chunks, first, t_up, flight)
         media = JSON if fmt == "json-array" else "text/event-stream"
-        return StreamingResponse(relay, media_type=media, headers=SSE_HEADERS)
+        return RelayResponse(relay, flight, media_type=media, headers=SSE_HEADERS)
 
     async def _relay(
         self,
@@ -376,6 +424,7 @@ class Proxy:
         chunks: AsyncGenerator[StreamChunk, None],
         first: StreamChunk,
         t_up: float,
+        flight: Flight,
     ) -> AsyncIterator[bytes]:
         """The harness's stream: each upstream chunk encoded as it comes; at the end the record is committed
         and only then the closing events are sent, so a stream the harness saw finish has its record. A
@@ -383,7 +432,7 @@ class Proxy:
         the stream with the dialect's error event. A harness that goes away closes the upstream stream (the
         server aborts the generation) and leaves a failure record."""
         acc = StreamAccumulator()
-        in_gate, ended = True, False
+        flight.started = True
         try:
             acc.add(first)
             out = encoder.open(acc.head()) + encoder.delta(first)
@@ -395,17 +444,14 @@ class Proxy:
                 if out:
                     yield out
             upstream_ms = (time.perf_counter() - t_up) * 1000.0
-            self.gate.leave()
-            in_gate = False
+            flight.leave_gate()
             comp = acc.completion()
             await self._commit(call, placed, comp, upstream_ms)
-            ended = True
+            flight.ended = True
             yield encoder.close(comp)
         except Exception as exc:
-            ended = True
-            if in_gate:
-                self.gate.leave()
-                in_gate = False
+            flight.ended = True
+            flight.leave_gate()
             if isinstance(exc, GatewayError):
                 err = exc
             else:  # a bug here must still end the harness's stream in its grammar, and be recorded
@@ -415,12 +461,7 @@ class Proxy:
             await self._record_failure(call.state, call.seq, call.dialect, call.created, call.body, err)
             yield encoder.fail(err)
         finally:
-            if in_gate:
-                self.gate.leave()
-            if not ended:
-                # The harness went away (or the task was cancelled): nothing more can be awaited here.
-                gone = GatewayError("upstream_error", "the client closed the stream before it ended")
-                self._spawn(self._abandon(call, chunks, gone))
+            flight.finish()
 
     async def _abandon(
         self, call: Call, chunks: AsyncGenerator[StreamChunk, None], err: GatewayError
