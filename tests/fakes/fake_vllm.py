@@ -11,6 +11,12 @@ Faults are constructor keywords and plain attributes, switchable while it runs (
 400), `fail_first_n` (the first N calls answer `fail_status`, default 502), `transform` (a callable that may
 rewrite each successful chat body before it is sent: for corrupting one field precisely).
 `policy_version` is reported like our embedded engine does (vLLM kind) or as SGLang's weight_version.
+
+vLLM's dev-mode RL routes (`VLLM_SERVER_DEV_MODE=1`), as vLLM 0.32 answers them: `POST /pause?mode=wait`
+waits for the chat calls in flight and holds new ones until `POST /resume`; `GET /is_paused`;
+`POST /collective_rpc` (`reload_weights` remembers `kwargs.weights_path` in `weights_path`);
+`POST /update_weight_version` (`weight_version`); `POST /reset_prefix_cache`. Each is logged in
+`control_calls` as (path, query, body); `fail_route` names one that answers 500 (a worker that failed).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
@@ -26,6 +33,9 @@ from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, text_of
 from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message
 
 KINDS = ("vllm", "sglang", "openai")
+_DEV_ROUTES = frozenset(
+    ("/pause", "/resume", "/is_paused", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache")
+)
 _JSON = b"application/json"
 
 
@@ -74,6 +84,7 @@ class FakeInferenceServer:
         policy_version: int | None = None,
         record: bool = True,
         bytes_per_token: int = 1,
+        fail_route: str | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
@@ -98,6 +109,15 @@ class FakeInferenceServer:
         self.last_headers: dict[str, str] = {}  # headers of the last POST, lower-cased names
         self._seq = 0  # chat completions generated
         self._script_pos = 0
+        self.fail_route = fail_route
+        self.control_calls: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        self.weights_path: str | None = None
+        self.weight_version: str | None = None
+        self._running = asyncio.Event()  # cleared while paused: new chat calls wait
+        self._running.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def reset(self, script: Script = None, **faults: Any) -> None:
         """Back to a fresh server of the same kind (a module-scoped server reused across tests)."""
@@ -132,8 +152,12 @@ class FakeInferenceServer:
             msg = await receive()
             raw += msg.get("body", b"")
             more = msg.get("more_body", False)
+        query = dict(parse_qsl(scope.get("query_string", b"").decode()))
         try:
-            status, body, ctype = await self._route(method, path, raw)
+            if path in _DEV_ROUTES:
+                status, body, ctype = await self._dev(method, path, query, raw)
+            else:
+                status, body, ctype = await self._route(method, path, raw)
         except HTTPError as e:
             status, ctype = e.status, _JSON
             body = orjson.dumps(error_body(self.kind, e.status, e.message, e.err_type))
@@ -157,6 +181,21 @@ class FakeInferenceServer:
             return 404, b'{"detail":"Not Found"}', _JSON
         if method != "POST":
             return 405, b'{"detail":"Method Not Allowed"}', _JSON
+        if fn != self._chat:
+            return await self._handle(fn, raw)
+        await self._running.wait()  # a paused server holds new generations
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._handle(fn, raw)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _handle(
+        self, fn: Callable[[dict[str, Any]], dict[str, Any]], raw: bytes
+    ) -> tuple[int, bytes, bytes]:
         self.calls += 1
         n = self.calls
         if self.delay_s:
@@ -176,6 +215,35 @@ class FakeInferenceServer:
         if not isinstance(body, dict):
             raise HTTPError(400, "the request body must be a JSON object")
         return 200, orjson.dumps(fn(body)), _JSON
+
+    async def _dev(
+        self, method: str, path: str, query: dict[str, str], raw: bytes
+    ) -> tuple[int, bytes, bytes]:
+        """vLLM's dev-mode RL routes (see the module doc)."""
+        if path == "/is_paused":
+            return 200, orjson.dumps({"is_paused": not self._running.is_set()}), _JSON
+        if method != "POST":
+            return 405, b'{"detail":"Method Not Allowed"}', _JSON
+        body = orjson.loads(raw) if raw else {}
+        self.control_calls.append((path, query, body))
+        if path == self.fail_route:
+            raise HTTPError(500, f"fake: {path} failed on a worker", "InternalServerError")
+        if path == "/pause":
+            self._running.clear()
+            if query.get("mode", "abort") == "wait":
+                await self._idle.wait()
+        elif path == "/resume":
+            self._running.set()
+        elif path == "/collective_rpc":
+            if body.get("method") == "reload_weights":
+                self.weights_path = body.get("kwargs", {}).get("weights_path")
+        elif path == "/update_weight_version":
+            self.weight_version = str(body.get("new_version"))
+        return 200, orjson.dumps({"status": "ok"}), _JSON
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
 
     def _faults_for_get(self) -> None:
         if self.status is not None:

@@ -26,6 +26,7 @@ from polar.auth import Refusal, RequireToken
 from polar.gateway import control
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
+from polar.gateway.backends.pool import BackendPool
 from polar.gateway.config import GatewayConfig
 from polar.gateway.dialects.anthropic import AnthropicDialect
 from polar.gateway.dialects.base import Dialect, StreamFormat
@@ -255,6 +256,19 @@ async def _first_model(backend: Backend) -> str:
     return models[0]
 
 
+def _backend(config: GatewayConfig) -> Backend:
+    """The client of the policy's server, or a pool when the gateway has several (`backends.pool`)."""
+    if len(config.backend_urls) == 1:
+        return make_backend(config.backend_kind, config.backend_url, config.backend)
+    return BackendPool.of(
+        config.backend_kind,
+        config.backend_urls,
+        config.backend,
+        affinity=config.backend_affinity,
+        health_interval_s=config.health_interval_s,
+    )
+
+
 class HotPath:
     """Serves the generation routes straight from ASGI, in front of Starlette's router and middleware.
 
@@ -328,10 +342,13 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         writer = AsyncWriter(config.store_path, config.durability)
         reader = SQLiteStore(config.store_path, config.durability)
-        backend = make_backend(config.backend_kind, config.backend_url, config.backend)
+        backend = _backend(config)
         try:  # everything opened above is closed however start-up or serving ends
             await backend.start()
-            served = config.served_model or await _first_model(backend)
+            if isinstance(backend, BackendPool):
+                served = await backend.resolve_model(config.served_model)
+            else:
+                served = config.served_model or await _first_model(backend)
             app.state.config = config
             app.state.started = int(time.time())
             app.state.proxy = Proxy(

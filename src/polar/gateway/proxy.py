@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend, BackendOptions
+from polar.gateway.backends.pool import BackendPool
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects.base import Dialect, StreamFormat
 from polar.gateway.errors import GatewayError, invalid
@@ -188,6 +189,8 @@ class Proxy:
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         self.backend = backend
+        # Several servers: calls carry their session for affinity (`backends.pool`).
+        self.pool = backend if isinstance(backend, BackendPool) else None
         self.served_model = served_model
         self.sessions = sessions
         self.writer = writer
@@ -218,6 +221,13 @@ class Proxy:
                 await backend.start()
                 self._side_backends[key] = backend
         return backend
+
+    async def close_session(self, session_id: str) -> bool:
+        """Refuse the session's key from now on and drop its server affinity; False if there is no such
+        session."""
+        if self.pool is not None:
+            self.pool.forget(session_id)
+        return await self.sessions.close(session_id)
 
     async def aclose(self) -> None:
         """Close the side-call backends (the policy backend belongs to whoever made the proxy)."""
@@ -311,7 +321,10 @@ class Proxy:
         await self.gate.enter()
         try:
             t_up = time.perf_counter()
-            comp = await backend.complete(upstream)
+            if self.pool is not None and backend is self.pool:
+                comp = await self.pool.complete(upstream, call.state.session_id)
+            else:
+                comp = await backend.complete(upstream)
             upstream_ms = (time.perf_counter() - t_up) * 1000.0
         finally:
             self.gate.leave()

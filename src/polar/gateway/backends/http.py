@@ -30,6 +30,12 @@ _RETRY_STATUS = frozenset((502, 503, 504))
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 
 
+class UpstreamUnavailable(GatewayError):
+    """An upstream failure that delivered nothing (no connection, a dropped one, a 502/503/504), after this
+    client's own retries. Nothing reached the harness or the record, so a `BackendPool` may send the call
+    to another server."""
+
+
 class _Retryable(Exception):
     """An attempt that failed where the server certainly produced nothing: worth another attempt."""
 
@@ -108,7 +114,8 @@ class UpstreamClient:
                 )
                 return await continue_after(policy, first, lambda: self._attempt(method, url, payload))
         except _Retryable as e:
-            raise e.failure from None
+            f = e.failure
+            raise UpstreamUnavailable(f.kind, f.message, param=f.param, status=f.status) from None
 
     async def _attempt(self, method: str, url: str, payload: bytes | None) -> Any:
         """One request: the decoded body, a GatewayError, or `_Retryable` (nothing came back)."""
