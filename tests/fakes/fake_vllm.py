@@ -17,11 +17,16 @@ waits for the chat calls in flight and holds new ones until `POST /resume`; `GET
 `POST /collective_rpc` (`reload_weights` remembers `kwargs.weights_path` in `weights_path`);
 `POST /update_weight_version` (`weight_version`); `POST /reset_prefix_cache`. Each is logged in
 `control_calls` as (path, query, body); `fail_route` names one that answers 500 (a worker that failed).
+
+For benchmarks, a server with a capacity: `slots` generations at once (the rest queue), each taking
+`decode_s` plus `uncached_token_s` per prompt token missing from its `prefix_cache` (`tests.fakes.prefix_cache`, whose
+counters `GET /metrics` shows as vLLM names them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +35,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, text_of
+from tests.fakes.prefix_cache import PrefixCache
 from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message
 
 KINDS = ("vllm", "sglang", "openai")
@@ -85,6 +91,10 @@ class FakeInferenceServer:
         record: bool = True,
         bytes_per_token: int = 1,
         fail_route: str | None = None,
+        slots: int | None = None,
+        prefix_cache: PrefixCache | None = None,
+        uncached_token_s: float = 0.0,
+        decode_s: float = 0.0,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
@@ -110,6 +120,10 @@ class FakeInferenceServer:
         self._seq = 0  # chat completions generated
         self._script_pos = 0
         self.fail_route = fail_route
+        self.prefix_cache = prefix_cache
+        self.uncached_token_s = uncached_token_s
+        self.decode_s = decode_s
+        self._slots = asyncio.Semaphore(slots) if slots else None
         self.control_calls: list[tuple[str, dict[str, str], dict[str, Any]]] = []
         self.weights_path: str | None = None
         self.weight_version: str | None = None
@@ -168,6 +182,8 @@ class FakeInferenceServer:
     async def _route(self, method: str, path: str, raw: bytes) -> tuple[int, bytes, bytes]:
         if path == "/health":
             return 200, b"", _JSON
+        if path == "/metrics" and self.prefix_cache is not None:
+            return 200, self.prefix_cache.metrics(self.model or "fake-model"), b"text/plain; version=0.0.4"
         if path == "/v1/models" and method == "GET":
             self._faults_for_get()
             return 200, orjson.dumps(self._models()), _JSON
@@ -214,7 +230,19 @@ class FakeInferenceServer:
             raise HTTPError(400, f"JSON decode error: {e}") from None
         if not isinstance(body, dict):
             raise HTTPError(400, "the request body must be a JSON object")
+        if fn == self._chat and (self._slots or self.prefix_cache or self.decode_s):
+            await self._generate_slowly(body)
         return 200, orjson.dumps(fn(body)), _JSON
+
+    async def _generate_slowly(self, body: dict[str, Any]) -> None:
+        """Wait for a slot, then for the prompt tokens the prefix cache misses (benchmarks only)."""
+        async with self._slots or contextlib.nullcontext():
+            busy = self.decode_s
+            if self.prefix_cache is not None:
+                ids = self._prompt_ids(body)
+                busy += (len(ids) - self.prefix_cache.lookup(ids)) * self.uncached_token_s
+            if busy:
+                await asyncio.sleep(busy)
 
     async def _dev(
         self, method: str, path: str, query: dict[str, str], raw: bytes
