@@ -408,3 +408,16 @@ def test_rejects_unknown_kind() -> None:
 def test_serve_helper_runs_a_fresh_fake() -> None:
     with serve(make_fake_backend("openai")) as srv, httpx.Client() as c:
         assert c.get(f"{srv.url}/v1/models").json()["data"][0]["id"] == "fake-model"
+
+
+def test_the_fake_prefix_cache_counts_like_vllm() -> None:
+    """Leading full blocks already seen are hits; a prompt's blocks are cached after it (benchmarks)."""
+    from tests.fakes.prefix_cache import PrefixCache
+
+    cache = PrefixCache(block=4, capacity_blocks=3)
+    assert cache.lookup(list(range(10))) == 0  # blocks [0-3], [4-7] cached; 2 tokens are no full block
+    assert cache.lookup([*range(8), 99, 98, 97, 96]) == 8
+    assert cache.lookup([5, *range(1, 8)]) == 0  # the same tokens after another first block: a miss
+    assert (cache.queries, cache.hits) == (30, 8)
+    assert cache.lookup(list(range(8))) == 0  # three blocks were cached since: the oldest went first
+    assert b"vllm:prefix_cache_hits_total" in cache.metrics("m")

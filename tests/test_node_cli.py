@@ -85,7 +85,7 @@ def test_polar_node_process(tmp_path: Path) -> None:
 def test_bad_options_are_refused(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "polar", "node", "--backend", "ftp://x", "--store", str(tmp_path / "n.db")]
     bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "backend_url must be an http(s) URL" in bad.stderr
+    assert bad.returncode == 2 and "'--backend': 'ftp://x' is not an http(s) URL" in bad.stderr
     argv = [sys.executable, "-m", "polar", "node", "--backend", "http://127.0.0.1:1", "--capacity", "0"]
     bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "capacity must be at least 1" in bad.stderr

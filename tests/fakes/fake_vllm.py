@@ -16,22 +16,39 @@ rewrite each successful chat body before it is sent: for corrupting one field pr
 fake would have sent whole; `streaming` (a `StreamFaults`) holds the per-token delay and the mid-stream
 faults (drop the connection, an error event, a malformed chunk, hold until released). SGLang refuses the
 training fields on streamed requests, and so does the fake of that kind.
+
+vLLM's dev-mode RL routes (`VLLM_SERVER_DEV_MODE=1`), as vLLM 0.32 answers them: `POST /pause?mode=wait`
+waits for the chat calls in flight and holds new ones until `POST /resume`; `GET /is_paused`;
+`POST /collective_rpc` (`reload_weights` remembers `kwargs.weights_path` in `weights_path`);
+`POST /update_weight_version` (`weight_version`); `POST /reset_prefix_cache`. Each is logged in
+`control_calls` as (path, query, body); `fail_route` names one that answers 500 (a worker that failed).
+
+For benchmarks, a server with a capacity: `slots` generations at once (the rest queue), each taking
+`decode_s` plus `uncached_token_s` per prompt token missing from its `prefix_cache` (`tests.fakes.prefix_cache`, whose
+counters `GET /metrics` shows as vLLM names them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qsl
 
 import orjson
 
+from polar.gateway.backends.openai import TOKEN_CHECK_MESSAGES
 from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, text_of
+from tests.fakes.prefix_cache import PrefixCache
 from tests.fakes.stream import StreamFaults, StreamWriter, stream_body
 from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message
 
 KINDS = ("vllm", "sglang", "openai")
+_DEV_ROUTES = frozenset(
+    ("/pause", "/resume", "/is_paused", "/collective_rpc", "/update_weight_version", "/reset_prefix_cache")
+)
 _JSON = b"application/json"
 
 
@@ -81,6 +98,11 @@ class FakeInferenceServer:
         record: bool = True,
         bytes_per_token: int = 1,
         streaming: StreamFaults | None = None,
+        fail_route: str | None = None,
+        slots: int | None = None,
+        prefix_cache: PrefixCache | None = None,
+        uncached_token_s: float = 0.0,
+        decode_s: float = 0.0,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
@@ -107,6 +129,19 @@ class FakeInferenceServer:
         self.last_headers: dict[str, str] = {}  # headers of the last POST, lower-cased names
         self._seq = 0  # chat completions generated
         self._script_pos = 0
+        self.fail_route = fail_route
+        self.prefix_cache = prefix_cache
+        self.uncached_token_s = uncached_token_s
+        self.decode_s = decode_s
+        self._slots = asyncio.Semaphore(slots) if slots else None
+        self.control_calls: list[tuple[str, dict[str, str], dict[str, Any]]] = []
+        self.weights_path: str | None = None
+        self.weight_version: str | None = None
+        self._running = asyncio.Event()  # cleared while paused: new chat calls wait
+        self._running.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def reset(self, script: Script = None, **faults: Any) -> None:
         """Back to a fresh server of the same kind (a module-scoped server reused across tests)."""
@@ -118,6 +153,11 @@ class FakeInferenceServer:
             if not hasattr(self, name) or name.startswith("_"):
                 raise AttributeError(f"no fault named {name!r}")
             setattr(self, name, value)
+
+    @property
+    def served(self) -> list[dict[str, Any]]:
+        """The chat bodies received, less the gateway's start-up token-data check (one per gateway start)."""
+        return [b for b in self.requests if b.get("messages") != TOKEN_CHECK_MESSAGES]
 
     # ---- ASGI ----
 
@@ -141,8 +181,12 @@ class FakeInferenceServer:
             msg = await receive()
             raw += msg.get("body", b"")
             more = msg.get("more_body", False)
+        query = dict(parse_qsl(scope.get("query_string", b"").decode()))
         try:
-            status, body, ctype = await self._route(method, path, raw)
+            if path in _DEV_ROUTES:
+                status, body, ctype = await self._dev(method, path, query, raw)
+            else:
+                status, body, ctype = await self._route(method, path, raw)
         except HTTPError as e:
             status, ctype = e.status, _JSON
             body = orjson.dumps(error_body(self.kind, e.status, e.message, e.err_type))
@@ -160,6 +204,8 @@ class FakeInferenceServer:
     async def _route(self, method: str, path: str, raw: bytes) -> tuple[int, bytes | StreamWriter, bytes]:
         if path == "/health":
             return 200, b"", _JSON
+        if path == "/metrics" and self.prefix_cache is not None:
+            return 200, self.prefix_cache.metrics(self.model or "fake-model"), b"text/plain; version=0.0.4"
         if path == "/v1/models" and method == "GET":
             self._faults_for_get()
             return 200, orjson.dumps(self._models()), _JSON
@@ -173,6 +219,21 @@ class FakeInferenceServer:
             return 404, b'{"detail":"Not Found"}', _JSON
         if method != "POST":
             return 405, b'{"detail":"Method Not Allowed"}', _JSON
+        if fn != self._chat:
+            return await self._handle(fn, raw)
+        await self._running.wait()  # a paused server holds new generations
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._handle(fn, raw)
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def _handle(
+        self, fn: Callable[[dict[str, Any]], dict[str, Any]], raw: bytes
+    ) -> tuple[int, bytes, bytes]:
         self.calls += 1
         n = self.calls
         if self.delay_s:
@@ -191,10 +252,51 @@ class FakeInferenceServer:
             raise HTTPError(400, f"JSON decode error: {e}") from None
         if not isinstance(body, dict):
             raise HTTPError(400, "the request body must be a JSON object")
+        if fn == self._chat and (self._slots or self.prefix_cache or self.decode_s):
+            await self._generate_slowly(body)
         out = fn(body)
         if isinstance(out, StreamWriter):
             return 200, out, b"text/event-stream"
         return 200, orjson.dumps(out), _JSON
+
+    async def _generate_slowly(self, body: dict[str, Any]) -> None:
+        """Wait for a slot, then for the prompt tokens the prefix cache misses (benchmarks only)."""
+        async with self._slots or contextlib.nullcontext():
+            busy = self.decode_s
+            if self.prefix_cache is not None:
+                ids = self._prompt_ids(body)
+                busy += (len(ids) - self.prefix_cache.lookup(ids)) * self.uncached_token_s
+            if busy:
+                await asyncio.sleep(busy)
+
+    async def _dev(
+        self, method: str, path: str, query: dict[str, str], raw: bytes
+    ) -> tuple[int, bytes, bytes]:
+        """vLLM's dev-mode RL routes (see the module doc)."""
+        if path == "/is_paused":
+            return 200, orjson.dumps({"is_paused": not self._running.is_set()}), _JSON
+        if method != "POST":
+            return 405, b'{"detail":"Method Not Allowed"}', _JSON
+        body = orjson.loads(raw) if raw else {}
+        self.control_calls.append((path, query, body))
+        if path == self.fail_route:
+            raise HTTPError(500, f"fake: {path} failed on a worker", "InternalServerError")
+        if path == "/pause":
+            self._running.clear()
+            if query.get("mode", "abort") == "wait":
+                await self._idle.wait()
+        elif path == "/resume":
+            self._running.set()
+        elif path == "/collective_rpc":
+            if body.get("method") == "reload_weights":
+                self.weights_path = body.get("kwargs", {}).get("weights_path")
+        elif path == "/update_weight_version":
+            self.weight_version = str(body.get("new_version"))
+        return 200, orjson.dumps({"status": "ok"}), _JSON
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
 
     def _faults_for_get(self) -> None:
         if self.status is not None:

@@ -275,6 +275,38 @@ def resolve_token(token_file: Path | None, *, create: bool) -> str:
         raise click.ClickException(message) from None
 
 
+BACKEND_HELP = (
+    "Base URL of the policy's inference server, e.g. http://127.0.0.1:8000. Repeat it (or give @FILE, one "
+    "URL a line) for several servers serving the same model: calls go to the least busy one, a session "
+    "stays on the server that holds its prefix, and a server that fails its health check is left out."
+)
+
+
+def expand_backends(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """`--backend URL`, repeatable, where `@FILE` stands for the URLs in FILE (one a line, `#` comments)."""
+    urls: list[str] = []
+    for value in values:
+        if not value.startswith("@"):
+            urls.append(value)
+            continue
+        path = Path(value[1:])
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise click.BadParameter(f"{path}: {exc.strerror or exc}", ctx, param) from None
+        found = [u for u in (line.split("#", 1)[0].strip() for line in text.splitlines()) if u]
+        if not found:
+            raise click.BadParameter(f"{path} names no server URL", ctx, param)
+        urls += found
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise click.BadParameter(f"{url!r} is not an http(s) URL", ctx, param)
+    twice = sorted({u for u in urls if urls.count(u) > 1})
+    if twice:
+        raise click.BadParameter(f"names a server twice: {', '.join(twice)}", ctx, param)
+    return tuple(urls)
+
+
 def gateway_options(*, port: int) -> Callable[[F], F]:
     """The gateway's options, shared by `polar gateway` and `polar node` (which serves one), so an option
     added here reaches both; `build_gateway_config` turns them into a `GatewayConfig`."""
@@ -285,10 +317,12 @@ def gateway_options(*, port: int) -> Callable[[F], F]:
             [
                 click.option(
                     "--backend",
-                    "backend_url",
+                    "backend_urls",
                     required=True,
+                    multiple=True,
                     metavar="URL",
-                    help="Base URL of the policy's inference server, e.g. http://127.0.0.1:8000.",
+                    callback=expand_backends,
+                    help=BACKEND_HELP,
                 ),
                 click.option(
                     "--backend-kind",
@@ -337,7 +371,7 @@ def gateway_options(*, port: int) -> Callable[[F], F]:
 
 def build_gateway_config(
     *,
-    backend_url: str,
+    backend_urls: tuple[str, ...],
     backend_kind: str,
     served_model: str | None,
     host: str,
@@ -355,7 +389,7 @@ def build_gateway_config(
     outbound = outbound_policy(allow_callback)
     try:
         return GatewayConfig(
-            backend_url=backend_url,
+            backend_urls=backend_urls,
             backend_kind=backend_kind,  # type: ignore[arg-type]
             served_model=served_model,
             store_path=store_path,

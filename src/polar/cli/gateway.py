@@ -48,7 +48,7 @@ from polar.cli.common import (
 )
 @log_level_option
 def gateway(
-    backend_url: str,
+    backend_urls: tuple[str, ...],
     backend_kind: str,
     served_model: str | None,
     host: str,
@@ -77,6 +77,7 @@ def gateway(
     \b
     Example:
       polar gateway --backend http://127.0.0.1:8000 --model Qwen/Qwen3-0.6B --port 8100
+      polar gateway --backend http://gpu0:8000 --backend http://gpu1:8000   # several servers, one model
       TOKEN=$(cat ~/.config/polar/token)
       curl -s -H "Authorization: Bearer $TOKEN" -X POST localhost:8101/sessions -d '{"task_id": "t1"}'
       curl -s -H "Authorization: Bearer $TOKEN" localhost:8101/sessions/SESSION_ID/completions
@@ -88,7 +89,7 @@ def gateway(
 
     setup_logging(log_level, json=log_json)
     config = build_gateway_config(
-        backend_url=backend_url,
+        backend_urls=backend_urls,
         backend_kind=backend_kind,
         served_model=served_model,
         host=host,

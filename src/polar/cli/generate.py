@@ -78,7 +78,7 @@ def _summary(counts: dict[str, Any]) -> Table:
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet", "both"]), default="both",
               show_default=True)  # fmt: skip
 def generate(
-    taskfile: Path, backend_url: str | None, backend_kind: str, model: str | None, policy: str | None,
+    taskfile: Path, backend_urls: tuple[str, ...], backend_kind: str, model: str | None, policy: str | None,
     out: Path, overwrite: bool, capacity: int, allow_callback: tuple[str, ...], log_level: str,
     log_json: bool, statuses: tuple[str, ...], min_reward: float | None, fmt: str,
 ) -> None:  # fmt: skip
@@ -110,7 +110,7 @@ def generate(
     keep = Filter(statuses=statuses, min_reward=min_reward)
     try:
         results = run_taskfile(
-            taskfile, backend_url, backend_kind, model, policy, state, capacity, console, allow_callback,
+            taskfile, backend_urls, backend_kind, model, policy, state, capacity, console, allow_callback,
             overwrite=overwrite,
         )  # fmt: skip
         counts = write_outputs(results, keep, out, formats)  # derived from results.jsonl: rewritten whole

@@ -67,7 +67,7 @@ from polar.cli.common import (
 @log_level_option
 def node(
     server_url: str | None,
-    backend_url: str,
+    backend_urls: tuple[str, ...],
     backend_kind: str,
     served_model: str | None,
     host: str,
@@ -112,7 +112,7 @@ def node(
     allow_plugins(plugins)
     try:
         gateway = build_gateway_config(
-            backend_url=backend_url,
+            backend_urls=backend_urls,
             backend_kind=backend_kind,
             served_model=served_model,
             host=host,

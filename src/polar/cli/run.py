@@ -24,7 +24,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from polar.cli.common import allow_callback_option, logging_options, outbound_policy, setup_logging
+from polar.cli.common import (
+    BACKEND_HELP,
+    allow_callback_option,
+    expand_backends,
+    logging_options,
+    outbound_policy,
+    setup_logging,
+)
 
 STAGES = ("INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING")
 
@@ -92,7 +99,7 @@ async def _run(
     plan: Any,
     state: RunState,
     sink: Any,
-    backend_url: str,
+    backend_urls: tuple[str, ...],
     backend_kind: str,
     model: str | None,
     capacity: int,
@@ -114,7 +121,7 @@ async def _run(
     )
     async with local_stack(
         state.out,
-        backend_url,
+        backend_urls,
         backend_kind,
         model,
         capacity,
@@ -162,8 +169,8 @@ def rollout_options(default_out: str) -> Any:
 
     def decorate(fn: Any) -> Any:
         options = [
-            click.option("--backend", "backend_url", metavar="URL",
-                         help="Inference server (default: start the engine)."),
+            click.option("--backend", "backend_urls", metavar="URL", multiple=True, callback=expand_backends,
+                         help=f"{BACKEND_HELP} Default: start the embedded engine."),
             click.option("--backend-kind", type=click.Choice(["vllm", "sglang", "openai"]), default="vllm",
                          show_default=True),
             click.option("--model", default=None, help="Served model name (default: what the backend lists)."),
@@ -190,7 +197,7 @@ def rollout_options(default_out: str) -> Any:
 
 def run_taskfile(
     taskfile: Path,
-    backend_url: str | None,
+    backend_urls: tuple[str, ...],
     backend_kind: str,
     model: str | None,
     policy: str | None,
@@ -203,7 +210,7 @@ def run_taskfile(
 ) -> list[Any]:
     """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
     import paths) before anything loads, resume or start the run in `state.out`, start the embedded engine
-    unless a backend is given (and something is left to run), run every unfinished session through a local
+    unless backends are given (and something is left to run), run every unfinished session through a local
     server and node, and return every finished session's result (earlier runs' too)."""
     from polar.modelsource import ModelNotFound, prepare_model
     from polar.rollout.rundir import ResultsFile, RunDirError, locked, plan_run
@@ -216,7 +223,7 @@ def run_taskfile(
     if capacity < 1:
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
-    if backend_url is None:
+    if not backend_urls:
         from polar.extras import ENGINE, require_cli
 
         require_cli(ENGINE)
@@ -238,7 +245,7 @@ def run_taskfile(
                 if not plan.nothing_to_run:
                     roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
                     _serve_and_run(
-                        tasks, plan, state, sink, backend_url, backend_kind, model, policy, capacity,
+                        tasks, plan, state, sink, backend_urls, backend_kind, model, policy, capacity,
                         console, allow_callback, roots,
                     )  # fmt: skip
     except RunDirError as exc:
@@ -251,7 +258,7 @@ def _serve_and_run(
     plan: Any,
     state: RunState,
     sink: Any,
-    backend_url: str | None,
+    backend_urls: tuple[str, ...],
     backend_kind: str,
     model: str | None,
     policy: str | None,
@@ -261,7 +268,7 @@ def _serve_and_run(
     upload_roots: tuple[Path, ...],
 ) -> None:
     with contextlib.ExitStack() as stack:
-        if backend_url is None:
+        if not backend_urls:
             from polar.rollout.local import embedded_engine
 
             loading = "loading the policy (the default model is built once)"
@@ -269,8 +276,8 @@ def _serve_and_run(
                 click.echo(loading)
             with console.status(loading):
                 engine, engine_server = stack.enter_context(embedded_engine(policy))
-            backend_url, backend_kind, model = engine_server.url, "vllm", engine.name
-            click.echo(f"policy {engine.name} served by the embedded engine at {backend_url}")
+            backend_urls, backend_kind, model = (engine_server.url,), "vllm", engine.name
+            click.echo(f"policy {engine.name} served by the embedded engine at {engine_server.url}")
         click.echo(f"running {plan.to_run} sessions, {capacity} at a time")
         asyncio.run(
             _run(
@@ -278,7 +285,7 @@ def _serve_and_run(
                 plan,
                 state,
                 sink,
-                backend_url,
+                backend_urls,
                 backend_kind,
                 model,
                 capacity,
@@ -309,7 +316,7 @@ def interrupted(state: RunState) -> NoReturn:
 @rollout_options("polar-run")
 def run(
     taskfile: Path,
-    backend_url: str | None,
+    backend_urls: tuple[str, ...],
     backend_kind: str,
     model: str | None,
     policy: str | None,
@@ -338,7 +345,7 @@ def run(
     state = RunState(out)
     try:
         results = run_taskfile(
-            taskfile, backend_url, backend_kind, model, policy, state, capacity, console, allow_callback,
+            taskfile, backend_urls, backend_kind, model, policy, state, capacity, console, allow_callback,
             overwrite=overwrite,
         )  # fmt: skip
     except KeyboardInterrupt:

@@ -28,6 +28,7 @@ from polar.gateway import control
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
 from polar.gateway.backends.http import BackendUnreachable
+from polar.gateway.backends.pool import BackendPool
 from polar.gateway.config import GatewayConfig
 from polar.gateway.dialects.anthropic import AnthropicDialect
 from polar.gateway.dialects.base import Dialect, StreamFormat
@@ -276,6 +277,19 @@ async def _check_token_data(backend: Backend, served: str) -> None:
         ) from None
 
 
+def _backend(config: GatewayConfig) -> Backend:
+    """The client of the policy's server, or a pool when the gateway has several (`backends.pool`)."""
+    if len(config.backend_urls) == 1:
+        return make_backend(config.backend_kind, config.backend_url, config.backend)
+    return BackendPool.of(
+        config.backend_kind,
+        config.backend_urls,
+        config.backend,
+        affinity=config.backend_affinity,
+        health_interval_s=config.health_interval_s,
+    )
+
+
 class HotPath:
     """Serves the generation routes straight from ASGI, in front of Starlette's router and middleware.
 
@@ -351,10 +365,13 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
         writer = AsyncWriter(config.store_path, config.durability, cache=cache)
         reader = SQLiteStore(config.store_path, config.durability)
         sweeper: asyncio.Task[None] | None = None
-        backend = make_backend(config.backend_kind, config.backend_url, config.backend)
+        backend = _backend(config)
         try:  # everything opened above is closed however start-up or serving ends
             await backend.start()
-            served = config.served_model or await _first_model(backend)
+            if isinstance(backend, BackendPool):
+                served = await backend.resolve_model(config.served_model)
+            else:
+                served = config.served_model or await _first_model(backend)
             if config.check_token_data:
                 await _check_token_data(backend, served)
             app.state.config = config

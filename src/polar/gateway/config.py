@@ -17,7 +17,12 @@ BackendKind = Literal["vllm", "sglang", "openai"]
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    backend_url: str
+    """`backend_url` is the inference server; several servers of one kind go in `backend_urls` (spread by
+    `polar.gateway.backends.pool`). Either may be given: after construction `backend_urls` holds every
+    server and `backend_url` the first."""
+
+    backend_url: str = ""
+    backend_urls: tuple[str, ...] = ()
     backend_kind: BackendKind = "vllm"
     served_model: str | None = None  # None: ask the backend's /v1/models at start-up
     store_path: Path = Path("polar.db")
@@ -43,18 +48,33 @@ class GatewayConfig:
     # forgets it then too). Smaller only costs disk: the next call of a forgotten session is stored whole.
     session_cache_bytes: int = DEFAULT_CACHE_BYTES
     session_idle_s: float = DEFAULT_IDLE_S
+    # Several servers only: keep a session on the server holding its prefix, and how often each is probed.
+    backend_affinity: bool = True
+    health_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
+        urls = tuple(u.rstrip("/") for u in self.backend_urls or (self.backend_url,) if u)
+        if not urls:
+            raise ValueError("a gateway needs an inference server: backend_url or backend_urls")
+        if self.backend_url and self.backend_url.rstrip("/") not in urls:
+            raise ValueError(f"backend_url {self.backend_url!r} is not one of backend_urls")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"backend_urls names a server twice: {', '.join(urls)}")
+        object.__setattr__(self, "backend_urls", urls)
+        object.__setattr__(self, "backend_url", urls[0])
         if self.backend_kind not in ("vllm", "sglang", "openai"):
             raise ValueError(f"backend_kind must be vllm, sglang or openai, not {self.backend_kind!r}")
-        if not self.backend_url.startswith(("http://", "https://")):
-            raise ValueError(f"backend_url must be an http(s) URL, not {self.backend_url!r}")
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"backend_url must be an http(s) URL, not {url!r}")
         if len(self.control_token) < MIN_TOKEN_CHARS:
             raise ValueError(f"control_token must be at least {MIN_TOKEN_CHARS} characters")
         if self.control_port != 0 and (self.control_host, self.control_port) == (self.host, self.port):
             raise ValueError("the control listener needs its own port (control_port), not the data port")
         if self.max_body_bytes <= 0:
             raise ValueError("max_body_bytes must be positive")
+        if self.health_interval_s < 0:
+            raise ValueError("health_interval_s must be 0 (no probes) or more")
         if not self.body_timeout_s > 0:
             raise ValueError("body_timeout_s must be positive")
         if self.session_cache_bytes < 0:

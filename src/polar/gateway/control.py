@@ -124,7 +124,7 @@ async def get_trajectory(request: Request) -> Response:
 
 async def delete_session(request: Request) -> Response:
     sid = request.path_params["session_id"]
-    if not await _proxy(request).sessions.close(sid):
+    if not await _proxy(request).close_session(sid):
         return _error(404, f"no session {sid}", "not_found_error")
     return _json({"session_id": sid, "status": "closed"})
 
@@ -159,6 +159,35 @@ async def health(request: Request) -> Response:
     return _json(body)
 
 
+async def backends(request: Request) -> Response:
+    """Per-server state (URL, health, calls in flight, calls, failures, pinned sessions): internal
+    addresses, so only here, behind the token, never on the model API or the open `/health`."""
+    proxy = _proxy(request)
+    if proxy.pool is None:
+        servers: list[dict[str, Any]] = [{"url": proxy.backend.url, "outstanding": proxy.gate.in_flight}]
+        return _json({"kind": proxy.backend.kind, "affinity": None, "backends": servers})
+    return _json({"kind": proxy.pool.kind, "affinity": proxy.pool.affinity, "backends": proxy.pool.state()})
+
+
+async def set_backend(request: Request) -> Response:
+    """`POST /admin/backends {"url": U, "enabled": false}`: take a server out of rotation (a weight sync
+    failed on it) or put it back; health checks do not override it."""
+    try:
+        body = await read_json(request, 1 << 16)
+    except GatewayError as err:
+        return _error(err.status, err.message)
+    url = body.get("url") if isinstance(body, dict) else None
+    enabled = body.get("enabled") if isinstance(body, dict) else None
+    if not isinstance(url, str) or not isinstance(enabled, bool):
+        return _error(400, 'body must be {"url": "http://...", "enabled": true|false}')
+    pool = _proxy(request).pool
+    if pool is None:
+        return _error(409, "this gateway has one inference server; there is no rotation to change")
+    if not pool.set_enabled(url, enabled):
+        return _error(404, f"no inference server {url} behind this gateway", "not_found_error")
+    return _json({"backends": pool.state()})
+
+
 async def not_found(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 404)
     if status == 405:
@@ -181,4 +210,6 @@ routes = [
     Route("/sessions/{session_id}/trajectory", get_trajectory, methods=["GET"]),
     Route("/admin/pause", pause, methods=["POST"]),
     Route("/admin/resume", resume, methods=["POST"]),
+    Route("/backends", backends, methods=["GET"]),
+    Route("/admin/backends", set_backend, methods=["POST"]),
 ]

@@ -27,6 +27,7 @@ from starlette.responses import Response, StreamingResponse
 
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend, BackendOptions
+from polar.gateway.backends.pool import BackendPool
 from polar.gateway.backends.stream import StreamAccumulator
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.gateway.dialects.base import Dialect, StreamEncoder, StreamFormat
@@ -241,6 +242,8 @@ class Proxy:
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
     ) -> None:
         self.backend = backend
+        # Several servers: calls carry their session for affinity (`backends.pool`).
+        self.pool = backend if isinstance(backend, BackendPool) else None
         self.served_model = served_model
         self.sessions = sessions
         self.writer = writer
@@ -273,6 +276,13 @@ class Proxy:
                 await backend.start()
                 self._side_backends[key] = backend
         return backend
+
+    async def close_session(self, session_id: str) -> bool:
+        """Refuse the session's key from now on and drop its server affinity; False if there is no such
+        session."""
+        if self.pool is not None:
+            self.pool.forget(session_id)
+        return await self.sessions.close(session_id)
 
     async def aclose(self) -> None:
         """Finish the clean-ups of abandoned streams and close the side-call backends (the policy backend
@@ -383,7 +393,10 @@ class Proxy:
         await self.gate.enter()
         try:
             t_up = time.perf_counter()
-            comp = await placed.backend.complete(placed.upstream)
+            if self.pool is not None and placed.backend is self.pool:
+                comp = await self.pool.complete(placed.upstream, call.state.session_id)
+            else:
+                comp = await placed.backend.complete(placed.upstream)
             upstream_ms = (time.perf_counter() - t_up) * 1000.0
         finally:
             self.gate.leave()
@@ -399,7 +412,10 @@ class Proxy:
         encoder = call.dialect.stream_encoder(call.req, self.codec, fmt)
         await self.gate.enter()
         t_up = time.perf_counter()
-        chunks = placed.backend.stream(placed.upstream)
+        if self.pool is not None and placed.backend is self.pool:
+            chunks = self.pool.stream(placed.upstream, call.state.session_id)
+        else:
+            chunks = placed.backend.stream(placed.upstream)
         try:
             try:
                 first = await anext(chunks)

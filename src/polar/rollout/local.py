@@ -49,7 +49,7 @@ class LocalStack:
 @contextlib.asynccontextmanager
 async def local_stack(
     out: Path,
-    backend_url: str,
+    backend_url: str | Sequence[str],
     backend_kind: str,
     model: str | None,
     capacity: int,
@@ -58,7 +58,8 @@ async def local_stack(
     allow_callback: tuple[str, ...] = (),
     upload_roots: Sequence[Path] = (),
 ) -> AsyncIterator[LocalStack]:
-    """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`).
+    """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)
+    whose gateway sends calls to `backend_url` (several URLs: spread over those servers).
     `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs; the node reads
     upload sources only inside `upload_roots` (the task files' directories).
 
@@ -116,7 +117,7 @@ def requeue_orphans(db: Path) -> int:
 
 def _node(
     out: Path,
-    backend_url: str,
+    backend_url: str | Sequence[str],
     backend_kind: str,
     model: str | None,
     capacity: int,
@@ -132,7 +133,7 @@ def _node(
     return Node(
         NodeConfig(
             gateway=GatewayConfig(
-                backend_url=backend_url,
+                backend_urls=(backend_url,) if isinstance(backend_url, str) else tuple(backend_url),
                 backend_kind=backend_kind,  # type: ignore[arg-type]
                 served_model=model,
                 store_path=out / "gateway.db",

@@ -9,7 +9,7 @@
     estimator: rloo             # grpo | rloo | dr_grpo
     loss: {eps_low: 0.2, eps_high: 0.28, tis_cap: 2.0, kl_coef: 0.0, aggregation: token_mean}
     optimizer: {lr: 1.0e-6, weight_decay: 0.1, betas: [0.9, 0.999], grad_clip: 1.0}
-    backend: embedded           # or the URL of a vLLM server (weights synced over its RL routes)
+    backend: embedded           # or the URL of a vLLM server, or a list of URLs (weights synced over RL routes)
     out: polar-train
     resume: polar-train/checkpoints/step-4   # optional: continue a run (`steps` counts from the start)
 
@@ -235,10 +235,11 @@ class TrainConfig(_Section):
         description="A checkpoints/step-N folder written by polar train: continue from its weights, "
         "optimizer state and step count (metrics are appended).",
     )
-    backend: str = Field(
+    backend: str | list[str] = Field(
         "embedded",
-        description="The policy server: embedded (polar's engine, in this process) or the base URL of a "
-        "vLLM server, whose weights are reloaded over its RL routes after each step.",
+        description="The policy server: embedded (polar's engine, in this process), or the base URL of a "
+        "vLLM server, or a list of URLs of vLLM servers serving the same model (the gateway spreads "
+        "sessions over them); their weights are reloaded over their RL routes after each step.",
     )
     served_model: str | None = Field(
         None, description="The model name the vLLM server serves; null: the first one it lists."
@@ -254,10 +255,16 @@ class TrainConfig(_Section):
 
     @field_validator("backend")
     @classmethod
-    def _backend(cls, v: str) -> str:
-        if v != "embedded" and not v.startswith(("http://", "https://")):
-            raise ValueError("must be 'embedded' or an http(s) URL of a vLLM server")
-        return v.rstrip("/")
+    def _backend(cls, v: str | list[str]) -> str | list[str]:
+        if v == "embedded":
+            return v
+        urls = [v] if isinstance(v, str) else v
+        if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError("must be 'embedded', or an http(s) URL of a vLLM server, or a list of them")
+        urls = [u.rstrip("/") for u in urls]
+        if len(set(urls)) != len(urls):
+            raise ValueError("names a server twice")
+        return urls[0] if isinstance(v, str) else urls
 
     @field_validator("tasks", mode="before")
     @classmethod

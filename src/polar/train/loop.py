@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from polar.rollout.task import Task
 from polar.train.advantages import Estimator, GroupStats
 from polar.train.export import trajectory_of
 from polar.train.metrics import Metrics, StepMetrics
-from polar.train.sync import GatewayGate, WeightSync
+from polar.train.sync import GatewayGate, PartialSyncError, WeightSync
 from polar.train.trainer import StepResult, Trainer, build_samples
 from polar.trajectory.models import Trajectory
 
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from polar.train.config import TrainConfig
+
+log = logging.getLogger("polar.train")
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +191,15 @@ class TrainLoop:
         flight finished before the drain timeout)."""
         started = time.perf_counter()
         async with self.gate.paused() as pause:
-            await self.sync.push(self.trainer, self.trainer.step_count)
+            try:
+                await self.sync.push(self.trainer, self.trainer.step_count)
+            except PartialSyncError as exc:
+                if not exc.synced:
+                    raise
+                # Before the gate opens: no call reaches a server left with old or half-loaded weights.
+                log.error("%s; taking them out of the gateway's rotation", exc)
+                for url in exc.failed:
+                    await self.gate.set_backend(url, enabled=False)
         self.version = self.trainer.step_count
         return time.perf_counter() - started, pause.drained
 
@@ -276,7 +287,7 @@ def train(
     upload_roots: Sequence[Path] = (),
 ) -> list[StepMetrics]:
     """Everything `polar train` runs, on this machine: the policy server (the embedded engine, or a vLLM
-    server at `config.backend`), the rollout server and a node, the trainer, and the loop.
+    server or servers at `config.backend`), the rollout server and a node, the trainer, and the loop.
 
     `console` gets the progress bar and one line per step (None: metrics go to the JSONL file only);
     `upload_roots` are the directories the tasks' uploads may read (`polar.train.config.upload_roots`).
@@ -332,7 +343,9 @@ def train(
 
         leftovers = _active_tasks(out / "server.db")
 
-        async def go(backend_url: str, model: str | None, sync: WeightSync) -> list[StepMetrics]:
+        async def go(
+            backend_url: str | Sequence[str], model: str | None, sync: WeightSync
+        ) -> list[StepMetrics]:
             async with local_stack(
                 out,
                 backend_url,

@@ -7,7 +7,7 @@ just see a slower answer. Two ways to push:
 - `EngineSync`: the embedded engine in this process; `Engine.update_weights` copies the trainer's tensors
   (validated first, all or nothing), drains its own queue, and bumps `policy_version`, which every later
   response (and so every gateway record) carries.
-- `VLLMSync`: a vLLM server over HTTP. vLLM's RL routes are served with `VLLM_SERVER_DEV_MODE=1` (read:
+- `VLLMSync`: one or several vLLM servers over HTTP. vLLM's RL routes are served with `VLLM_SERVER_DEV_MODE=1` (read:
   `vllm/entrypoints/rl/online/api_router.py` on main, and `serve/rlhf/api_router.py` in v0.16):
   `POST /pause?mode=wait&clear_cache=true` (finish in-flight requests, drop the prefix cache),
   `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` (every worker
@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -80,6 +80,10 @@ class GatewayGate:
         finally:
             await _post(self._http, f"{self.url}/admin/resume")
 
+    async def set_backend(self, url: str, *, enabled: bool) -> None:
+        """Take one of the gateway's inference servers out of rotation (or back in)."""
+        await _post(self._http, f"{self.url}/admin/backends", json={"url": url, "enabled": enabled})
+
     async def aclose(self) -> None:
         await self._http.aclose()
 
@@ -100,26 +104,58 @@ class EngineSync:
         return None
 
 
-class VLLMSync:
-    """Push a checkpoint folder to a vLLM server through its RL HTTP routes (see the module doc)."""
+class PartialSyncError(SyncError):
+    """A sync that failed on some servers: `synced` serve the new weights and were resumed, `failed` (URL ->
+    why) were left as they are (paused, maybe half-loaded) and must leave the gateway's rotation."""
 
-    def __init__(self, url: str, folder: Path, *, timeout_s: float = 600.0) -> None:
-        self.url = url.rstrip("/")
-        self.folder = folder  # where the weights are written; the server must be able to read it
+    def __init__(self, version: int, synced: Sequence[str], failed: dict[str, str]) -> None:
+        self.version, self.synced, self.failed = version, tuple(synced), dict(failed)
+        why = "; ".join(failed.values())
+        kept = f"the other {len(synced)} resumed with version {version}" if synced else "no server resumed"
+        super().__init__(
+            f"weight sync to version {version} failed on {len(failed)} of {len(failed) + len(synced)} "
+            f"server(s), not resumed: {', '.join(failed)} ({why}); {kept}"
+        )
+
+
+class VLLMSync:
+    """Push a checkpoint folder to one or several vLLM servers through their RL HTTP routes (see the module
+    doc). Each step runs on every server at once, and a server that fails a step skips the rest: the others
+    are resumed with the new weights, it is not (it may hold half-loaded weights, which must not serve),
+    and `PartialSyncError` names it."""
+
+    def __init__(self, url: str | Sequence[str], folder: Path, *, timeout_s: float = 600.0) -> None:
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("VLLMSync needs at least one server URL")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.url = self.urls[0]
+        self.folder = folder  # where the weights are written; every server must be able to read it
         self._http = httpx.AsyncClient(timeout=timeout_s)
 
     async def push(self, trainer: Trainer, version: int) -> None:
         target = self.folder / f"v{version}"
         await asyncio.to_thread(_write_weights, trainer, target)
-        await _post(self._http, f"{self.url}/pause", params={"mode": "wait", "clear_cache": "true"})
-        # No resume when the reload fails: workers may hold half-loaded weights, which must not serve.
-        await _post(
-            self._http,
-            f"{self.url}/collective_rpc",
-            json={"method": "reload_weights", "kwargs": {"weights_path": str(target.resolve())}},
-        )
-        await _post(self._http, f"{self.url}/update_weight_version", json={"new_version": str(version)})
-        await _post(self._http, f"{self.url}/resume")
+        reload = {"method": "reload_weights", "kwargs": {"weights_path": str(target.resolve())}}
+        steps: list[tuple[str, dict[str, Any]]] = [
+            ("/pause", {"params": {"mode": "wait", "clear_cache": "true"}}),
+            ("/collective_rpc", {"json": reload}),
+            ("/update_weight_version", {"json": {"new_version": str(version)}}),
+            ("/resume", {}),
+        ]
+        live, failed = list(self.urls), {}
+        for path, kwargs in steps:
+            results = await asyncio.gather(
+                *(_post(self._http, f"{url}{path}", **kwargs) for url in live), return_exceptions=True
+            )
+            for url, result in zip(live, results, strict=True):
+                if isinstance(result, SyncError):
+                    failed[url] = str(result)
+                elif isinstance(result, BaseException):
+                    raise result
+            live = [url for url in live if url not in failed]
+        if failed:
+            raise PartialSyncError(version, live, failed)
         for old in self.folder.glob("v*"):  # keep only the weights being served
             if old != target and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)

@@ -33,6 +33,12 @@ _SSE_HEADERS = {"Accept": "text/event-stream"}
 T = TypeVar("T")
 
 
+class UpstreamUnavailable(GatewayError):
+    """An upstream failure that delivered nothing (no connection, a dropped one, a 502/503/504), after this
+    client's own retries. Nothing reached the harness or the record, so a `BackendPool` may send the call
+    to another server."""
+
+
 class _Retryable(Exception):
     """An attempt that failed where the server certainly produced nothing: worth another attempt."""
 
@@ -41,7 +47,7 @@ class _Retryable(Exception):
         self.failure = failure
 
 
-class BackendUnreachable(GatewayError):
+class BackendUnreachable(UpstreamUnavailable):
     """No connection to the server at all (nothing listening yet, or gone): it produced nothing."""
 
 
@@ -112,7 +118,9 @@ class UpstreamClient:
                 )
                 return await continue_after(policy, first, attempt)
         except _Retryable as e:
-            raise e.failure from None
+            f = e.failure
+            kind = BackendUnreachable if isinstance(f, BackendUnreachable) else UpstreamUnavailable
+            raise kind(f.kind, f.message, param=f.param, status=f.status) from None
 
     async def _attempt(self, method: str, url: str, payload: bytes | None) -> Any:
         """One request: the decoded body, a GatewayError, or `_Retryable` (nothing came back)."""

@@ -33,6 +33,10 @@ TOKEN_FLAGS = {
 }
 
 
+# The start-up call of `check_token_data` (tests tell it from the calls they count by these messages).
+TOKEN_CHECK_MESSAGES = [{"role": "user", "content": "Say OK."}]
+
+
 class TokenDataMissing(RuntimeError):
     """The policy's server does not return the token data training needs (found at start-up)."""
 
@@ -169,7 +173,7 @@ class TokenizingBackend(OpenAIBackend):
         run of untrainable records before anyone looks."""
         body = {
             "model": served_model,
-            "messages": [{"role": "user", "content": "Say OK."}],
+            "messages": TOKEN_CHECK_MESSAGES,
             "max_tokens": 1,
             "temperature": 0,
             **self.training_fields(),

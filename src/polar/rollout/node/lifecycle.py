@@ -290,7 +290,7 @@ async def close_gateway_session(s: NodeSession, env: StageEnv) -> None:
     if s.gateway_open:
         s.gateway_open = False
         try:
-            await env.proxy.sessions.close(s.session_id)
+            await env.proxy.close_session(s.session_id)
         except Exception:  # the store write failed; the trajectory reads what was committed
             pass
 
