@@ -52,9 +52,9 @@ async def running_node(
     """A started node; `wrap_model_api(app)` wraps the ASGI app of its model API listener (a recorder)."""
     gateway = GatewayConfig(
         backend_url=backend_url,
-        served_model=SERVED_MODEL,
+        served_model=overrides.pop("served_model", SERVED_MODEL),
         store_path=tmp_path / "node.db",
-        backend=BackendOptions(retries=0, timeout_s=30.0),
+        backend=overrides.pop("backend", BackendOptions(retries=0, timeout_s=30.0)),
         port=0,
         control_token=overrides.pop("control_token", TOKEN),  # the test servers' token: nodes register
         # Frozen side-call models in tests listen on loopback, which an operator must allow.

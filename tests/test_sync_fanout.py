@@ -25,7 +25,7 @@ from tests.fakes.fake_vllm import FakeInferenceServer, make_fake_backend
 from tests.fakes.server import serve
 from tests.node_support import shell_task
 
-ROUTES = ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+ROUTES = ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"]
 
 
 class _Saver:
@@ -66,7 +66,7 @@ async def test_sync_pauses_reloads_and_resumes_every_server(tmp_path: Path) -> N
             )
             while app0.calls == 0:  # the call has reached the server
                 await asyncio.sleep(0.01)
-            sync = VLLMSync([u for u, _ in servers], tmp_path / "sync")
+            sync = VLLMSync([u for u, _ in servers], tmp_path / "sync", verify=False)
             await sync.push(TRAINER, 1)
             # pause?mode=wait let the call in flight finish first
             assert in_flight.done() and in_flight.result().status_code == 200
@@ -75,14 +75,14 @@ async def test_sync_pauses_reloads_and_resumes_every_server(tmp_path: Path) -> N
     target = str((tmp_path / "sync" / "v2").resolve())
     for _, app in servers:
         assert [c[0] for c in app.control_calls] == ROUTES * 2
-        assert app.control_calls[0][1] == {"mode": "wait", "clear_cache": "true"}
+        assert app.control_calls[0][1] == {"mode": "wait"}
         assert app.weights_path == target and app.weight_version == "2" and not app.paused
     assert [p.name for p in (tmp_path / "sync").iterdir()] == ["v2"]
 
 
 async def test_a_server_that_fails_stays_paused_and_the_others_resume(tmp_path: Path) -> None:
     with fakes(None, "/collective_rpc", None, "/pause") as servers:
-        sync = VLLMSync([u for u, _ in servers], tmp_path / "sync")
+        sync = VLLMSync([u for u, _ in servers], tmp_path / "sync", verify=False)
         with pytest.raises(PartialSyncError) as info:
             await sync.push(TRAINER, 3)
         await sync.aclose()
@@ -117,7 +117,7 @@ async def test_the_loop_takes_a_failed_server_out_of_the_gateways_rotation(tmp_p
         )
         try:
             gate = GatewayGate(gw.control_url, control_token=gw.control_token, timeout_s=5)
-            sync = VLLMSync([ok, bad], tmp_path / "sync")
+            sync = VLLMSync([ok, bad], tmp_path / "sync", verify=False)
             loop = TrainLoop(
                 [shell_task("true")], TRAINER, cast(Any, None), gate, sync, cast(Any, None), LoopConfig()
             )

@@ -194,7 +194,7 @@ def vllm_control(
             return JSONResponse({"error": "worker failed to load weights"}, status_code=500)
         return JSONResponse({"status": "ok"})
 
-    paths = ["/pause", "/resume", "/collective_rpc", "/update_weight_version"]
+    paths = ["/pause", "/resume", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version"]
     return Starlette(routes=[Route(p, handle, methods=["POST"]) for p in paths])
 
 
@@ -204,18 +204,21 @@ async def test_vllm_sync_pauses_reloads_a_checkpoint_and_resumes(
     calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     trainer = new_trainer(base_trainer)
     with serve(vllm_control(calls)) as srv:
-        sync = VLLMSync(srv.url, tmp_path / "sync")
+        sync = VLLMSync(srv.url, tmp_path / "sync", verify=False)
         await sync.push(trainer, 1)
         await sync.push(trainer, 2)
         await sync.aclose()
     routes = [c[0] for c in calls]
-    assert routes == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"] * 2
-    assert calls[0][1] == {"mode": "wait", "clear_cache": "true"}
-    rpc = calls[5][2]
+    assert (
+        routes
+        == ["/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume"] * 2
+    )
+    assert calls[0][1] == {"mode": "wait"}
+    rpc = calls[6][2]
     assert rpc["method"] == "reload_weights"
     folder = Path(rpc["kwargs"]["weights_path"])
     assert folder == (tmp_path / "sync" / "v2").resolve()
-    assert calls[6][2] == {"new_version": "2"}
+    assert calls[8][2] == {"new_version": "2"}
     weights = load_checkpoint(folder)  # a checkpoint the server can load, with the trainer's tensors
     assert torch.equal(weights["model.norm.weight"], trainer.model.model.norm.weight)
     assert [p.name for p in (tmp_path / "sync").iterdir()] == ["v2"]  # only the served version is kept
@@ -226,7 +229,7 @@ async def test_vllm_sync_failure_names_the_route_and_does_not_resume(
 ) -> None:
     calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
     with serve(vllm_control(calls, fail="/collective_rpc")) as srv:
-        sync = VLLMSync(srv.url, tmp_path / "sync")
+        sync = VLLMSync(srv.url, tmp_path / "sync", verify=False)
         with pytest.raises(SyncError, match=r"/collective_rpc: HTTP 500: .*failed to load"):
             await sync.push(new_trainer(base_trainer), 1)
         await sync.aclose()
@@ -272,6 +275,7 @@ def test_train_against_a_vllm_server_syncs_through_its_rl_routes(tmp_path: Path)
             "/pause",
             "/resume",
             "/collective_rpc",
+            "/reset_prefix_cache",
             "/update_weight_version",
         )
         await (control if routed else policy)(scope, receive, send)
@@ -281,13 +285,20 @@ def test_train_against_a_vllm_server_syncs_through_its_rl_routes(tmp_path: Path)
         config = TrainConfig(
             tasks=[t], backend=srv.url, served_model=SERVED_MODEL, steps=1, group_size=2, batch_groups=1,
             device="cpu", out=str(tmp_path / "run"),
+            verify_weight_sync=False,  # the stand-in serves no logprobs to check (tests/test_vllm_sync.py does)
         )  # fmt: skip
         history = train(config, [Task.model_validate(t)])
     assert len(history) == 1 and history[0].policy_version == 1 and history[0].samples == 2
     # The trained group's calls reached the server through the gateway (the next group, submitted while
     # training, may have called too before it was cancelled).
     assert len(policy.requests) >= 2
-    assert [c[0] for c in calls] == ["/pause", "/collective_rpc", "/update_weight_version", "/resume"]
+    assert [c[0] for c in calls] == [
+        "/pause",
+        "/collective_rpc",
+        "/reset_prefix_cache",
+        "/update_weight_version",
+        "/resume",
+    ]
     folder = Path(calls[1][2]["kwargs"]["weights_path"])
     assert folder == (tmp_path / "run" / "sync" / "v1").resolve() and load_checkpoint(folder)
     line = orjson.loads((tmp_path / "run" / "metrics.jsonl").read_bytes().splitlines()[0])

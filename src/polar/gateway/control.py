@@ -142,8 +142,17 @@ async def pause(request: Request) -> Response:
 
 
 async def resume(request: Request) -> Response:
-    _proxy(request).gate.resume()
-    return _json({"paused": False})
+    """Admit generations again; `?policy_version=N` names the weights now served, recorded on every call
+    that starts generating from here on (for servers that report no version themselves, like vLLM)."""
+    raw = request.query_params.get("policy_version")
+    version: int | None = None
+    if raw is not None:
+        try:
+            version = int(raw)
+        except ValueError:
+            return _error(400, f"policy_version must be an integer, not {raw!r}")
+    _proxy(request).gate.resume(version)
+    return _json({"paused": False, "policy_version": _proxy(request).gate.policy_version})
 
 
 async def health(request: Request) -> Response:

@@ -78,6 +78,7 @@ class Call:
     started: float  # perf_counter at arrival
     body: Any = None
     req: CanonicalRequest | None = None
+    policy_version: int | None = None  # the gate's when the call entered generation
 
 
 class Flight:
@@ -197,6 +198,9 @@ class Gate:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # The weights the server generates with, as the trainer said when it resumed the gate; stamped on
+        # records whose server reports no version (vLLM does not).
+        self.policy_version: int | None = None
 
     @property
     def paused(self) -> bool:
@@ -225,7 +229,9 @@ class Gate:
         except TimeoutError:
             return False
 
-    def resume(self) -> None:
+    def resume(self, policy_version: int | None = None) -> None:
+        if policy_version is not None:
+            self.policy_version = policy_version
         self._open.set()
 
 
@@ -391,6 +397,7 @@ class Proxy:
     async def _call_single(self, call: Call, placed: Placed) -> Completion:
         """Generate in one upstream call, record: the completion, its record committed before anyone sees it."""
         await self.gate.enter()
+        call.policy_version = self.gate.policy_version
         try:
             t_up = time.perf_counter()
             if self.pool is not None and placed.backend is self.pool:
@@ -411,6 +418,7 @@ class Proxy:
         assert call.req is not None
         encoder = call.dialect.stream_encoder(call.req, self.codec, fmt)
         await self.gate.enter()
+        call.policy_version = self.gate.policy_version
         t_up = time.perf_counter()
         if self.pool is not None and placed.backend is self.pool:
             chunks = self.pool.stream(placed.upstream, call.state.session_id)
@@ -503,6 +511,8 @@ class Proxy:
         record = replace(
             record, upstream_latency_ms=round(upstream_ms, 3), gateway_overhead_ms=round(overhead_ms, 3)
         )
+        if record.policy_version is None and backend is self.backend:
+            record = replace(record, policy_version=call.policy_version)
         if backend is not self.backend:
             # The frozen model's tokens are never the policy's, whatever its server returned. Its ids
             # are its own (a hosted API may send none; another server counts from the same start), so

@@ -251,6 +251,11 @@ class TrainConfig(_Section):
         description="Seconds a weight sync waits, with the gateway paused, for calls in flight to finish; "
         "past it the sync proceeds (`sync_drained` 0).",
     )
+    verify_weight_sync: bool = Field(
+        True,
+        description="After each reload, check that every vLLM server scores a fixed text as the trainer "
+        "does (mean logprob difference <= 0.1); a server that does not is paused and the sync fails.",
+    )
     metrics: MetricsSection = Field(default_factory=MetricsSection, description="See the metrics section.")
 
     @field_validator("backend")

@@ -200,6 +200,7 @@ class TrainLoop:
                 log.error("%s; taking them out of the gateway's rotation", exc)
                 for url in exc.failed:
                     await self.gate.set_backend(url, enabled=False)
+            pause.policy_version = self.trainer.step_count
         self.version = self.trainer.step_count
         return time.perf_counter() - started, pause.drained
 
@@ -377,7 +378,9 @@ def train(
                 server,
             ):
                 return asyncio.run(go(server.url, engine.name, EngineSync(engine)))
-        sync = VLLMSync(config.backend, out / "sync", timeout_s=config.drain_timeout_s)
+        sync = VLLMSync(
+            config.backend, out / "sync", timeout_s=config.drain_timeout_s, verify=config.verify_weight_sync
+        )
         return asyncio.run(go(config.backend, config.served_model, sync))
     finally:
         metrics.close()

@@ -9,10 +9,10 @@ just see a slower answer. Two ways to push:
   response (and so every gateway record) carries.
 - `VLLMSync`: one or several vLLM servers over HTTP. vLLM's RL routes are served with `VLLM_SERVER_DEV_MODE=1` (read:
   `vllm/entrypoints/rl/online/api_router.py` on main, and `serve/rlhf/api_router.py` in v0.16):
-  `POST /pause?mode=wait&clear_cache=true` (finish in-flight requests, drop the prefix cache),
-  `POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` (every worker
-  reloads the checkpoint folder the trainer just wrote; the same call NeMo RL's remote refit makes),
-  `POST /update_weight_version {"new_version": "N"}`, `POST /resume`. The NCCL / CUDA-IPC data planes of
+  `POST /pause?mode=wait` (finish in-flight requests), `POST /collective_rpc {"method": "reload_weights",
+  "kwargs": {"weights_path": DIR}}` (every worker reloads the checkpoint folder the trainer just wrote; the
+  same call NeMo RL's remote refit makes), `POST /reset_prefix_cache`, `POST /update_weight_version
+  {"new_version": "N"}`, `POST /resume` (checked against vLLM 0.32 on CPU: tests/test_vllm_sync.py). The NCCL / CUDA-IPC data planes of
   vLLM's weight-transfer API need vLLM's own Python package on the trainer side, so the reference trainer
   goes through a checkpoint folder the server can read (same machine or shared storage). vLLM does not put
   a policy version on its responses: records from it carry none, and staleness falls back to the version
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+import torch
 
 from polar.auth import bearer
 from polar.train.trainer import Trainer
@@ -43,6 +44,16 @@ class WeightSync(Protocol):
     async def push(self, trainer: Trainer, version: int) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+async def _get(http: httpx.AsyncClient, url: str) -> httpx.Response:
+    try:
+        r = await http.get(url)
+    except httpx.HTTPError as exc:
+        raise SyncError(f"GET {url}: {type(exc).__name__}: {exc}") from None
+    if r.status_code >= 400:
+        raise SyncError(f"GET {url}: HTTP {r.status_code}: {r.text[:500]}")
+    return r
 
 
 async def _post(http: httpx.AsyncClient, url: str, **kwargs: Any) -> httpx.Response:
@@ -59,6 +70,7 @@ async def _post(http: httpx.AsyncClient, url: str, **kwargs: Any) -> httpx.Respo
 class PauseReport:
     drained: bool  # every call in flight finished before the timeout
     in_flight: int  # calls still running when the pause answered
+    policy_version: int | None = None  # set once new weights serve: the gateway records calls with it
 
 
 class GatewayGate:
@@ -72,13 +84,16 @@ class GatewayGate:
 
     @contextlib.asynccontextmanager
     async def paused(self) -> AsyncIterator[PauseReport]:
-        """Pause (waiting up to `timeout_s` for calls in flight), yield, and always resume."""
+        """Pause (waiting up to `timeout_s` for calls in flight), yield, and always resume; with the
+        report's `policy_version` when the caller set it (the weights now served)."""
         r = await _post(self._http, f"{self.url}/admin/pause", params={"timeout": self.timeout_s})
         body = r.json()
+        report = PauseReport(bool(body.get("drained")), int(body.get("in_flight", 0)))
         try:
-            yield PauseReport(bool(body.get("drained")), int(body.get("in_flight", 0)))
+            yield report
         finally:
-            await _post(self._http, f"{self.url}/admin/resume")
+            params = {} if report.policy_version is None else {"policy_version": report.policy_version}
+            await _post(self._http, f"{self.url}/admin/resume", params=params)
 
     async def set_backend(self, url: str, *, enabled: bool) -> None:
         """Take one of the gateway's inference servers out of rotation (or back in)."""
@@ -124,12 +139,17 @@ class VLLMSync:
     are resumed with the new weights, it is not (it may hold half-loaded weights, which must not serve),
     and `PartialSyncError` names it."""
 
-    def __init__(self, url: str | Sequence[str], folder: Path, *, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, url: str | Sequence[str], folder: Path, *, timeout_s: float = 600.0, verify: bool = True
+    ) -> None:
+        """`verify`: after the reload, check that each server's logprobs of a fixed text are the trainer's
+        own (`_served_gap`); a server that does not serve the new weights is paused again and fails."""
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ValueError("VLLMSync needs at least one server URL")
         self.urls = [u.rstrip("/") for u in urls]
         self.url = self.urls[0]
+        self.verify = verify
         self.folder = folder  # where the weights are written; every server must be able to read it
         self._http = httpx.AsyncClient(timeout=timeout_s)
 
@@ -138,8 +158,14 @@ class VLLMSync:
         await asyncio.to_thread(_write_weights, trainer, target)
         reload = {"method": "reload_weights", "kwargs": {"weights_path": str(target.resolve())}}
         steps: list[tuple[str, dict[str, Any]]] = [
-            ("/pause", {"params": {"mode": "wait", "clear_cache": "true"}}),
+            # wait, not abort or keep: the gateway has drained its calls already, and a request still
+            # running here (one the drain timed out on, or another client's) finishes on the weights it
+            # started with. abort would fail it for its harness; keep would finish it on the new weights,
+            # one sequence sampled from two policies.
+            ("/pause", {"params": {"mode": "wait"}}),
             ("/collective_rpc", {"json": reload}),
+            # The prefix cache holds KV computed by the old weights (`/pause`'s clear_cache is deprecated).
+            ("/reset_prefix_cache", {}),
             ("/update_weight_version", {"json": {"new_version": str(version)}}),
             ("/resume", {}),
         ]
@@ -154,6 +180,14 @@ class VLLMSync:
                 elif isinstance(result, BaseException):
                     raise result
             live = [url for url in live if url not in failed]
+        if self.verify and live:
+            for url in list(live):
+                why = await self._check_served(url, trainer, version)
+                if why is not None:
+                    # The gateway is still paused: no rollout has been sampled from these weights.
+                    await _post(self._http, f"{url}/pause", params={"mode": "abort"})
+                    failed[url] = why
+                    live.remove(url)
         if failed:
             raise PartialSyncError(version, live, failed)
         for old in self.folder.glob("v*"):  # keep only the weights being served
@@ -162,6 +196,59 @@ class VLLMSync:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    async def _check_served(self, url: str, trainer: Trainer, version: int) -> str | None:
+        """None when `url` scores `PROBE_TEXT` as the trainer does (mean |logprob difference| within
+        VERIFY_TOLERANCE), else why not. A reload that silently leaves some weights as they were would
+        otherwise label off-policy samples with the new version (seen: vLLM's CPU build 0.32 keeps its
+        prepacked linear layers through `reload_weights`; docs/backends.md)."""
+        ids = [int(i) for i in trainer.tokenizer.encode(PROBE_TEXT, add_special_tokens=False)]
+        models = (await _get(self._http, f"{url}/v1/models")).json()
+        body = {
+            "model": models["data"][0]["id"],
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 1.0,
+            "prompt_logprobs": 0,
+        }
+        got = (await _post(self._http, f"{url}/v1/completions", json=body)).json()
+        try:
+            served = [
+                float(entry[str(tok)]["logprob"])
+                for entry, tok in zip(got["choices"][0]["prompt_logprobs"][1:], ids[1:], strict=True)
+            ]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            return f"{url}: /v1/completions gave no prompt logprobs to check the reload with ({exc!r})"
+        mine = await asyncio.to_thread(_trainer_logprobs, trainer, ids)
+        gap = sum(abs(a - b) for a, b in zip(mine, served, strict=True)) / len(mine)
+        if gap > VERIFY_TOLERANCE:
+            return (
+                f"{url} does not serve the weights of version {version} after reload_weights: its logprobs "
+                f"of a fixed text differ from the trainer's by {gap:.3f} on average (tolerance "
+                f"{VERIFY_TOLERANCE})"
+            )
+        return None
+
+
+# A fixed text both sides score after a reload; 0.1 nats on average is far above bf16-vs-fp32 rounding
+# (0.006 on the test model) and far below what stale weights give (0.5 and more).
+PROBE_TEXT = (
+    "The quick brown fox jumps over the lazy dog, then writes a short Python function to sort a list."
+)
+VERIFY_TOLERANCE = 0.1
+
+
+def _trainer_logprobs(trainer: Trainer, ids: list[int]) -> list[float]:
+    from polar.train.packing import pack, response_logprobs
+
+    batch = pack([(ids[:1], ids[1:])], len(ids), trainer.pad_id)
+    was_training = trainer.model.training
+    trainer.model.eval()
+    try:
+        with torch.no_grad():
+            return [float(x) for x in response_logprobs(trainer.model, batch, 1.0)]
+    finally:
+        trainer.model.train(was_training)
 
 
 def _write_weights(trainer: Trainer, target: Path) -> None:

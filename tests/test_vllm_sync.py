@@ -1,0 +1,136 @@
+"""Weight sync against the real vLLM: the trainer's checkpoint goes in through vLLM's RL routes (pause,
+`reload_weights`, reset the prefix cache, set the version, resume), the sync checks the server now scores a
+fixed text as the trainer does, and the gateway records the next calls with the new policy version.
+
+Found here: vLLM's CPU build (0.32) does not serve reloaded weights. `reload_weights` loads the checkpoint,
+but linear layers run on weights prepacked at start-up (`dispatch_cpu_unquantized_gemm` keeps them in a
+closure the layerwise reload does not replace), so the server keeps sampling from a mix of old and new
+weights, silently. The sync's check catches it (first test); the last test states what a working reload
+serves and is expected to fail on this build until vLLM fixes it (strict: it will say when).
+
+The session's server serves the tool-calling test model (`tests.vllm_support`); the default random-weight
+model answers the same prompt very differently. Tests put the server's own weights back before they end.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from polar.store.records import CompletionRecord
+from polar.train.packing import pack, response_logprobs
+from polar.train.sync import GatewayGate, PartialSyncError, VLLMSync
+from polar.train.trainer import Trainer, TrainerConfig
+from tests.conftest import Gateway, start_gateway
+from tests.vllm_support import ANSWER_TEXT, VLLMServer, tools_model_dir
+
+pytestmark = pytest.mark.vllm
+
+PROMPT = [{"role": "user", "content": "Pick a color for the logo."}]
+
+
+async def ask(gw: Gateway, sid: str, **sampling: object) -> CompletionRecord:
+    async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=sid, max_retries=0) as client:
+        await client.chat.completions.create(model="m", messages=PROMPT, max_tokens=12, **sampling)  # type: ignore[arg-type,call-overload]
+    return gw.completions(sid)[-1]
+
+
+def worst_gap(trainer: Trainer, rec: CompletionRecord) -> float:
+    """The largest |recorded logprob - the trainer's teacher-forced one| over the record's tokens."""
+    assert rec.prompt_ids and rec.response_ids and rec.response_logprobs
+    batch = pack([(rec.prompt_ids, rec.response_ids)], len(rec.prompt_ids) + len(rec.response_ids))
+    with torch.no_grad():
+        mine = response_logprobs(trainer.model, batch, 1.0).tolist()
+    return max(abs(a - b) for a, b in zip(mine, rec.response_logprobs, strict=True))
+
+
+async def restore(server: VLLMServer) -> None:
+    """The server's own weights back, unpaused (other tests share it)."""
+    async with httpx.AsyncClient(timeout=300) as http:
+        reload = {"method": "reload_weights", "kwargs": {"weights_path": str(server.model_dir)}}
+        for path, body in (("/pause", None), ("/collective_rpc", reload), ("/reset_prefix_cache", None)):
+            r = await http.post(f"{server.url}{path}", json=body)
+            assert r.status_code == 200, r.text
+        assert (await http.post(f"{server.url}/resume")).status_code == 200
+
+
+async def is_paused(server: VLLMServer) -> bool:
+    async with httpx.AsyncClient(timeout=30) as http:
+        return bool((await http.get(f"{server.url}/is_paused")).json()["is_paused"])
+
+
+async def test_a_verified_sync_resumes_and_the_next_calls_carry_its_version(
+    vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    """The whole route on the real server, with a checkpoint of the weights it serves (so the reload's
+    result is right whatever the reload does): verified, resumed, and the version is on the records."""
+    gw = start_gateway(vllm_server.url, tmp_path, served_model=vllm_server.name)
+    trainer = Trainer.load(TrainerConfig(model=str(tools_model_dir()), device="cpu"))
+    gate = GatewayGate(gw.control_url, control_token=gw.control_token, timeout_s=60)
+    sync = VLLMSync(vllm_server.url, tmp_path / "weights")
+    try:
+        sid = gw.new_session()
+        before = await ask(gw, sid, temperature=0)
+        assert before.policy_version is None  # nothing synced yet, and vLLM reports no version
+        async with gate.paused() as pause:
+            await sync.push(trainer, 1)
+            pause.policy_version = 1
+        assert not await is_paused(vllm_server)
+        greedy = await ask(gw, sid, temperature=0)
+        sampled = await ask(gw, sid, temperature=1.0, seed=7)
+        assert {greedy.policy_version, sampled.policy_version} == {1}
+        assert greedy.response_ids == before.response_ids
+        assert worst_gap(trainer, sampled) < 0.1  # bf16 server, fp32 trainer
+        assert [p.name for p in (tmp_path / "weights").iterdir()] == ["v1"]
+    finally:
+        await gate.aclose()
+        await sync.aclose()
+        gw.server.stop()
+        await restore(vllm_server)
+
+
+async def test_a_reload_the_server_does_not_serve_fails_the_sync_and_stays_paused(
+    vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    """Other weights (the default model) pushed to vLLM's CPU build: the check finds the server still
+    scoring the text its old way, pauses it again and fails the sync, so no rollout samples from it."""
+    trainer = Trainer.load(TrainerConfig(device="cpu"))
+    sync = VLLMSync(vllm_server.url, tmp_path / "weights")
+    try:
+        with pytest.raises(PartialSyncError, match="does not serve the weights of version 1") as failed:
+            await sync.push(trainer, 1)
+        assert list(failed.value.failed) == [vllm_server.url] and failed.value.synced == ()
+        assert await is_paused(vllm_server)
+    finally:
+        await sync.aclose()
+        await restore(vllm_server)
+    gw = start_gateway(vllm_server.url, tmp_path, served_model=vllm_server.name)
+    try:  # the server answers as before the failed sync
+        again = await ask(gw, gw.new_session(), temperature=0)
+        assert again.response_message["content"] == ANSWER_TEXT
+    finally:
+        gw.server.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM's CPU build 0.32 keeps prepacked linear weights through reload_weights (module doc)",
+)
+async def test_after_a_reload_vllm_samples_from_the_new_weights(
+    vllm_server: VLLMServer, tmp_path: Path
+) -> None:
+    gw = start_gateway(vllm_server.url, tmp_path, served_model=vllm_server.name)
+    trainer = Trainer.load(TrainerConfig(device="cpu"))
+    sync = VLLMSync(vllm_server.url, tmp_path / "weights", verify=False)
+    try:
+        await sync.push(trainer, 1)
+        sampled = await ask(gw, gw.new_session(), temperature=1.0, seed=7)
+        assert worst_gap(trainer, sampled) < 0.1
+    finally:
+        await sync.aclose()
+        gw.server.stop()
+        await restore(vllm_server)
