@@ -1,6 +1,6 @@
 """The fake inference server's streamed answers, in exactly real vLLM 0.32's chunk shape.
 
-Measured on the real server (docs: /work/shared/reference/runtime-facts.md): with `return_token_ids`,
+Measured on the real server (docs/backends.md; tests/test_vllm_real.py runs the same calls against it): with `return_token_ids`,
 `logprobs` and `stream_options.include_usage`, the first chunk carries top-level `prompt_token_ids` and an
 empty assistant delta (`{"role": "assistant", "content": ""}`); then one chunk per sampled token, whose
 `choices[0]` has the text that token completes (`delta.content`, `delta.reasoning`, or a
