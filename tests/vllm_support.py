@@ -90,8 +90,12 @@ def start_vllm(
     kv_cache_gib: int = 1,
     extra: Sequence[str] = (),
     timeout_s: float = 420.0,
+    reload_plugin: bool = True,
 ) -> VLLMServer:
     """`vllm serve model_dir` on a free loopback port; returns once `/v1/models` answers.
+
+    `reload_plugin=False` serves without contrib/vllm-cpu-reload (`VLLM_PLUGINS=`), as the CPU build ships:
+    `reload_weights` then leaves the linear layers' prepacked weights as they were.
 
     Raises RuntimeError with the end of the server's log when it exits or does not come up in time."""
     port = free_port()
@@ -121,6 +125,8 @@ def start_vllm(
         DO_NOT_TRACK="1",
     )
     env.pop("PYTHONPATH", None)  # the venv's own packages, never polar's
+    if not reload_plugin:
+        env["VLLM_PLUGINS"] = ""
     started = time.monotonic()
     with log.open("wb") as sink:
         process = subprocess.Popen(
