@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +27,8 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.processes import start  # noqa: E402
 
 from polar.serving import free_port  # noqa: E402
 
@@ -150,22 +150,6 @@ def bodies(stream: bool) -> dict[str, tuple[str, dict[str, Any]]]:
         "anthropic": ("/v1/messages", anthropic),
         "gemini": (f"/v1beta/models/m:{method}", gemini),
     }
-
-
-def start(cmd: list[str], url: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", **(env or {})}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    deadline = time.monotonic() + 60
-    import urllib.request
-
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"{cmd} did not start")
 
 
 async def load(url: str, body: bytes, headers: dict[str, str], concurrency: int, calls: int) -> list[float]:

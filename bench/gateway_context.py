@@ -21,11 +21,8 @@ import argparse
 import os
 import secrets
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +31,8 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.processes import start  # noqa: E402
 
 from polar.serving import free_port  # noqa: E402
 
@@ -51,21 +50,6 @@ TOOLS = [
     for name in ("read_file", "write_file", "bash", "grep", "list_dir", "apply_patch")
 ]
 TOOL_OUT = "tests/test_parser.py ....F.......\nE   AssertionError: expected 3 items, got 2\n" * 12  # ~1 kB
-
-
-def start(
-    cmd: list[str], url: str, pythonpath: str, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"{cmd} did not start")
 
 
 def cpu_ns(pid: int) -> int:
@@ -190,7 +174,7 @@ class Gateway:
             "--log-level",
             "warning",
         ]
-        self.proc = start(cmd, self.url, f"{src}:{ROOT}", {"POLAR_TOKEN": self.token})
+        self.proc = start(cmd, self.url, {"POLAR_TOKEN": self.token}, pythonpath=f"{src}:{ROOT}")
 
     def session(self, client: httpx.Client) -> str:
         r = client.post(
@@ -241,7 +225,13 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="polar-ctx-"))
     bport = free_port()
     backend = f"http://127.0.0.1:{bport}"
-    procs = [start([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend, str(ROOT))]
+    procs = [
+        start(
+            [sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)],
+            backend,
+            pythonpath=str(ROOT),
+        )
+    ]
     gateways: list[Gateway] = []
     try:
         if opts.before is not None:

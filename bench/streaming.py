@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import statistics
 import subprocess
@@ -35,6 +34,8 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.processes import start  # noqa: E402
 
 from polar.serving import free_port  # noqa: E402
 
@@ -115,20 +116,6 @@ async def one_call(
     if n < 2:
         raise RuntimeError(f"{target}: {n} text deltas; the answer is too short to time")
     return (first - t0) * 1000.0, (n - 1) / (last - first), n
-
-
-def start(cmd: list[str], url: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", **(env or {})}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"{cmd} did not start")
 
 
 async def run(
