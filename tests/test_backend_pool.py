@@ -64,7 +64,7 @@ async def chat(client: httpx.AsyncClient, gw: Gateway, sid: str, text: str) -> h
 
 def sessions_seen(app: FakeInferenceServer) -> list[str]:
     """The session of every chat call `app` served, in order (each prompt starts with its session id)."""
-    return [r["messages"][-1]["content"].split()[0] for r in app.served]
+    return [r["messages"][-1]["content"].split()[0] for r in app.requests]
 
 
 def backends(gw: Gateway) -> dict[str, dict[str, Any]]:
@@ -108,10 +108,10 @@ async def test_calls_go_to_the_server_with_fewest_in_flight(tmp_path: Path) -> N
                 assert r.status_code == 200, r.text
             state = backends(gw)
             assert state[held_srv.url]["outstanding"] == 1 and state[free_srv.url]["outstanding"] == 0
-            assert len(free_app.served) >= 8 and held_app.served == []
+            assert len(free_app.requests) >= 8 and held_app.requests == []
             httpx.post(f"{held_srv.url}/resume").raise_for_status()
             assert (await first).status_code == 200
-        assert len(held_app.served) == 1
+        assert len(held_app.requests) == 1
 
 
 async def test_slow_servers_share_concurrent_calls_evenly(tmp_path: Path) -> None:
@@ -120,7 +120,7 @@ async def test_slow_servers_share_concurrent_calls_evenly(tmp_path: Path) -> Non
         async with httpx.AsyncClient(timeout=60) as client:
             answers = await asyncio.gather(*(chat(client, gw, sid, f"{sid} go") for sid in sids))
         assert all(r.status_code == 200 for r in answers)
-        assert sorted(len(app.served) for app, _ in servers) == [4, 4]
+        assert sorted(len(app.requests) for app, _ in servers) == [4, 4]
 
 
 async def test_a_session_stays_on_its_server(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_a_disabled_server_gets_no_calls_until_enabled(tmp_path: Path) -> None:
                 json={"model": SERVED_MODEL, "messages": [{"role": "user", "content": f"{sid} hi"}]},
             )
             assert r.status_code == 200
-        assert app_b.served == [] and len(app_a.served) == 4
+        assert app_b.requests == [] and len(app_a.requests) == 4
         assert (
             gw.control("POST", "/admin/backends", json={"url": srv_b.url, "enabled": True}).status_code == 200
         )

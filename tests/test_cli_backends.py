@@ -79,7 +79,7 @@ def test_gateway_serves_from_every_backend_given(tmp_path: Path) -> None:
             assert [b["url"] for b in state] == [url_a, url_b]
             assert all(b["healthy"] and b["calls"] == 4 for b in state)
             for app in (app_a, app_b):  # two sessions each, both calls of a session on one server
-                firsts = [r["messages"][0]["content"].split()[0] for r in app.served]
+                firsts = [r["messages"][0]["content"].split()[0] for r in app.requests]
                 assert len(firsts) == 4 and len(set(firsts)) == 2
         finally:
             proc.send_signal(signal.SIGINT)
@@ -136,9 +136,9 @@ def test_run_spreads_sessions_over_every_backend(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
     assert len(results) == 4 and all(r["status"] == "COMPLETED" for r in results)
-    assert len(app_a.served) + len(app_b.served) == 8
+    assert len(app_a.requests) + len(app_b.requests) == 8
     for app in (app_a, app_b):
-        assert app.served, "every server served sessions"
+        assert app.requests, "every server served sessions"
         # each session's second call went where its first did
-        turns = [len(r["messages"]) for r in app.served]
+        turns = [len(r["messages"]) for r in app.requests]
         assert turns.count(1) == turns.count(3), turns

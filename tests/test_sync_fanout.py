@@ -135,7 +135,7 @@ async def test_the_loop_takes_a_failed_server_out_of_the_gateways_rotation(tmp_p
                         json={"model": SERVED_MODEL, "messages": [{"role": "user", "content": "hi"}]},
                     )
                     assert r.status_code == 200
-            assert len(app_ok.served) == 4 and app_bad.served == []
+            assert len(app_ok.requests) == 4 and app_bad.requests == []
             # every server failing: nothing serves the new weights, and the loop stops
             app_ok.set(fail_route="/collective_rpc")
             with pytest.raises(PartialSyncError, match="no server resumed"):

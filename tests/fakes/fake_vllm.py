@@ -124,6 +124,7 @@ class FakeInferenceServer:
         self.streaming = streaming or StreamFaults()
         self.bytes_per_token = bytes_per_token
         self.requests: list[dict[str, Any]] = []
+        self.token_checks: list[dict[str, Any]] = []  # the gateway's start-up calls (`_token_check`)
         self.tokenize_requests: list[dict[str, Any]] = []
         self.calls = 0  # POSTs received, faulted ones included
         self.last_headers: dict[str, str] = {}  # headers of the last POST, lower-cased names
@@ -153,11 +154,6 @@ class FakeInferenceServer:
             if not hasattr(self, name) or name.startswith("_"):
                 raise AttributeError(f"no fault named {name!r}")
             setattr(self, name, value)
-
-    @property
-    def served(self) -> list[dict[str, Any]]:
-        """The chat bodies received, less the gateway's start-up token-data check (one per gateway start)."""
-        return [b for b in self.requests if b.get("messages") != TOKEN_CHECK_MESSAGES]
 
     # ---- ASGI ----
 
@@ -234,6 +230,8 @@ class FakeInferenceServer:
     async def _handle(
         self, fn: Callable[[dict[str, Any]], dict[str, Any]], raw: bytes
     ) -> tuple[int, bytes, bytes]:
+        if fn == self._chat and _is_token_check(raw):
+            return self._token_check(orjson.loads(raw))
         self.calls += 1
         n = self.calls
         if self.delay_s:
@@ -337,6 +335,19 @@ class FakeInferenceServer:
         ids = self.tokenizer.encode(str(body["prompt"])) if "prompt" in body else self._prompt_ids(body)
         return {"count": len(ids), "max_model_len": self.max_model_len or 131072, "tokens": ids}
 
+    def _token_check(self, body: dict[str, Any]) -> tuple[int, bytes, bytes]:
+        """The gateway's start-up call (`Backend.check_token_data`), kept apart from the calls tests count
+        and script: it lands in `token_checks`, consumes no scripted reply and no call number, and is
+        answered in the fake's kind (token data or not), or with its `status`."""
+        self.token_checks.append(body)
+        if self.status is not None:
+            raise HTTPError(self.status, self.error_message or _default_message(self.status, self.model))
+        self._check_model(body)
+        prompt = self._prompt_ids(body)
+        sampled = self._sampled(Reply(content="OK"), prompt, 1)
+        out = chat_body(self.kind, sampled, body, self.tokenizer, with_tokens=not self.no_token_ids)
+        return 200, orjson.dumps(out), _JSON
+
     def _chat(self, body: dict[str, Any]) -> dict[str, Any] | StreamWriter:
         if self.record:
             self.requests.append(body)
@@ -380,7 +391,9 @@ class FakeInferenceServer:
         return script[self._script_pos - 1]
 
     def _sample(self, body: dict[str, Any], prompt: list[int], max_tokens: int | None) -> Sampled:
-        reply = self._next_reply(body)
+        return self._sampled(self._next_reply(body), prompt, max_tokens)
+
+    def _sampled(self, reply: Reply, prompt: list[int], max_tokens: int | None) -> Sampled:
         calls = [(name, args) for name, args in reply.tool_calls]
         ids = self.tokenizer.encode(assistant_text(reply.content, reply.reasoning, calls))
         content, reasoning = reply.content, reply.reasoning
@@ -461,3 +474,15 @@ if __name__ == "__main__":  # `python -m tests.fakes.fake_vllm --port 8000`: the
         cli.kind, script, record=False, bytes_per_token=cli.bytes_per_token, streaming=faults
     )
     uvicorn.run(app, host="127.0.0.1", port=cli.port, log_level="warning", access_log=False)
+
+
+def _is_token_check(raw: bytes) -> bool:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        isinstance(body, dict)
+        and body.get("messages") == TOKEN_CHECK_MESSAGES
+        and body.get("max_tokens") == 1
+    )

@@ -27,7 +27,7 @@ from polar.auth import Refusal, RequireToken
 from polar.gateway import control
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
-from polar.gateway.backends.http import BackendUnreachable
+from polar.gateway.backends.openai import TokenDataMissing
 from polar.gateway.backends.pool import BackendPool
 from polar.gateway.config import GatewayConfig
 from polar.gateway.dialects.anthropic import AnthropicDialect
@@ -260,21 +260,23 @@ async def _first_model(backend: Backend) -> str:
 
 
 async def _check_token_data(backend: Backend, served: str) -> None:
-    """Refuse to start in front of a server that cannot give training data (`Backend.check_token_data`)."""
+    """Refuse to start in front of a server that answers without training data (`TokenDataMissing`).
+
+    A server that cannot answer the check (not up yet in a cluster starting both at once, overloaded, or
+    failing) is served with a warning: that is not a verdict on its token data, and records without token
+    ids are flagged untrainable anyway."""
     try:
         await backend.check_token_data(served)
-    except BackendUnreachable:
-        # Started before its server (a cluster starting both at once): serve, and say what was not checked.
+    except TokenDataMissing as exc:
+        raise RuntimeError(str(exc)) from None
+    except GatewayError as err:
         log.warning(
-            "the %s server at %s is not reachable yet, so whether it returns token data was not checked; "
-            "records without token ids are flagged untrainable",
+            "could not check that the %s server at %s returns token data (%s); records without token ids "
+            "are flagged untrainable",
             backend.kind,
             backend.url,
+            err.message,
         )
-    except GatewayError as err:
-        raise RuntimeError(
-            f"the {backend.kind} server at {backend.url} failed a one-token test call: {err.message}"
-        ) from None
 
 
 def _backend(config: GatewayConfig) -> Backend:

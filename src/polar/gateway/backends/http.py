@@ -47,10 +47,6 @@ class _Retryable(Exception):
         self.failure = failure
 
 
-class BackendUnreachable(UpstreamUnavailable):
-    """No connection to the server at all (nothing listening yet, or gone): it produced nothing."""
-
-
 class UpstreamClient:
     """JSON over HTTP to one server at `base_url` (no trailing slash)."""
 
@@ -119,8 +115,7 @@ class UpstreamClient:
                 return await continue_after(policy, first, attempt)
         except _Retryable as e:
             f = e.failure
-            kind = BackendUnreachable if isinstance(f, BackendUnreachable) else UpstreamUnavailable
-            raise kind(f.kind, f.message, param=f.param, status=f.status) from None
+            raise UpstreamUnavailable(f.kind, f.message, param=f.param, status=f.status) from None
 
     async def _attempt(self, method: str, url: str, payload: bytes | None) -> Any:
         """One request: the decoded body, a GatewayError, or `_Retryable` (nothing came back)."""
@@ -149,7 +144,7 @@ class UpstreamClient:
             )
         if isinstance(e, aiohttp.ClientConnectorError):
             return _Retryable(
-                BackendUnreachable("upstream_error", f"inference server unreachable at {self.base_url}")
+                GatewayError("upstream_error", f"inference server unreachable at {self.base_url}")
             )
         if isinstance(
             e, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | aiohttp.ClientPayloadError

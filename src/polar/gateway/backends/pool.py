@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from polar.gateway.backends.base import Backend, BackendOptions
-from polar.gateway.backends.http import BackendUnreachable, UpstreamUnavailable
+from polar.gateway.backends.http import UpstreamUnavailable
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.gateway.errors import GatewayError
 
@@ -157,12 +157,13 @@ class BackendPool:
             await chunks.aclose()
 
     async def check_token_data(self, served_model: str) -> None:
-        """Every server must return token data; one that is not reachable yet is skipped (with a warning)."""
+        """Every server must return token data; one that cannot answer the check is skipped with a warning
+        (`TokenDataMissing` from any server is raised)."""
         for s in self.servers:
             try:
                 await s.backend.check_token_data(served_model)
-            except BackendUnreachable:
-                log.warning("inference server %s not reachable: its token data was not checked", s.url)
+            except GatewayError as err:
+                log.warning("could not check the token data of %s: %s", s.url, err.message)
 
     async def count_tokens(self, req: CanonicalRequest, served_model: str) -> int:
         return await self._on_server(None, lambda b: b.count_tokens(req, served_model))
