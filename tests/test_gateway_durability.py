@@ -98,7 +98,9 @@ def test_kill_9_under_load_loses_no_acknowledged_record(tmp_path: Path) -> None:
         async def scenario() -> None:
             stop = asyncio.Event()
             load = asyncio.create_task(_load(url, keys, acked, stop))
+            deadline = time.monotonic() + 180  # a bound so a broken stack fails here instead of hanging
             while sum(len(v) for v in acked.values()) < 200:  # well into the load
+                assert time.monotonic() < deadline, f"only {acked} acknowledged calls"
                 await asyncio.sleep(0.05)
             gateway.send_signal(signal.SIGKILL)
             await asyncio.wait_for(load, 60)

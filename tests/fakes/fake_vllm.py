@@ -451,6 +451,18 @@ def make_fake_backend(kind: str = "vllm", script: Script = None, **faults: Any) 
     return FakeInferenceServer(kind, script, **faults)
 
 
+def _is_token_check(raw: bytes) -> bool:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    return (
+        isinstance(body, dict)
+        and body.get("messages") == TOKEN_CHECK_MESSAGES
+        and body.get("max_tokens") == 1
+    )
+
+
 if __name__ == "__main__":  # `python -m tests.fakes.fake_vllm --port 8000`: the benchmarks' backend
     import argparse
 
@@ -474,15 +486,3 @@ if __name__ == "__main__":  # `python -m tests.fakes.fake_vllm --port 8000`: the
         cli.kind, script, record=False, bytes_per_token=cli.bytes_per_token, streaming=faults
     )
     uvicorn.run(app, host="127.0.0.1", port=cli.port, log_level="warning", access_log=False)
-
-
-def _is_token_check(raw: bytes) -> bool:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return False
-    return (
-        isinstance(body, dict)
-        and body.get("messages") == TOKEN_CHECK_MESSAGES
-        and body.get("max_tokens") == 1
-    )
