@@ -90,7 +90,7 @@ def test_a_bad_config_points_at_the_line(tmp_path: Path) -> None:
             "tasks: t.yaml\nestimator: ppo\n",
             "cfg.yaml:2: estimator: Input should be 'grpo', 'rloo' or 'dr_grpo'",
         ),
-        ("tasks: t.yaml\nbackend: ftp://x\n", "cfg.yaml:2: backend: must be 'embedded' or an http(s) URL"),
+        ("tasks: t.yaml\nbackend: ftp://x\n", "cfg.yaml:2: backend: must be 'embedded', or an http(s) URL"),
         ("tasks: t.yaml\nloss:\n  aggregation: sum\n", "cfg.yaml:3: loss.aggregation: Input should be"),
         (
             "tasks: t.yaml\nsteps: 2\nlearning_rate: 1\n",

@@ -229,6 +229,7 @@ NAMES: tuple[NameRow, ...] = (
     NameRow("served_model", NONE, NONE),
     NameRow("capacity", Equivalent(note="TRL generates in-process; no harness sessions"), NONE),
     NameRow("drain_timeout_s", NONE, NONE),
+    NameRow("verify_weight_sync", NONE, NONE),
     NameRow(
         "metrics.tensorboard",
         Equivalent(("report_to",), '`report_to=["tensorboard"]`'),
