@@ -278,16 +278,7 @@ class ResponsesStreamEncoder:
             self._parts.append(chunk.reasoning)
         if chunk.content:
             if self._kind != "message":
-                item_id = self._next_id("msg")
-                item = {
-                    "id": item_id,
-                    "type": "message",
-                    "status": "in_progress",
-                    "role": "assistant",
-                    "content": [],
-                }
-                out += self._begin("message", item)
-                out += w.text_part("response.content_part.added", self._index, item_id, "")
+                out += self._open_message()
             out += w.text_delta(self._index, self._item["id"], chunk.content)
             self._parts.append(chunk.content)
         for tc in chunk.tool_calls:
@@ -368,20 +359,18 @@ class ResponsesStreamEncoder:
         self._items.append(done)
         return out + w.item_done(index, done)
 
+    def _open_message(self) -> bytes:
+        """A new output message item and its first (empty) text part."""
+        item_id = self._next_id("msg")
+        item = {"id": item_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        out = self._begin("message", item)
+        return out + self._w.text_part("response.content_part.added", self._index, item_id, "")
+
     def close(self, comp: Completion) -> bytes:
         status, reason = final_status(comp)
         out = self._end(truncated=reason is not None)
         if not self._has_answer:  # an answer always has a message, empty when the policy said nothing
-            item_id = self._next_id("msg")
-            item = {
-                "id": item_id,
-                "type": "message",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
-            out += self._begin("message", item)
-            out += self._w.text_part("response.content_part.added", self._index, item_id, "")
+            out += self._open_message()
             out += self._end(truncated=reason is not None)
         final = response_object(
             self._req,
