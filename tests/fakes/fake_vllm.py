@@ -230,8 +230,14 @@ class FakeInferenceServer:
     async def _handle(
         self, fn: Callable[[dict[str, Any]], dict[str, Any]], raw: bytes
     ) -> tuple[int, bytes, bytes]:
-        if fn == self._chat and _is_token_check(raw):
-            return self._token_check(orjson.loads(raw))
+        # Parsed once, up front: every chat body is looked at for the gateway's start-up check.
+        try:
+            body: Any = orjson.loads(raw)
+            decode_error: orjson.JSONDecodeError | None = None
+        except orjson.JSONDecodeError as e:
+            body, decode_error = None, e
+        if fn == self._chat and _is_token_check(body):
+            return self._token_check(body)
         self.calls += 1
         n = self.calls
         if self.delay_s:
@@ -244,10 +250,8 @@ class FakeInferenceServer:
             raise HTTPError(self.status, self.error_message or _default_message(self.status, self.model))
         if self.garbage:
             return 200, b"<html><body>this is not JSON</body></html>", b"text/html"
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise HTTPError(400, f"JSON decode error: {e}") from None
+        if decode_error is not None:
+            raise HTTPError(400, f"JSON decode error: {decode_error}")
         if not isinstance(body, dict):
             raise HTTPError(400, "the request body must be a JSON object")
         if fn == self._chat and (self._slots or self.prefix_cache or self.decode_s):
@@ -451,11 +455,8 @@ def make_fake_backend(kind: str = "vllm", script: Script = None, **faults: Any) 
     return FakeInferenceServer(kind, script, **faults)
 
 
-def _is_token_check(raw: bytes) -> bool:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return False
+def _is_token_check(body: Any) -> bool:
+    """The gateway's start-up call (`Backend.check_token_data`)."""
     return (
         isinstance(body, dict)
         and body.get("messages") == TOKEN_CHECK_MESSAGES
