@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from polar.auth import bearer, new_token
+from polar.gateway.control import routes as control_routes
 from polar.store.sqlite import SQLiteStore
 from tests.conftest import SERVED_MODEL, FakeBackend, Gateway, start_gateway
 from tests.fakes.server import free_port
@@ -222,14 +223,27 @@ def test_control_plane_is_a_separate_listener_behind_the_token(
         assert httpx.get(f"{control}/{sid}/completions").status_code == 401
         r = httpx.get(f"{control}/{sid}/completions", headers={"authorization": f"Bearer {sid}"})
         assert r.status_code == 401  # a harness's key does not open the control plane
-        assert httpx.post(f"{gw.control_url}/admin/pause").status_code == 401
         assert post(gw, "chat", sid).status_code == 200  # the model API works with the session key
-        # The model API serves no control route at all, whatever the credentials.
-        for method, path in [("POST", "/sessions"), ("GET", f"/sessions/{sid}/completions"),
-                             ("POST", "/admin/pause"), ("POST", "/admin/resume")]:  # fmt: skip
+        # Every route of the control app (new ones included, read from the app itself): the token or 401 on
+        # the control listener, and absent from the model API whatever the credentials.
+        every = [
+            (method, route.path.replace("{session_id}", sid) + query)
+            for route in control_routes
+            if route.path != "/health"
+            for method in sorted(route.methods or ()) if method != "HEAD"
+            for query in ("", "?policy_version=7")
+        ]  # fmt: skip
+        assert {"/admin/backends", "/backends", "/admin/resume?policy_version=7"} <= {p for _, p in every}
+        for method, path in every:
+            for headers in ({}, bearer("wrong"), bearer(sid)):
+                r = httpx.request(method, f"{gw.control_url}{path}", headers=headers, json={})
+                assert r.status_code == 401, (method, path, headers, r.status_code)
             for headers in ({}, bearer("sekrit-sekrit-sekrit"), bearer(sid)):
-                r = httpx.request(method, f"{gw.url}{path}", headers=headers)
+                r = httpx.request(method, f"{gw.url}{path}", headers=headers, json={})
                 assert r.status_code in (404, 405), (method, path, r.status_code)
+        assert gw.control("GET", "/health").status_code == 200
+        assert gw.control("GET", f"/sessions/{sid}").json()["status"] == "open"  # nothing was changed
+        assert gw.control("GET", "/health").json()["paused"] is False
     finally:
         gw.server.stop()
 

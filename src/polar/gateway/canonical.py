@@ -8,6 +8,7 @@ the middle in Chat form means the upstream body is built once, in one place, wha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -61,7 +62,7 @@ class Completion:
     finish_reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
-    prompt_ids: list[int] | None = None
+    prompt_ids: Sequence[int] | None = None
     response_ids: list[int] | None = None
     response_logprobs: list[float] | None = None
     policy_version: int | None = None
@@ -117,7 +118,7 @@ class StreamChunk:
     tool_calls: tuple[ToolCallDelta, ...] = ()
     finish_reason: Any = None
     has_choice: bool = False
-    prompt_ids: list[int] | None = None
+    prompt_ids: Sequence[int] | None = None
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     usage: dict[str, Any] | None = None

@@ -28,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend, BackendOptions
 from polar.gateway.backends.pool import BackendPool
+from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.backends.stream import StreamAccumulator
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.gateway.dialects.base import Dialect, StreamEncoder, StreamFormat
@@ -401,14 +402,18 @@ class Proxy:
         try:
             t_up = time.perf_counter()
             if self.pool is not None and placed.backend is self.pool:
-                comp = await self.pool.complete(placed.upstream, call.state.session_id)
+                comp = await self.pool.complete(placed.upstream, call.state.ids_memo, call.state.session_id)
             else:
-                comp = await placed.backend.complete(placed.upstream)
+                comp = await placed.backend.complete(placed.upstream, self._memo(call, placed))
             upstream_ms = (time.perf_counter() - t_up) * 1000.0
         finally:
             self.gate.leave()
         await self._commit(call, placed, comp, upstream_ms)
         return comp
+
+    def _memo(self, call: Call, placed: Placed) -> IdsMemo | None:
+        """The session's prompt-ids memo for a call to the policy (a side call's model tokenizes otherwise)."""
+        return call.state.ids_memo if placed.backend is self.backend else None
 
     async def _call_streamed(self, call: Call, placed: Placed, fmt: StreamFormat) -> Response:
         """Start the upstream stream and answer with `_relay` once its first chunk is here.
@@ -421,9 +426,9 @@ class Proxy:
         call.policy_version = self.gate.policy_version
         t_up = time.perf_counter()
         if self.pool is not None and placed.backend is self.pool:
-            chunks = self.pool.stream(placed.upstream, call.state.session_id)
+            chunks = self.pool.stream(placed.upstream, call.state.ids_memo, call.state.session_id)
         else:
-            chunks = placed.backend.stream(placed.upstream)
+            chunks = placed.backend.stream(placed.upstream, self._memo(call, placed))
         try:
             try:
                 first = await anext(chunks)

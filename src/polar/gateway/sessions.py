@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.restore import ToolArguments
 from polar.gateway.routing import Classifiers, SideRoute, side_route
 from polar.store.cache import DEFAULT_IDLE_S
@@ -40,6 +41,9 @@ class SessionState:
     counts: dict[str, int] = field(default_factory=lambda: {"completions": 0, "failures": 0})
     tool_arguments: ToolArguments = field(default_factory=ToolArguments)  # see polar.gateway.restore
     route: SideRoute | None = None  # where side calls go (see polar.gateway.routing); None: nowhere else
+    ids_memo: IdsMemo = field(
+        default_factory=IdsMemo
+    )  # its last prompt ids (polar.gateway.backends.prompt_ids)
     # Calls that took a seq and have not finished: such a session is never evicted, since reloading it would
     # hand out a seq that is in use.
     in_flight: int = 0

@@ -7,6 +7,7 @@ training read only these. `to_json`/`from_json` give the wire form served by `GE
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,7 +33,7 @@ class CompletionRecord:
     created_at: float  # unix seconds when the call arrived
     request: dict[str, Any]  # the harness's original body, as sent
     upstream_request: dict[str, Any]  # the canonical OpenAI Chat body sent to the backend
-    prompt_ids: list[int] | None
+    prompt_ids: Sequence[int] | None  # list[int] read back; TokenIds from the gateway
     response_ids: list[int] | None
     response_logprobs: list[float] | None
     finish_reason: str

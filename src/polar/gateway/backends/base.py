@@ -11,15 +11,17 @@ inconsistent becomes a flag that makes the record untrainable. Nothing is re-tok
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
+from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.canonical import CanonicalRequest, Completion, FinishReason, StreamChunk, ToolCall
 from polar.gateway.errors import GatewayError
 from polar.netguard import OutboundPolicy
+from polar.store.codec import TokenIds
 from polar.store.records import (
     FLAG_LOGPROB_MISMATCH,
     FLAG_NO_LOGPROBS,
@@ -56,12 +58,13 @@ class Backend(Protocol):
         """The exact OpenAI Chat body sent upstream: the request, the served model, and the training fields."""
         ...
 
-    async def complete(self, body: dict[str, Any]) -> Completion:
+    async def complete(self, body: dict[str, Any], memo: IdsMemo | None = None) -> Completion:
         """Send `body` (from `build_body` of a request that is not streamed) and read the answer; raises
-        `GatewayError`."""
+        `GatewayError`. `memo`: the session's previous prompt ids, so only new ones are decoded
+        (`polar.gateway.backends.prompt_ids`; a kind without prompt ids ignores it)."""
         ...
 
-    def stream(self, body: dict[str, Any]) -> AsyncGenerator[StreamChunk, None]:
+    def stream(self, body: dict[str, Any], memo: IdsMemo | None = None) -> AsyncGenerator[StreamChunk, None]:
         """Send `body` (from `build_body` of a streamed request) and yield the answer's chunks as they come
         (`polar.gateway.backends.stream`; a `StreamAccumulator` adds them up to the `Completion`). Raises
         `GatewayError` before the first chunk (refused, unreachable) or mid-stream (dropped connection, an
@@ -202,7 +205,7 @@ def finish_reason(choice: dict[str, Any], has_tool_calls: bool) -> FinishReason:
 
 
 def usage(
-    data: dict[str, Any], prompt_ids: list[int] | None, response_ids: list[int] | None
+    data: dict[str, Any], prompt_ids: Sequence[int] | None, response_ids: list[int] | None
 ) -> tuple[int, int]:
     """(prompt_tokens, completion_tokens) from `usage`, else from the token ids, else 0."""
     u = data.get("usage")
@@ -231,6 +234,13 @@ def int_list(value: Any) -> list[int] | None:
     return value if type(total) is int else None
 
 
+def id_sequence(value: Any) -> Sequence[int] | None:
+    """`int_list`, also taking the `TokenIds` a backend's decoder made (checked when they were decoded)."""
+    if type(value) is TokenIds:
+        return value
+    return int_list(value)
+
+
 def float_list(value: list[Any]) -> list[float] | None:
     """`value` if every entry is a number (JSON ints such as `0` included), else None."""
     try:
@@ -241,7 +251,7 @@ def float_list(value: list[Any]) -> list[float] | None:
 
 
 def token_flags(
-    prompt_ids: list[int] | None, response_ids: list[int] | None, logprobs: list[float] | None
+    prompt_ids: Sequence[int] | None, response_ids: list[int] | None, logprobs: list[float] | None
 ) -> list[str]:
     """Flags for missing or inconsistent token data; any of them makes the record untrainable."""
     flags: list[str] = []
@@ -265,7 +275,7 @@ def assemble(
     *,
     content: str | None,
     reasoning: str | None,
-    prompt_ids: list[int] | None,
+    prompt_ids: Sequence[int] | None,
     response_ids: list[int] | None,
     logprobs: list[float] | None,
     policy_version: int | None,

@@ -31,6 +31,9 @@ _RETRY_STATUS = frozenset((502, 503, 504))
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS = {"Accept": "text/event-stream"}
 T = TypeVar("T")
+# How an answer's bytes become data: `orjson.loads`, or a backend's reader that takes some part apart
+# itself (`polar.gateway.backends.prompt_ids`); either raises `orjson.JSONDecodeError` on a non-JSON body.
+Decoder = Callable[[bytes], Any]
 
 
 class UpstreamUnavailable(GatewayError):
@@ -89,14 +92,16 @@ class UpstreamClient:
     async def get(self, path: str) -> Any:
         return await self._request("GET", path, None)
 
-    async def post(self, path: str, body: dict[str, Any]) -> Any:
-        return await self._request("POST", path, _encode(body))
+    async def post(self, path: str, body: dict[str, Any], decode: Decoder = orjson.loads) -> Any:
+        return await self._request("POST", path, _encode(body), decode)
 
-    async def _request(self, method: str, path: str, payload: bytes | None) -> Any:
+    async def _request(
+        self, method: str, path: str, payload: bytes | None, decode: Decoder = orjson.loads
+    ) -> Any:
         if self._session is None or self._session.closed:
             await self.start()
         url = self.base_url + path
-        return await self._with_retries(lambda: self._attempt(method, url, payload))
+        return await self._with_retries(lambda: self._attempt(method, url, payload, decode))
 
     async def _with_retries(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """`attempt()`, again after a `_Retryable` failure while the options allow; its GatewayError else."""
@@ -117,7 +122,7 @@ class UpstreamClient:
             f = e.failure
             raise UpstreamUnavailable(f.kind, f.message, param=f.param, status=f.status) from None
 
-    async def _attempt(self, method: str, url: str, payload: bytes | None) -> Any:
+    async def _attempt(self, method: str, url: str, payload: bytes | None, decode: Decoder) -> Any:
         """One request: the decoded body, a GatewayError, or `_Retryable` (nothing came back)."""
         assert self._session is not None
         try:
@@ -127,7 +132,7 @@ class UpstreamClient:
         except (OutboundRefused, TimeoutError, aiohttp.ClientError) as e:
             raise self._failure(e) from None
         if status < 300:
-            return _decode(raw, status)
+            return _decode(raw, status, decode)
         if status in _RETRY_STATUS:
             raise _Retryable(map_status(status, raw))
         raise map_status(status, raw)
@@ -161,7 +166,9 @@ class UpstreamClient:
 
     # ---- streams ----------------------------------------------------------------------------------------
 
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Any]:
+    async def stream(
+        self, path: str, body: dict[str, Any], decode: Decoder = orjson.loads
+    ) -> AsyncIterator[Any]:
         """The decoded `data:` events of a server-sent-events answer to `POST path`, up to `[DONE]`.
 
         Until the answer has begun this retries like `post`; once it has, nothing is retried (tokens were
@@ -184,7 +191,7 @@ class UpstreamClient:
                     done = True
                     return
                 try:
-                    yield orjson.loads(data)
+                    yield decode(data)
                 except orjson.JSONDecodeError:
                     raise GatewayError(
                         "upstream_error",
@@ -260,9 +267,9 @@ def _encode(body: dict[str, Any]) -> bytes:
         raise GatewayError("invalid_request", f"the request cannot be sent upstream as JSON: {e}") from None
 
 
-def _decode(raw: bytes, status: int) -> Any:
+def _decode(raw: bytes, status: int, decode: Decoder = orjson.loads) -> Any:
     try:
-        return orjson.loads(raw)
+        return decode(raw)
     except orjson.JSONDecodeError:
         raise GatewayError(
             "upstream_error",

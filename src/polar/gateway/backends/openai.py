@@ -6,7 +6,7 @@ fields added and read the token data their server returns (`training_fields`, `r
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,7 +21,8 @@ from polar.gateway.backends.base import (
     text_field,
     upstream_error,
 )
-from polar.gateway.backends.http import UpstreamClient
+from polar.gateway.backends.http import Decoder, UpstreamClient
+from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.backends.stream import parse_chunk, whole_chunk
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.store.records import FLAG_NO_LOGPROBS, FLAG_NO_PROMPT_IDS, FLAG_NO_RESPONSE_IDS
@@ -50,7 +51,7 @@ ESTIMATE_BYTES_PER_TOKEN = 4
 class TokenData:
     """What a kind reads from a response besides the message: token ids, logprobs, engine extras."""
 
-    prompt_ids: list[int] | None = None
+    prompt_ids: Sequence[int] | None = None
     response_ids: list[int] | None = None
     logprobs: list[float] | None = None
     policy_version: int | None = None
@@ -93,15 +94,21 @@ class OpenAIBackend:
         body.update(self.training_fields())
         return body
 
-    async def complete(self, body: dict[str, Any]) -> Completion:
-        return self.parse_completion(await self.http.post(self.chat_path, body))
+    async def complete(self, body: dict[str, Any], memo: IdsMemo | None = None) -> Completion:
+        return self.parse_completion(await self.http.post(self.chat_path, body, self.decoder(memo)))
 
-    async def stream(self, body: dict[str, Any]) -> AsyncGenerator[StreamChunk, None]:
+    async def stream(
+        self, body: dict[str, Any], memo: IdsMemo | None = None
+    ) -> AsyncGenerator[StreamChunk, None]:
         if not body.get("stream"):
-            yield whole_chunk(await self.complete(body))
+            yield whole_chunk(await self.complete(body, memo))
             return
-        async for data in self.http.stream(self.chat_path, body):
+        async for data in self.http.stream(self.chat_path, body, self.decoder(memo)):
             yield parse_chunk(data, self.read_tokens, self.read_content, self.read_reasoning)
+
+    def decoder(self, memo: IdsMemo | None) -> Decoder:
+        """How this kind decodes an answer (`orjson.loads`; vLLM's prompt ids go through `memo`)."""
+        return orjson.loads
 
     def parse_completion(self, raw: Any) -> Completion:
         """The `Completion` from a decoded response body; raises `GatewayError` on a shape-less one."""

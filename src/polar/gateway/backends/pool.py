@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from polar.gateway.backends.base import Backend, BackendOptions
 from polar.gateway.backends.http import UpstreamUnavailable
+from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.gateway.errors import GatewayError
 
@@ -121,19 +122,21 @@ class BackendPool:
     def build_body(self, req: CanonicalRequest, served_model: str) -> dict[str, Any]:
         return self.servers[0].backend.build_body(req, served_model)
 
-    async def complete(self, body: dict[str, Any], session: str | None = None) -> Completion:
+    async def complete(
+        self, body: dict[str, Any], memo: IdsMemo | None = None, session: str | None = None
+    ) -> Completion:
         """Send `body` to `session`'s server (or the least loaded usable one), moving on when a server
         delivers nothing."""
-        return await self._on_server(session, lambda b: b.complete(body))
+        return await self._on_server(session, lambda b: b.complete(body, memo))
 
     async def stream(
-        self, body: dict[str, Any], session: str | None = None
+        self, body: dict[str, Any], memo: IdsMemo | None = None, session: str | None = None
     ) -> AsyncGenerator[StreamChunk, None]:
         """`complete`, streamed: the call moves to another server only until its first chunk (after that
         the harness has seen tokens, and a failure ends its stream)."""
 
         async def first_chunk(backend: Backend) -> tuple[AsyncGenerator[StreamChunk, None], StreamChunk]:
-            chunks = backend.stream(body)
+            chunks = backend.stream(body, memo)
             try:
                 return chunks, await anext(chunks)
             except StopAsyncIteration:

@@ -16,7 +16,7 @@ differs from `usage.completion_tokens` is flagged; any of these makes the record
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -163,7 +163,7 @@ class StreamAccumulator:
         self._reasoning: list[str] = []
         self._calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument pieces]]
         self._finish: Any = None
-        self.prompt_ids: list[int] | None = None
+        self.prompt_ids: Sequence[int] | None = None
         self._ids: list[int] = []
         self._lps: list[float] = []
         self._ids_missing = False

@@ -13,10 +13,13 @@ Our embedded engine adds top-level `policy_version` (int) and `polar_flags` (lis
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from polar.gateway.backends.base import float_list, int_list
+from polar.gateway.backends.base import float_list, id_sequence, int_list
+from polar.gateway.backends.http import Decoder
 from polar.gateway.backends.openai import TokenData, TokenizingBackend
+from polar.gateway.backends.prompt_ids import IdsMemo, decode_answer
 
 
 class VLLMBackend(TokenizingBackend):
@@ -25,9 +28,14 @@ class VLLMBackend(TokenizingBackend):
     def training_fields(self) -> dict[str, Any]:
         return {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 
+    def decoder(self, memo: IdsMemo | None) -> Decoder:
+        """Top-level `prompt_token_ids` decoded into `TokenIds`, only the part the session's previous prompt
+        did not have (`polar.gateway.backends.prompt_ids`); without a memo, all of them."""
+        return partial(decode_answer, memo=memo)
+
     def read_tokens(self, data: dict[str, Any], choice: dict[str, Any]) -> TokenData:
         tokens = TokenData(
-            prompt_ids=int_list(data.get("prompt_token_ids")),
+            prompt_ids=id_sequence(data.get("prompt_token_ids")),
             response_ids=int_list(choice.get("token_ids")),
             logprobs=_logprobs(choice.get("logprobs")),
         )
