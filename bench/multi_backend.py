@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import re
 import statistics
 import sys
@@ -112,8 +113,10 @@ def vllm_servers(args: argparse.Namespace) -> Iterator[tuple[list[str], str, Any
     logs = Path(tempfile.mkdtemp(prefix="polar-bench-vllm-"))
     servers = []
     try:
-        for _ in range(2):
-            servers.append(start_vllm(Path(args.vllm), logs))
+        for i in range(2):
+            # One core each where there are two (vLLM's `auto` binds every server to core 0 here).
+            cpus = str(i % (os.cpu_count() or 1)) if args.spread_cores else None
+            servers.append(start_vllm(Path(args.vllm), logs, cpus=cpus))
             print(f"vllm at {servers[-1].url} ready in {servers[-1].startup_s:.0f} s (log {servers[-1].log})")
 
         def reset() -> None:  # a cold cache for every configuration (dev-mode route)
@@ -199,6 +202,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--vllm", metavar="MODEL_DIR", help="start two real vLLM servers serving this folder")
+    parser.add_argument(
+        "--spread-cores",
+        action="store_true",
+        help="--vllm: bind server i's engine to core i (VLLM_CPU_OMP_THREADS_BIND) instead of vLLM's auto",
+    )
     parser.add_argument("--sessions", type=int, default=32)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=16, help="sessions running at once")

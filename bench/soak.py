@@ -171,12 +171,18 @@ def main() -> None:
     bport, port, cport = free_port(), free_port(), free_port()
     backend, url, control = (f"http://127.0.0.1:{p}" for p in (bport, port, cport))
     token = secrets.token_urlsafe(32)
-    procs = [start([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend, str(ROOT))]
+    procs = [
+        start(
+            [sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)],
+            backend,
+            pythonpath=str(ROOT),
+        )
+    ]
     try:
         db = tmp / "soak.db"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--idle-s", str(opts.idle_s)]
         cmd += ["--serve", backend, str(port), str(cport), str(db)]
-        procs.append(start(cmd, url, f"{opts.src.resolve()}:{ROOT}", {"POLAR_TOKEN": token}))
+        procs.append(start(cmd, url, {"POLAR_TOKEN": token}, pythonpath=f"{opts.src.resolve()}:{ROOT}"))
         asyncio.run(drive(opts, url, control, token, procs[-1].pid, db))
     finally:
         for p in procs:

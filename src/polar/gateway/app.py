@@ -29,6 +29,7 @@ from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
 from polar.gateway.backends.openai import TokenDataMissing
 from polar.gateway.backends.pool import BackendPool
+from polar.gateway.backends.prompt_ids import MemoBudget
 from polar.gateway.config import GatewayConfig
 from polar.gateway.dialects.anthropic import AnthropicDialect
 from polar.gateway.dialects.base import Dialect, StreamFormat
@@ -381,7 +382,13 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
             app.state.proxy = Proxy(
                 backend=backend,
                 served_model=served,
-                sessions=SessionRegistry(writer, reader, classifiers, idle_s=config.session_idle_s),
+                sessions=SessionRegistry(
+                    writer,
+                    reader,
+                    classifiers,
+                    idle_s=config.session_idle_s,
+                    memos=MemoBudget(config.prompt_memo_bytes),
+                ),
                 writer=writer,
                 codec=ReasoningCodec(_reasoning_key(config, reader)),
                 max_body_bytes=config.max_body_bytes,

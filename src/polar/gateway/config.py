@@ -8,6 +8,7 @@ from typing import Literal
 
 from polar.auth import MIN_TOKEN_CHARS, new_token
 from polar.gateway.backends.base import BackendOptions
+from polar.gateway.backends.prompt_ids import DEFAULT_MEMO_BYTES
 from polar.limits import DEFAULT_BODY_TIMEOUT_S
 from polar.netguard import OutboundPolicy
 from polar.store.cache import DEFAULT_CACHE_BYTES, DEFAULT_IDLE_S
@@ -48,6 +49,9 @@ class GatewayConfig:
     # forgets it then too). Smaller only costs disk: the next call of a forgotten session is stored whole.
     session_cache_bytes: int = DEFAULT_CACHE_BYTES
     session_idle_s: float = DEFAULT_IDLE_S
+    # Live sessions' previous prompt ids, so a call decodes only the ids its prompt adds
+    # (`polar.gateway.backends.prompt_ids`): at most this many bytes. Smaller only costs CPU.
+    prompt_memo_bytes: int = DEFAULT_MEMO_BYTES
     # Several servers only: keep a session on the server holding its prefix, and how often each is probed.
     backend_affinity: bool = True
     health_interval_s: float = 5.0
@@ -79,5 +83,7 @@ class GatewayConfig:
             raise ValueError("body_timeout_s must be positive")
         if self.session_cache_bytes < 0:
             raise ValueError("session_cache_bytes must be zero or more")
+        if self.prompt_memo_bytes < 0:
+            raise ValueError("prompt_memo_bytes must be zero or more")
         if not self.session_idle_s > 0:
             raise ValueError("session_idle_s must be positive")

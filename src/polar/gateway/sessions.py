@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar.gateway.backends.prompt_ids import IdsMemo
+from polar.gateway.backends.prompt_ids import IdsMemo, MemoBudget
 from polar.gateway.restore import ToolArguments
 from polar.gateway.routing import Classifiers, SideRoute, side_route
 from polar.store.cache import DEFAULT_IDLE_S
@@ -65,8 +65,10 @@ class SessionRegistry:
         classifiers: Classifiers | None = None,
         idle_s: float = DEFAULT_IDLE_S,
         clock: Callable[[], float] = time.monotonic,
+        memos: MemoBudget | None = None,
     ) -> None:
         self._writer = writer
+        self.memos = memos if memos is not None else MemoBudget()  # sessions' prompt-ids memos, bounded
         self._classifiers = classifiers  # builds side-call routes (polar.gateway.routing)
         self._reader = reader  # used only on the event loop thread
         self._live: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
@@ -82,7 +84,9 @@ class SessionRegistry:
         if sid in self._live or self._reader.session(sid) is not None:
             raise KeyError(sid)
         route = side_route(metadata, self._classifiers)
-        state = SessionState(session_id=sid, created_at=time.time(), metadata=metadata, route=route)
+        state = SessionState(
+            session_id=sid, created_at=time.time(), metadata=metadata, route=route, ids_memo=self.memos.new()
+        )
         info = SessionInfo(session_id=sid, created_at=state.created_at, status="open", metadata=metadata)
         await self._writer.write(lambda w: w.add_session(info))
         state.used = self.clock()
@@ -108,6 +112,7 @@ class SessionRegistry:
             closed=info.status == "closed",
             counts={"completions": info.completions, "failures": info.failures},
             route=side_route(info.metadata, self._classifiers),  # checked when the session was created
+            ids_memo=self.memos.new(),
             used=self.clock(),
         )
         state.tool_arguments.remember_text(self._reader.tool_call_arguments(session_id))

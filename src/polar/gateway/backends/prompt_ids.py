@@ -13,12 +13,19 @@ never assumed; a prompt that changed early (compaction, a rewritten history) jus
 
 Only the top level's `prompt_token_ids` is taken this way (vLLM's and our engine's shape); any other shape,
 or text that is not a plain array of integers, is decoded whole by orjson and read as before.
+
+Memory: a memo is ~10 bytes a token (~650 kB at 64k tokens), for as long as its session is in the gateway's
+memory. All memos together are bounded by a `MemoBudget`; past it the least recently used are emptied, and
+their sessions' next calls decode their ids whole, once.
 """
 
 from __future__ import annotations
 
 import re
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -28,20 +35,70 @@ from polar.store.codec import TokenIds, ids_to_bytes
 _KEY = b'"prompt_token_ids"'
 _OPEN = re.compile(rb"\s*:\s*\[")
 
+DEFAULT_MEMO_BYTES = 128 << 20  # ~200 live sessions of 64k tokens, ~1,600 of 8k
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, weakref_slot=True)
 class IdsMemo:
-    """One session's previous prompt ids: the array's text between its brackets, and the ids.
+    """One session's previous prompt ids: the array's text between its brackets, and the ids."""
 
-    Memory is the text (~6 bytes a token) plus the int32 bytes (4), which are the same object the record
-    and the store's session cache hold; it lives as long as the session stays in the gateway's memory."""
-
+    budget: MemoBudget | None = None
     text: bytes = b""
     ids: TokenIds | None = None
 
     @property
     def nbytes(self) -> int:
         return len(self.text) + (len(self.ids.data) if self.ids is not None else 0)
+
+    def remember(self, text: bytes, ids: TokenIds) -> None:
+        self.text, self.ids = text, ids
+        if self.budget is not None:
+            self.budget.charge(self)
+
+    def clear(self) -> None:
+        self.text, self.ids = b"", None
+
+
+class MemoBudget:
+    """The memos of every session together, at most `max_bytes`: the least recently updated are emptied
+    first. Memos are held weakly: a session the registry forgot takes its memo with it."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be zero or more")
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self.emptied = 0  # memos emptied to stay within the budget
+        self._memos: OrderedDict[int, tuple[weakref.ref[IdsMemo], int]] = OrderedDict()
+
+    def new(self) -> IdsMemo:
+        return IdsMemo(self)
+
+    def __len__(self) -> int:
+        return len(self._memos)
+
+    def charge(self, memo: IdsMemo) -> None:
+        """`memo` was just updated: count its new size, then empty the oldest memos while over budget."""
+        key = id(memo)
+        old = self._memos.pop(key, None)
+        if old is not None:
+            self.nbytes -= old[1]
+        size = memo.nbytes
+        self._memos[key] = (weakref.ref(memo, partial(self._gone, key)), size)
+        self.nbytes += size
+        while self.nbytes > self.max_bytes and self._memos:
+            _, (ref, n) = self._memos.popitem(last=False)
+            self.nbytes -= n
+            stale = ref()
+            if stale is not None:
+                stale.clear()
+                self.emptied += 1
+
+    def _gone(self, key: int, ref: weakref.ref[IdsMemo]) -> None:
+        entry = self._memos.get(key)
+        if entry is not None and entry[0] is ref:
+            del self._memos[key]
+            self.nbytes -= entry[1]
 
 
 def decode_answer(raw: bytes, memo: IdsMemo | None) -> Any:
@@ -64,7 +121,7 @@ def decode_answer(raw: bytes, memo: IdsMemo | None) -> Any:
         return orjson.loads(raw)  # not an array of int32 integers: read (and flagged) the usual way
     rest["prompt_token_ids"] = ids
     if memo is not None:
-        memo.text, memo.ids = text, ids
+        memo.remember(text, ids)
     return rest
 
 
