@@ -150,3 +150,33 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> Iterator[str]:
+    """Docker with polar's base image (tests.container_support): "docker", or the test is skipped."""
+    from tests.container_support import base_image, docker_daemon
+
+    with docker_daemon() as why:
+        if why is not None:
+            pytest.skip(why)
+        base_image("docker")
+        yield "docker"
+
+
+@pytest.fixture(scope="session")
+def podman_engine() -> Iterator[str]:
+    """Podman with polar's base image (tests.container_support): "podman", or the test is skipped."""
+    from tests.container_support import base_image, podman_config
+
+    with podman_config() as why:
+        if why is not None:
+            pytest.skip(why)
+        base_image("podman")
+        yield "podman"
+
+
+@pytest.fixture(params=["docker", "podman"])
+def engine(request: pytest.FixtureRequest) -> str:
+    """Each container engine in turn (marker `containers`)."""
+    return str(request.getfixturevalue(f"{request.param}_engine"))

@@ -1,6 +1,7 @@
-"""Docker and apptainer: no engine runs on this machine, so these check the exact command lines, that
-values of variables never reach a command line, that the in-container wrapper really reports its process
-group, and that the factory refuses clearly when an engine or an image is missing."""
+"""Docker, podman and apptainer without an engine: the exact command lines, that values of variables never
+reach a command line, that the in-container wrapper really reports its process group, and that the factory
+refuses clearly when an engine or an image is missing. Docker and podman themselves run in
+tests/test_runtime_engines.py; apptainer is in neither Debian's packages nor the index."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from polar.runtime import RuntimeFailure, RuntimeSpec, make_runtime
 from polar.runtime.apptainer import ApptainerRuntime
-from polar.runtime.docker import DockerRuntime
+from polar.runtime.docker import DockerRuntime, PodmanRuntime
+from polar.runtime.leftovers import owner_label
 
 
 def _spec(tmp_path: Path, backend: str, **kw: object) -> RuntimeSpec:
@@ -26,11 +28,22 @@ def test_docker_command_lines(tmp_path: Path) -> None:
     s = str(rt.session_dir)
     assert rt.name == rt.session_dir.name and rt.name.startswith("polar-s_1-")
     assert rt.start_argv() == [
-        "docker", "run", "-d", "--name", rt.name, "--network", "host",
-        "-v", f"{s}:{s}", "-v", "/opt/cli:/opt/cli:ro",
-        "-w", f"{s}/workspace", "python:3.12-slim", "sleep", "infinity",
+        "docker", "run", "-d", "--init", "--name", rt.name, "--network", "none",
+        "--label", f"polar.owner={owner_label()}", "--label", "polar.session=s/1",
+        "-v", f"{s}:{s}", "-v", "/opt/cli:/opt/cli:ro", "python:3.12-slim", "sleep", "infinity",
     ]  # fmt: skip
-    assert rt.gateway_url == "http://127.0.0.1:9"  # host network: the same URL answers
+    # network gateway: no network, and a listener on the container's loopback at the gateway's port
+    assert rt.gateway_url == "http://127.0.0.1:9" and rt._gateway == ("127.0.0.1", 9)
+    assert rt.pid_argv() == ["docker", "inspect", "--format", "{{.State.Pid}}", rt.name]
+    host = DockerRuntime(
+        _spec(tmp_path, "docker", network="host", cpus=1.5, memory_mb=512, pids_limit=100),
+        "s/2",
+        gateway_url="http://127.0.0.1:9/v1",
+    )
+    argv = host.start_argv()
+    assert argv[argv.index("--network") + 1] == "host" and host.gateway_url == "http://127.0.0.1:9/v1"
+    assert argv[argv.index("--cpus") :][:6] == ["--cpus", "1.5", "--memory", "512m", "--pids-limit", "100"]
+    assert host._gateway is None  # the host's network: the same URL answers, nothing to bridge
     env = {"HOME": f"{s}/home", "OPENAI_API_KEY": "secret-session-key"}
     argv = rt.exec_argv(["python", "-V"], Path("/w"), env)
     assert argv == [
@@ -60,7 +73,9 @@ def test_docker_network_none_and_absolute_workdir(tmp_path: Path) -> None:
     )
     argv = rt.start_argv()
     assert argv[argv.index("--network") + 1] == "none"
-    assert argv[argv.index("-w") + 1] == "/testbed" and rt.workdir == Path("/testbed")
+    assert "-w" not in argv and rt.workdir == Path(
+        "/testbed"
+    )  # made by `start` (podman refuses a missing -w)
     assert rt.gateway_url is None
     # str commands run in a login shell inside images (their profile sets PATH)
     assert rt._command("make test") == ["bash", "-lc", "make test"]
@@ -125,11 +140,16 @@ def test_factory_builds_and_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         make_runtime(_spec(tmp_path, "apptainer"), "x")
     with pytest.raises(RuntimeFailure, match=r"runtime 'docker' needs runtime\.image"):
         make_runtime(RuntimeSpec(backend="docker"), "x")
-    monkeypatch.setenv("PATH", _fake_path(tmp_path, "docker", "singularity"))
-    for backend in ("docker", "apptainer"):  # they share the host's network: `gateway` would not hold
-        with pytest.raises(RuntimeFailure, match=f"runtime '{backend}' cannot confine network 'gateway'"):
-            make_runtime(_spec(tmp_path, backend), "x")
-    assert isinstance(make_runtime(_spec(tmp_path, "docker", network="host"), "x"), DockerRuntime)
+    with pytest.raises(RuntimeFailure, match="runtime 'podman' needs the podman CLI"):
+        make_runtime(_spec(tmp_path, "podman"), "x")
+    monkeypatch.setenv("PATH", _fake_path(tmp_path, "docker", "podman", "singularity"))
+    # apptainer shares the host's network: `gateway` would not hold
+    with pytest.raises(RuntimeFailure, match="runtime 'apptainer' cannot confine network 'gateway'"):
+        make_runtime(_spec(tmp_path, "apptainer"), "x")
+    with pytest.raises(RuntimeFailure, match=r"runtime\.memory_mb is enforced by docker and podman only"):
+        make_runtime(_spec(tmp_path, "apptainer", network="none", memory_mb=64), "x")
+    assert isinstance(make_runtime(_spec(tmp_path, "docker"), "x"), DockerRuntime)
+    assert isinstance(make_runtime(_spec(tmp_path, "podman", network="host"), "x"), PodmanRuntime)
     rt = make_runtime(_spec(tmp_path, "apptainer", network="none"), "x")
     assert isinstance(rt, ApptainerRuntime) and os.path.basename(rt.binary) == "singularity"
 

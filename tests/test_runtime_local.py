@@ -300,8 +300,10 @@ async def test_absolute_workdir_lives_in_the_session_dir(tmp_path: Path) -> None
 
 
 def test_factory_refuses_unknown_backends() -> None:
-    with pytest.raises(RuntimeFailure, match="unknown runtime backend 'podman'; known: local, bwrap"):
-        make_runtime(RuntimeSpec(backend="podman"), "x")  # type: ignore[arg-type]
+    with pytest.raises(
+        RuntimeFailure, match="unknown runtime backend 'lxc'; known: local, bwrap, docker, podman"
+    ):
+        make_runtime(RuntimeSpec(backend="lxc"), "x")  # type: ignore[arg-type]
 
 
 async def test_cancel_returns_even_when_an_escaped_process_holds_the_pipe(rt: LocalRuntime) -> None:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from polar.store.sqlite import SQLiteStore
+from tests.container_support import IMAGE
 from tests.node_support import eventually, fake_policy, running_node
 from tests.server_support import AUTH, TOKEN, start_server
 
@@ -82,10 +83,20 @@ def _report(store: Path, session_id: str) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "local"])
-async def test_a_sandbox_reaches_the_model_api_and_nothing_else(tmp_path: Path, backend: str) -> None:
+@pytest.mark.parametrize(
+    "backend", ["bwrap", "local", pytest.param("docker", marks=pytest.mark.containers),
+                pytest.param("podman", marks=pytest.mark.containers)]
+)  # fmt: skip
+async def test_a_sandbox_reaches_the_model_api_and_nothing_else(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     if backend == "bwrap" and shutil.which("bwrap") is None:
         pytest.skip("needs bubblewrap (scripts/test installs it)")
+    runtime: dict[str, Any] = {"backend": backend, "network": "gateway"}
+    python = sys.executable
+    if backend in ("docker", "podman"):
+        request.getfixturevalue(f"{backend}_engine")  # started, with polar's base image
+        runtime["image"], python = IMAGE, "python3"
     server = start_server(tmp_path / "server.db")
     try:
         with fake_policy() as (policy_url, _):
@@ -111,10 +122,10 @@ async def test_a_sandbox_reaches_the_model_api_and_nothing_else(tmp_path: Path, 
                     "task_id": f"probe-{backend}",
                     "instruction": "probe",
                     "timeout_seconds": 120,
-                    "runtime": {"backend": backend, "network": "gateway"},
+                    "runtime": runtime,
                     "agent": {
                         "harness": "shell",
-                        "settings": {"command": f'{sys.executable} -I -c "$PROBE"'},
+                        "settings": {"command": f'{python} -I -c "$PROBE"'},
                         "env": {
                             "PROBE": PROBE,
                             "LEAKED_TOKEN": TOKEN,

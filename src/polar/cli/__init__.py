@@ -31,6 +31,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "generate",
         "Run a task file and keep the sessions that pass a filter as SFT/RL training data.",
     ),
+    "images": ("polar.cli.images", "images", "Build container images locally (no registry needed)."),
     "node": (
         "polar.cli.node",
         "node",

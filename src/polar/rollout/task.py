@@ -36,12 +36,12 @@ PrepareAction = Annotated[UploadAction | ExecAction, Field(discriminator="type")
 class RuntimeConfig(_Model):
     """Where a session's harness runs: a fresh runtime per session, prepared before the agent starts."""
 
-    backend: Literal["local", "bwrap", "docker", "apptainer"] = Field(
+    backend: Literal["local", "bwrap", "docker", "podman", "apptainer"] = Field(
         "local",
         description="local: a session directory on the host (no isolation); bwrap: a sandbox of it; docker, "
-        "apptainer: a container of `image`.",
+        "podman, apptainer: a container of `image`.",
     )
-    image: str | None = Field(None, description="Container image; required by docker and apptainer.")
+    image: str | None = Field(None, description="Container image; required by docker, podman and apptainer.")
     workdir: str = Field(
         "workspace",
         description="The harness's working directory: relative to the session directory (local, bwrap) or "
@@ -51,8 +51,11 @@ class RuntimeConfig(_Model):
     network: Literal["gateway", "host", "none"] = Field(
         "gateway",
         description="gateway: only the gateway is reachable; host: the host's network; none: nothing. "
-        "Enforced by bwrap and containers; local shares the host's.",
+        "Enforced by bwrap, docker and podman (and local where namespaces work); apptainer: host or none.",
     )
+    cpus: float | None = Field(None, gt=0, description="CPUs the container may use (docker, podman).")
+    memory_mb: int | None = Field(None, gt=0, description="Memory limit in MiB (docker, podman).")
+    pids_limit: int | None = Field(None, gt=0, description="Most processes at once (docker, podman).")
     prepare: list[PrepareAction] = Field(
         default_factory=list,
         description="upload and exec actions run in order before the agent starts (a failure ends the "

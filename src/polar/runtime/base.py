@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-RuntimeBackend = Literal["local", "bwrap", "docker", "apptainer"]
+RuntimeBackend = Literal["local", "bwrap", "docker", "podman", "apptainer"]
 
 
 @dataclass(frozen=True)
 class RuntimeSpec:
     backend: RuntimeBackend = "local"
-    image: str | None = None  # docker/apptainer image; unused by local and bwrap
+    image: str | None = None  # docker/podman/apptainer image; unused by local and bwrap
     workdir: str = "workspace"  # relative to the session directory (local/bwrap) or absolute in a container
     env: dict[str, str] = field(default_factory=dict)
     network: Literal["gateway", "host", "none"] = "gateway"  # gateway: only the gateway (local, bwrap)
@@ -25,6 +25,10 @@ class RuntimeSpec:
     read_only_paths: tuple[
         str, ...
     ] = ()  # extra host paths made visible read-only (bwrap), e.g. a CLI prefix
+    # Resource limits (docker, podman): CPUs (fractions allowed), memory in MiB, processes.
+    cpus: float | None = None
+    memory_mb: int | None = None
+    pids_limit: int | None = None
 
 
 @dataclass(frozen=True)

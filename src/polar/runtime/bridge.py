@@ -70,14 +70,20 @@ def remove_stale_bridges(min_age_s: float = 60.0) -> int:
 
 
 class UnixBridge:
-    def __init__(self, host: str, port: int) -> None:
+    """Serves connections to the gateway at `host:port`: on a unix socket (for bwrap and local sandboxes,
+    `unix=True`) and on listening sockets handed to `serve_socket` (a container's loopback, `polar.runtime.netns`).
+    """
+
+    def __init__(self, host: str, port: int, *, unix: bool = True) -> None:
         # Short and outside the session dir: a unix socket path must fit in 108 bytes
         self.socket_path = Path(tempfile.mkdtemp(prefix=_PREFIX, dir=_DIR)) / "gw.sock"
+        self.unix = unix
         self.host = host
         self.port = port
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="polar-bridge")
         self._server: asyncio.AbstractServer | None = None
+        self._extra: list[asyncio.AbstractServer] = []
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -93,6 +99,8 @@ class UnixBridge:
 
     def start(self) -> None:
         self._thread.start()
+        if not self.unix:
+            return
         future = asyncio.run_coroutine_threadsafe(
             asyncio.start_unix_server(self._handle, path=str(self.socket_path)), self._loop
         )
@@ -102,6 +110,16 @@ class UnixBridge:
             self.close()
             raise RuntimeFailure(f"cannot start the gateway bridge: {exc}") from exc
 
+    def serve_socket(self, sock: socket.socket) -> None:
+        """Relay the connections of a listening socket (made anywhere, e.g. in a container's network
+        namespace) to the gateway too; closed with the bridge."""
+        future = asyncio.run_coroutine_threadsafe(asyncio.start_server(self._handle, sock=sock), self._loop)
+        try:
+            self._extra.append(future.result(timeout=10))
+        except OSError as exc:
+            sock.close()
+            raise RuntimeFailure(f"cannot serve the gateway bridge: {exc}") from exc
+
     def close(self) -> None:
         """Stop serving and remove the socket and its directory (idempotent)."""
         if not self._thread.is_alive():
@@ -109,8 +127,9 @@ class UnixBridge:
             return
 
         async def shutdown() -> None:
-            if self._server is not None:
-                self._server.close()
+            for server in (self._server, *self._extra):
+                if server is not None:
+                    server.close()
             for task in asyncio.all_tasks():
                 if task is not asyncio.current_task():
                     task.cancel()

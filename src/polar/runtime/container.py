@@ -1,5 +1,5 @@
-"""What docker and apptainer share: a long-lived container per runtime, commands run inside it by the
-engine's client, and the session directory bind-mounted at its host path.
+"""What docker, podman and apptainer share: a long-lived container per runtime, commands run inside it by
+the engine's client, and the session directory bind-mounted at its host path.
 
 Killing the engine's client does not kill what it started inside the container, so every command is
 wrapped as `setsid -w sh -c 'echo $$ > PIDFILE; exec "$@"'`: it runs as the leader of its own process
@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Unpack
 
 from polar.runtime.base import ExecResult, RuntimeFailure, RuntimeSpec
+from polar.runtime.bridge import UnixBridge
 from polar.runtime.local import Keep, LocalRuntime, RuntimeOptions, _copy
+from polar.runtime.netns import listen_in_netns
 from polar.runtime.procs import GroupTracker, group_alive, run_process, signal_group
 
 ENGINE_TIMEOUT_S = 600.0  # `docker run` may pull an image first
@@ -63,6 +65,10 @@ class ContainerRuntime(LocalRuntime):
     def client_env(self, env: dict[str, str]) -> dict[str, str]:
         """Variables for the client process that carry `env` into the container (values never appear
         on a command line, where `ps` would show the session key)."""
+
+    def pid_argv(self) -> list[str] | None:
+        """The engine command that prints the container's first process's host pid (None: not known)."""
+        return None
 
     @abstractmethod
     def kill_argv(self) -> list[str]: ...
@@ -107,9 +113,34 @@ class ContainerRuntime(LocalRuntime):
         try:
             await self.engine(self.start_argv())
         except RuntimeFailure:
+            # Podman creates the container before it fails to start it (a missing workdir, a bad mount).
+            await self.engine(self.remove_argv(), check=False)
             self._remove("nothing")
             raise
         self._state = "started"
+        try:
+            if not shared:  # a workdir inside the image, e.g. /testbed: there before the first command
+                await self.engine(self.exec_argv(["mkdir", "-p", str(self.workdir)], Path("/"), {}))
+            if self._gateway is not None:
+                await self._bridge_gateway()
+        except RuntimeFailure:
+            await self.stop()
+            raise
+
+    async def _bridge_gateway(self) -> None:
+        """`network: gateway`: a listener on the container's 127.0.0.1 at the gateway's port, relayed to
+        the gateway (`polar.runtime.netns`); the container itself has no network."""
+        assert self._gateway is not None
+        argv = self.pid_argv()
+        if argv is None:
+            raise RuntimeFailure(f"runtime {self.backend!r} cannot bridge the gateway into its container")
+        out = (await self.engine(argv)).stdout.strip()
+        if not out.isdigit() or int(out) <= 0:
+            raise RuntimeFailure(f"{' '.join(argv[:2])} gave no pid for container {self.name}: {out!r}")
+        self._bridge = UnixBridge(*self._gateway, unix=False)
+        self._bridge.start()
+        sock = await asyncio.to_thread(listen_in_netns, int(out), "127.0.0.1", self._gateway[1])
+        self._bridge.serve_socket(sock)
 
     async def cancel(self) -> None:
         self._tracker.mark_cancelled()
@@ -125,6 +156,9 @@ class ContainerRuntime(LocalRuntime):
         if was_started:
             await self.engine(self.remove_argv(), check=False)
         self._state = "stopped"
+        if self._bridge is not None:
+            self._bridge.close()
+            self._bridge = None
         await asyncio.to_thread(self._remove, keep or self.keep)
 
     # -- commands ----------------------------------------------------------------------------------

@@ -1,29 +1,64 @@
-"""Docker: one detached container per runtime (`sleep infinity`), commands through `docker exec`.
+"""Docker (and podman, which takes the same command lines): one detached container per runtime
+(`sleep infinity`), commands through `exec`.
 
-`network="none"` is `--network none`; `host` is `--network host`, so the gateway on the node's loopback
-answers at the same URL, and so does every other address. `gateway` (only the gateway reachable) is
-refused by `check_runtime`: fencing off the rest needs a bridge network plus firewall rules, not done here.
+Networks: `none` is `--network none`; `host` is `--network host` (the gateway on the node's loopback answers
+at the same URL, and so does every other address); `gateway` is `--network none` plus a listener on the
+container's own 127.0.0.1 at the gateway's port, made from the host side and relayed to the gateway
+(`polar.runtime.netns`): only the gateway is reachable, and the harness is given `http://127.0.0.1:PORT`.
+
+Every container carries the labels `polar.owner` (the node's pid, its start time and the boot id) and
+`polar.session`, so a node started after another died (SIGKILL) removes what the dead one left
+(`reap_containers`). `cpus`, `memory_mb` and `pids_limit` become `--cpus`, `--memory`, `--pids-limit`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import shutil
 from pathlib import Path
 
 from polar.runtime.container import ContainerRuntime
+from polar.runtime.leftovers import owner_alive, owner_label
+
+log = logging.getLogger("polar.runtime")
+
+OWNER_LABEL = "polar.owner"
+SESSION_LABEL = "polar.session"
 
 
 class DockerRuntime(ContainerRuntime):
     backend = "docker"
     default_binary = "docker"
+    bridged = True  # `network: gateway` through a listener in the container's network namespace
 
     def start_argv(self) -> list[str]:
         session = str(self.session_dir)
-        network = "none" if self.spec.network == "none" else "host"
-        argv = [self.binary, "run", "-d", "--name", self.name, "--network", network]
+        network = "host" if self.spec.network == "host" else "none"
+        # --init: an init as PID 1 that reaps the orphans agents leave (`sleep infinity` would not, and their
+        # zombies count against --pids-limit). docker ships docker-init; podman needs catatonit.
+        argv = [self.binary, "run", "-d", "--init", "--name", self.name, "--network", network]
+        argv += ["--label", f"{OWNER_LABEL}={owner_label()}", "--label", f"{SESSION_LABEL}={self.session_id}"]
         argv += ["-v", f"{session}:{session}"]
         for path in self.spec.read_only_paths:
             argv += ["-v", f"{path}:{path}:ro"]
-        return [*argv, "-w", str(self.workdir), self.image, "sleep", "infinity"]
+        argv += self.limit_args()
+        # No `-w`: podman refuses a workdir the image lacks (docker makes it); `start` makes it for both.
+        return [*argv, self.image, "sleep", "infinity"]
+
+    def limit_args(self) -> list[str]:
+        spec, out = self.spec, []
+        if spec.cpus is not None:
+            out += ["--cpus", f"{spec.cpus:g}"]
+        if spec.memory_mb is not None:
+            out += ["--memory", f"{spec.memory_mb}m"]
+        if spec.pids_limit is not None:
+            out += ["--pids-limit", str(spec.pids_limit)]
+        return out
+
+    def pid_argv(self) -> list[str]:
+        return [self.binary, "inspect", "--format", "{{.State.Pid}}", self.name]
 
     def exec_argv(self, argv: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
         cmd = [self.binary, "exec", "-i", "-w", str(cwd)]
@@ -51,3 +86,51 @@ class DockerRuntime(ContainerRuntime):
 
     async def copy_out(self, src: Path, dst: Path) -> None:
         await self.engine(self.copy_argv(f"{self.name}:{src}", str(dst)))
+
+
+class PodmanRuntime(DockerRuntime):
+    """Podman takes docker's command lines. On hosts where its default OCI runtime (crun) cannot start
+    containers, its own `containers.conf` chooses runc (docs/runtimes.md)."""
+
+    backend = "podman"
+    default_binary = "podman"
+
+    def remove_argv(self) -> list[str]:
+        # Podman's `rm -f` first waits 10 s for a SIGTERM that `sleep infinity` as PID 1 never heeds.
+        return [self.binary, "rm", "-f", "--time", "0", self.name]
+
+
+async def _engine_out(argv: list[str], timeout_s: float = 60.0) -> str | None:
+    """stdout of an engine command, None when it failed or the engine is not there."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=dict(os.environ)
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except (OSError, TimeoutError):
+        return None
+    return out.decode(errors="replace") if proc.returncode == 0 else None
+
+
+async def reap_containers(binary: str) -> list[str]:
+    """Remove the containers of `binary` (docker or podman) whose owning node is dead; their names."""
+    if shutil.which(binary) is None:
+        return []
+    listed = await _engine_out(
+        [binary, "ps", "-a", "--filter", f"label={OWNER_LABEL}", "--format", "{{.Names}}"]
+    )
+    names = [n.strip() for n in (listed or "").splitlines() if n.strip()]
+    if not names:
+        return []
+    # One line per container, in order (docker's and podman's `ps` templates differ; `inspect`'s agree).
+    owners = await _engine_out(
+        [binary, "inspect", "--format", '{{index .Config.Labels "polar.owner"}}', *names]
+    )
+    if owners is None:
+        return []
+    dead = [n for n, owner in zip(names, owners.splitlines(), strict=False) if not owner_alive(owner.strip())]
+    if dead:
+        now = ["--time", "0"] if binary == "podman" else []  # see PodmanRuntime.remove_argv
+        await _engine_out([binary, "rm", "-f", *now, *dead], timeout_s=120)
+        log.warning("removed %d %s container(s) left by a node that died: %s", len(dead), binary, dead)
+    return dead

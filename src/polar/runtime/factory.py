@@ -9,7 +9,8 @@ from polar.runtime import namespaces
 from polar.runtime.base import Runtime, RuntimeFailure, RuntimeSpec
 from polar.runtime.local import Keep, LocalRuntime
 
-BACKENDS = ("local", "bwrap", "docker", "apptainer")
+BACKENDS = ("local", "bwrap", "docker", "podman", "apptainer")
+CONTAINER_BACKENDS = ("docker", "podman", "apptainer")
 
 
 def _apptainer_binary() -> str | None:
@@ -29,18 +30,21 @@ def check_runtime(spec: RuntimeSpec) -> None:
         )
     if backend == "local":
         namespaces.for_network(spec.network)  # gateway/none: refused where namespaces cannot be made
-    if backend in ("docker", "apptainer") and not spec.image:
+    if backend in CONTAINER_BACKENDS and not spec.image:
         raise RuntimeFailure(f"runtime {backend!r} needs runtime.image")
-    if backend == "docker" and shutil.which("docker") is None:
-        raise RuntimeFailure("runtime 'docker' needs the docker CLI, but no `docker` is on PATH")
+    if backend in ("docker", "podman") and shutil.which(backend) is None:
+        raise RuntimeFailure(f"runtime {backend!r} needs the {backend} CLI, but no `{backend}` is on PATH")
     if backend == "apptainer" and _apptainer_binary() is None:
         raise RuntimeFailure("runtime 'apptainer' needs apptainer (or singularity), but neither is on PATH")
-    if backend in ("docker", "apptainer") and spec.network == "gateway":
+    if backend == "apptainer" and spec.network == "gateway":
         raise RuntimeFailure(
-            f"runtime {backend!r} cannot confine network 'gateway': its containers share the host's network, "
-            "where every address is reachable; use runtime 'bwrap' or 'local', network 'none', or network "
-            "'host' to give the agent the host's network"
+            "runtime 'apptainer' cannot confine network 'gateway': its instances share the host's network, "
+            "where every address is reachable; use runtime 'docker', 'podman', 'bwrap' or 'local', network "
+            "'none', or network 'host' to give the agent the host's network"
         )
+    for name, value in (("cpus", spec.cpus), ("memory_mb", spec.memory_mb), ("pids_limit", spec.pids_limit)):
+        if value is not None and backend not in ("docker", "podman"):
+            raise RuntimeFailure(f"runtime.{name} is enforced by docker and podman only, not {backend!r}")
 
 
 def make_runtime(
@@ -64,6 +68,10 @@ def make_runtime(
         from polar.runtime.docker import DockerRuntime
 
         return DockerRuntime(spec, session_id, gateway_url=gateway_url, keep=keep)
+    if spec.backend == "podman":
+        from polar.runtime.docker import PodmanRuntime
+
+        return PodmanRuntime(spec, session_id, gateway_url=gateway_url, keep=keep)
     if spec.backend == "apptainer":
         from polar.runtime.apptainer import ApptainerRuntime
 

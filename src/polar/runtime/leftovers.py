@@ -104,3 +104,19 @@ def reap_leftovers(directory: Path | None = None) -> list[int]:
     if killed:
         log.warning("killed %d process group(s) left by a node that died: %s", len(killed), killed)
     return killed
+
+
+def owner_label() -> str:
+    """This process as a container label names it: `pid:start-ticks:boot-id`."""
+    pid = os.getpid()
+    return f"{pid}:{start_time(pid) or 0}:{_boot_id()}"
+
+
+def owner_alive(label: str) -> bool:
+    """Whether the process an `owner_label` names still runs (same boot, same pid and start time). A label
+    from another boot, or one that does not parse, names a dead owner."""
+    try:
+        pid, start, boot = label.split(":", 2)
+        return boot == _boot_id() and start_time(int(pid)) == int(start)
+    except ValueError:
+        return False

@@ -65,6 +65,9 @@ def runtime_spec(task: Task, root: Path | None) -> RuntimeSpec:
         env=dict(rt.env),
         network=rt.network,
         root=root,
+        cpus=rt.cpus,
+        memory_mb=rt.memory_mb,
+        pids_limit=rt.pids_limit,
     )
 
 

@@ -51,12 +51,18 @@ from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
 from polar.rollout.uploads import upload_violations
 from polar.runtime import namespaces
 from polar.runtime.bridge import remove_stale_bridges
+from polar.runtime.docker import reap_containers
 from polar.runtime.factory import check_runtime
 from polar.runtime.leftovers import reap_leftovers
 from polar.serving import EmbeddedServer, start_all, stop_all
 from polar.trajectory import get_builder
 
 log = logging.getLogger("polar.node")
+
+
+async def _reap_containers() -> None:
+    for engine in ("docker", "podman"):
+        await reap_containers(engine)
 
 
 class AdmissionError(Exception):
@@ -92,6 +98,7 @@ class Node:
         self._heartbeat: asyncio.Task[None] | None = None
         self._env: StageEnv | None = None
         self._stopping: asyncio.Task[None] | None = None
+        self._reaper: asyncio.Task[None] | None = None
         self._silent = False  # stop(report=False): finished sessions are not reported to the server
         self.url = ""  # the gateway's model API (what runtimes are pointed at)
         self.control_url = ""  # /node/... and the gateway's control routes, token required
@@ -102,9 +109,11 @@ class Node:
         there is one)."""
         gw = self.config.gateway
         # What a node killed with SIGKILL left (processes no PID namespace took along, gateway bridge
-        # sockets); and the namespace probe, once, off the loop (admission asks for it)
+        # sockets, containers); and the namespace probe, once, off the loop (admission asks for it)
         await asyncio.to_thread(reap_leftovers)
         await asyncio.to_thread(remove_stale_bridges)
+        # Containers in the background: asking an engine takes a while, and none of them is in the way.
+        self._reaper = asyncio.create_task(_reap_containers(), name="reap-containers")
         await asyncio.to_thread(namespaces.probe)
         await start_all([self.data_server, self.control_server])
         self.url = self.data_server.url
@@ -156,6 +165,8 @@ class Node:
 
     async def _stop(self, reason: str) -> None:
         self.draining = True
+        if self._reaper is not None:
+            await asyncio.gather(self._reaper, return_exceptions=True)
         # Sessions first: they need the gateway's store to close their sessions.
         await asyncio.gather(*(self.cancel(sid, reason) for sid in list(self._sessions)))
         if self._heartbeat is not None:

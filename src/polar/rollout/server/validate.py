@@ -52,7 +52,7 @@ def check_task(task: Task, prefix: str = "") -> None:
         get_builder(task.builder)
     except Exception as exc:
         raise SubmitError(f"builder: {exc}", f"{prefix}builder") from None
-    if task.runtime.backend in ("docker", "apptainer") and not task.runtime.image:
+    if task.runtime.backend in ("docker", "podman", "apptainer") and not task.runtime.image:
         raise SubmitError(
             f"runtime.image: the {task.runtime.backend} runtime needs an image", f"{prefix}runtime.image"
         )
