@@ -12,6 +12,12 @@ at once (`--concurrency`):
 
     .venv/bin/python bench/pipeline.py               # ~2 minutes
     .venv/bin/python bench/pipeline.py --sessions 6  # quicker
+    .venv/bin/python bench/pipeline.py --runtime docker --init-s 0   # real containers (podman too)
+
+With `--runtime docker|podman` every session is a container of polar's base image (the engine started and
+the image built as the test suite does, tests/container_support.py), its harness inside it reaching the
+gateway through `network: gateway`, and the evaluation runs in a second, fresh container: the start, the
+prepare action, and the evaluation's container are real costs on top of `--init-s` and `--eval-s`.
 """
 
 from __future__ import annotations
@@ -90,14 +96,26 @@ class BusyMeter:
         return self.last - self.first
 
 
-def task(agent: Path, calls: int, init_s: float, eval_s: float) -> Task:
+def task(agent: Path, calls: int, init_s: float, eval_s: float, engine: str | None = None) -> Task:
+    runtime: dict[str, Any] = {"prepare": [{"type": "exec", "cmd": f"sleep {init_s}"}]}
+    command = f"{sys.executable} {agent} {calls}"
+    if engine is not None:
+        from tests.container_support import IMAGE
+
+        runtime = {
+            "backend": engine,
+            "image": IMAGE,
+            "network": "gateway",
+            "prepare": [{"type": "upload", "src": str(agent), "dst": "agent.py"}, *runtime["prepare"]],
+        }
+        command = f"python3 agent.py {calls}"
     return Task.model_validate(
         {
             "task_id": "bench",
             "instruction": "work",
             "timeout_seconds": 600,
-            "runtime": {"prepare": [{"type": "exec", "cmd": f"sleep {init_s}"}]},
-            "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} {agent} {calls}"}},
+            "runtime": runtime,
+            "agent": {"harness": "shell", "settings": {"command": command}},
             "evaluator": {"strategy": "test_on_output", "config": {"command": f"sleep {eval_s}"}},
         }
     )
@@ -122,6 +140,7 @@ async def run_mode(
         ready_buffer=sessions if staged else 1,
         runtime_root=tmp / mode,
         node_id=f"bench-{mode}",
+        upload_roots=(tmp,),
     )
     node = Node(config)
     await node.start()
@@ -164,13 +183,14 @@ async def main_async(opts: argparse.Namespace) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="polar-pipeline-"))
     agent = tmp / "agent.py"
     agent.write_text(AGENT)
-    t = task(agent, opts.calls, opts.init_s, opts.eval_s)
+    t = task(agent, opts.calls, opts.init_s, opts.eval_s, opts.runtime if opts.runtime != "local" else None)
     with serve(meter) as backend:
         rows = {}
         for mode in ("serial", "staged"):
             rows[mode] = await run_mode(mode, backend.url, meter, t, opts.sessions, opts.concurrency, tmp)
     print()
     print(
+        f"runtime {opts.runtime}; "
         f"{opts.sessions} sessions, {opts.concurrency} agent(s) at once; per session: init {opts.init_s} s, "
         f"{opts.calls} calls x {opts.service_s} s of backend time, evaluation {opts.eval_s} s"
     )
@@ -194,7 +214,18 @@ def main() -> None:
     ap.add_argument("--service-s", type=float, default=0.3, help="backend time per call")
     ap.add_argument("--init-s", type=float, default=3.0, help="runtime start cost (a prepare action)")
     ap.add_argument("--eval-s", type=float, default=2.0, help="evaluation cost")
-    asyncio.run(main_async(ap.parse_args()))
+    ap.add_argument("--runtime", choices=["local", "docker", "podman"], default="local")
+    opts = ap.parse_args()
+    if opts.runtime == "local":
+        asyncio.run(main_async(opts))
+        return
+    from tests.container_support import base_image, docker_daemon, podman_config
+
+    with (docker_daemon if opts.runtime == "docker" else podman_config)() as why:
+        if why is not None:
+            sys.exit(f"--runtime {opts.runtime}: {why}")
+        base_image(opts.runtime)
+        asyncio.run(main_async(opts))
 
 
 if __name__ == "__main__":
