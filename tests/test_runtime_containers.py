@@ -160,3 +160,20 @@ async def test_engine_failure_is_a_runtime_failure(tmp_path: Path) -> None:
     with pytest.raises(RuntimeFailure, match="failed \\(exit 1\\)"):
         await rt.start()
     assert not rt.session_dir.exists()
+
+
+def test_only_this_hosts_dead_owners_are_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container's `polar.owner` label says whose it is; only a dead process of this host gives it up."""
+    import socket
+
+    from polar.runtime import leftovers
+
+    me = owner_label()
+    host, pid, start, boot = me.rsplit(":", 3)
+    assert host == socket.gethostname() and int(pid) == os.getpid()
+    assert not leftovers.owner_dead(me)  # alive
+    assert leftovers.owner_dead(f"{host}:{pid}:{int(start) + 1}:{boot}")  # the pid was reused since
+    assert leftovers.owner_dead(f"{host}:{pid}:{start}:an-earlier-boot")  # this host rebooted
+    assert not leftovers.owner_dead(f"other-machine:{pid}:1:{boot}")  # a shared engine: theirs to reap
+    for garbage in ("", "x", "h:notapid:1:b", "1:2:3"):
+        assert not leftovers.owner_dead(garbage)

@@ -6,7 +6,7 @@ at the same URL, and so does every other address); `gateway` is `--network none`
 container's own 127.0.0.1 at the gateway's port, made from the host side and relayed to the gateway
 (`polar.runtime.netns`): only the gateway is reachable, and the harness is given `http://127.0.0.1:PORT`.
 
-Every container carries the labels `polar.owner` (the node's pid, its start time and the boot id) and
+Every container carries the labels `polar.owner` (the node's host, pid, start time and boot id) and
 `polar.session`, so a node started after another died (SIGKILL) removes what the dead one left
 (`reap_containers`). `cpus`, `memory_mb` and `pids_limit` become `--cpus`, `--memory`, `--pids-limit`.
 """
@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from polar.runtime.container import ContainerRuntime
-from polar.runtime.leftovers import owner_alive, owner_label
+from polar.runtime.leftovers import owner_dead, owner_label
 
 log = logging.getLogger("polar.runtime")
 
@@ -106,8 +106,13 @@ async def _engine_out(argv: list[str], timeout_s: float = 60.0) -> str | None:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=dict(os.environ)
         )
+    except OSError:
+        return None
+    try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except (OSError, TimeoutError):
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
         return None
     return out.decode(errors="replace") if proc.returncode == 0 else None
 
@@ -128,7 +133,7 @@ async def reap_containers(binary: str) -> list[str]:
     )
     if owners is None:
         return []
-    dead = [n for n, owner in zip(names, owners.splitlines(), strict=False) if not owner_alive(owner.strip())]
+    dead = [n for n, owner in zip(names, owners.splitlines(), strict=False) if owner_dead(owner.strip())]
     if dead:
         now = ["--time", "0"] if binary == "podman" else []  # see PodmanRuntime.remove_argv
         await _engine_out([binary, "rm", "-f", *now, *dead], timeout_s=120)

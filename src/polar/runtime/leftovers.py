@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import stat
 import tempfile
 from pathlib import Path
@@ -107,16 +108,20 @@ def reap_leftovers(directory: Path | None = None) -> list[int]:
 
 
 def owner_label() -> str:
-    """This process as a container label names it: `pid:start-ticks:boot-id`."""
+    """This process as a container label names it: `host:pid:start-ticks:boot-id`."""
     pid = os.getpid()
-    return f"{pid}:{start_time(pid) or 0}:{_boot_id()}"
+    return f"{socket.gethostname()}:{pid}:{start_time(pid) or 0}:{_boot_id()}"
 
 
-def owner_alive(label: str) -> bool:
-    """Whether the process an `owner_label` names still runs (same boot, same pid and start time). A label
-    from another boot, or one that does not parse, names a dead owner."""
+def owner_dead(label: str) -> bool:
+    """Whether an `owner_label` names a process of this host that no longer runs (it has exited, or the
+    host rebooted since). Another host's label, or one that does not parse, is not ours to judge: an engine
+    can be shared between machines (a remote DOCKER_HOST), and their nodes look after their own."""
     try:
-        pid, start, boot = label.split(":", 2)
-        return boot == _boot_id() and start_time(int(pid)) == int(start)
+        host, pid, start, boot = label.rsplit(":", 3)
+        pid_n, start_n = int(pid), int(start)
     except ValueError:
         return False
+    if host != socket.gethostname():
+        return False
+    return boot != _boot_id() or start_time(pid_n) != start_n
