@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import shlex
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +38,27 @@ _PATCH = ".git/polar-agent.patch"
 # Flags that pin the diff's format whatever git config the runtime has (diff.noprefix, color.ui=always,
 # diff.external would each make `git apply` reject or misread it).
 _DIFF = "git diff --cached --binary --no-color --no-ext-diff --src-prefix=a/ --dst-prefix=b/"
+
+
+def diff_command(base_ref: str, protect: Sequence[str] = ()) -> str:
+    """The shell command that writes the agent's staged changes against `base_ref` to `_PATCH`, leaving
+    out the `protect` pathspecs."""
+    specs = " ".join(shlex.quote(f":(exclude){p}") for p in protect)
+    pathspec = f" -- . {specs}" if specs else ""
+    return f"git add -A && {_DIFF} {shlex.quote(base_ref)}{pathspec} > {_PATCH}"
+
+
+async def agent_diff(runtime: Runtime, base_ref: str, protect: Sequence[str], timeout_s: float) -> bytes:
+    """The agent's changes in `runtime`'s workdir against `base_ref` (minus `protect`), byte for byte."""
+    res = await runtime.exec(diff_command(base_ref, protect), timeout_s=timeout_s)
+    if res.exit_code != 0 or res.timed_out:
+        raise EvaluatorError(
+            f"cannot take the agent's diff (exit {res.exit_code}): {tail(res.stderr.strip(), 500)}"
+        )
+    with tempfile.TemporaryDirectory(prefix="polar-eval-") as tmp:
+        local = Path(tmp) / "agent.patch"
+        await runtime.download(_PATCH, local)
+        return local.read_bytes()
 
 
 class CommandConfig(StrictConfig):
@@ -65,22 +86,10 @@ class CommandEvaluator:
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.config = parse_config(self.name, CommandConfig, config)
 
-    def _diff_command(self) -> str:
-        specs = " ".join(shlex.quote(f":(exclude){p}") for p in self.config.protect)
-        pathspec = f" -- . {specs}" if specs else ""
-        return f"git add -A && {_DIFF} {shlex.quote(self.config.base_ref)}{pathspec} > {_PATCH}"
-
     async def take_diff(self, runtime: Runtime) -> bytes:
         """The agent's changes against `base_ref`, as bytes `git apply` takes."""
-        res = await runtime.exec(self._diff_command(), timeout_s=self.config.git_timeout_seconds)
-        if res.exit_code != 0 or res.timed_out:
-            raise EvaluatorError(
-                f"cannot take the agent's diff (exit {res.exit_code}): {tail(res.stderr.strip(), 500)}"
-            )
-        with tempfile.TemporaryDirectory(prefix="polar-eval-") as tmp:
-            local = Path(tmp) / "agent.patch"
-            await runtime.download(_PATCH, local)
-            return local.read_bytes()
+        cfg = self.config
+        return await agent_diff(runtime, cfg.base_ref, cfg.protect, cfg.git_timeout_seconds)
 
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         fresh = ctx.fresh

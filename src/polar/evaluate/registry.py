@@ -17,12 +17,14 @@ from polar import plugins
 from polar.evaluate.base import Evaluator
 from polar.evaluate.command import CommandEvaluator
 from polar.evaluate.session_completed import SessionCompleted
+from polar.evaluate.swebench import SWEBenchEvaluator
 from polar.evaluate.test_on_output import TestOnOutput
 
 _BUILTIN: dict[str, Callable[..., Any]] = {
     SessionCompleted.name: SessionCompleted,
     CommandEvaluator.name: CommandEvaluator,
     TestOnOutput.name: TestOnOutput,
+    SWEBenchEvaluator.name: SWEBenchEvaluator,
 }
 
 

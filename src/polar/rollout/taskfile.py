@@ -98,19 +98,28 @@ def parse_tasks(
         raise TaskFileError(f"{exc.where}: not valid YAML/JSON: {exc.problem}") from None
     data = doc.data
     prefix: tuple[Any, ...] = ()
-    if isinstance(data, dict) and "tasks" in data:
+    generated: list[tuple[Any, Callable[[tuple[Any, ...]], str]]] = []
+    if isinstance(data, dict) and "dataset" in data:
+        generated = dataset_items(doc, data, base or Path.cwd())
+        items, prefix = data.get("tasks") or [], ("tasks",)
+    elif isinstance(data, dict) and "tasks" in data:
         items, prefix = data["tasks"], ("tasks",)
     elif isinstance(data, list):
         items = data
     elif isinstance(data, dict):
         items, prefix = [data], ()
     else:
-        raise TaskFileError(f"{source}: expected a task, a list of tasks or {{tasks: [...]}}")
-    if not isinstance(items, list) or not items:
+        raise TaskFileError(
+            f"{source}: expected a task, a list of tasks, {{tasks: [...]}} or {{dataset: ...}}"
+        )
+    if not isinstance(items, list) or not (items or generated):
         raise TaskFileError(f"{source}: `tasks` must be a non-empty list")
+    written = [
+        (item, locator(doc, (*prefix, i) if (prefix or isinstance(data, list)) else ()))
+        for i, item in enumerate(items)
+    ]
     tasks: list[Task] = []
-    for i, item in enumerate(items):
-        locate = locator(doc, (*prefix, i) if (prefix or isinstance(data, list)) else ())
+    for item, locate in [*generated, *written]:
         try:
             task = Task.model_validate(item)
         except ValidationError as exc:
@@ -133,6 +142,47 @@ def parse_tasks(
     if dupes:
         raise TaskFileError(f"{source}: duplicate task_id {', '.join(dupes)}")
     return tasks
+
+
+def dataset_items(
+    doc: yamlpos.Document, data: dict[str, Any], base: Path
+) -> list[tuple[dict[str, Any], Callable[[tuple[Any, ...]], str]]]:
+    """The tasks a file's `dataset:` (with its `defaults:`) generates, each with the locator of its errors:
+    the `dataset` line, the instance, the field (`polar.rollout.datasets`)."""
+    from polar.rollout.datasets import DatasetError, DatasetSpec, read_instances, swebench_tasks
+
+    extra = sorted(set(data) - {"dataset", "defaults", "tasks"})
+    if extra:
+        raise TaskFileError(
+            f"{doc.at((extra[0],))}: unknown key beside `dataset` (expected dataset, defaults, tasks)"
+        )
+    try:
+        spec = DatasetSpec.model_validate(data["dataset"])
+    except ValidationError as exc:
+        loc, message = hints.validation_problem(exc, DatasetSpec)
+        raise TaskFileError(f"{doc.at(('dataset', *loc))}: {message}") from None
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise TaskFileError(f"{doc.at(('defaults',))}: must be a mapping of task fields")
+    try:
+        generated = swebench_tasks(read_instances(spec, base), spec, defaults)
+    except DatasetError as exc:
+        field, _, reason = str(exc).partition(": ")
+        loc = yamlpos.parse_field_path(field) if field.startswith("dataset") else ("dataset",)
+        raise TaskFileError(f"{doc.at(loc)}: {reason}") from None
+
+    def locate_in(iid: str) -> Callable[[tuple[Any, ...]], str]:
+        def locate(loc: tuple[Any, ...]) -> str:
+            # A field `defaults` sets is wrong there; any other came from the instance.
+            node: Any = defaults
+            for step in loc:
+                node = node.get(step) if isinstance(node, dict) else None
+            where = doc.where(("defaults", *loc)) if node is not None else doc.where(("dataset", "path"))
+            return f"{where}: dataset instance {iid}: {yamlpos.field_path(loc) or 'task'}"
+
+        return locate
+
+    return [(task, locate_in(task["task_id"])) for task in generated]
 
 
 class UploadOutside(ValueError):

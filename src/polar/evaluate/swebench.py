@@ -1,0 +1,162 @@
+"""`swebench`: grade a session as SWE-bench does, with the official `swebench` package.
+
+The agent's diff against the instance's `base_commit` is taken from its runtime, leaving out every file the
+instance's `test_patch` touches (an agent that edits the tests it will be judged by changes nothing). In a
+fresh runtime of the same image the diff is applied (`git apply`, then `patch --fuzz=5` as SWE-bench's
+harness does), the instance's `eval_script` runs (it checks out the test files, applies `test_patch`, runs
+the tests between `>>>>> Start Test Output` and `>>>>> End Test Output`), and the log is graded by
+`swebench.harness.grading.get_eval_report`: reward 1 when FAIL_TO_PASS now pass and PASS_TO_PASS still do.
+
+Whose fault: no diff, a diff that applies neither way, tests that fail or time out are the agent's
+(reward 0, the reason and the per-test report in the details). A log swebench classifies as an environment
+failure, a runtime without git or bash, or a missing `swebench` package are not (raise: ERROR, masked).
+
+Instances use SWE-bench 5.x's fields (`image`, `log_parser`, `eval_type`, `eval_script` besides
+`instance_id`, `repo`, `version`, `base_commit`, `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`), as
+`polar.rollout.datasets` writes them into `evaluator.config.instance`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from polar.evaluate.base import EvalContext, EvalResult
+from polar.evaluate.command import agent_diff
+from polar.evaluate.support import (
+    EvaluatorError,
+    StrictConfig,
+    parse_config,
+    require_environment,
+    tail,
+)
+
+_DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.MULTILINE)
+
+
+class SWEInstance(BaseModel):
+    """The fields grading needs; datasets carry more (problem_statement, patch, hints...), kept as they are."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    instance_id: str = Field(min_length=1)
+    repo: str = Field(min_length=1)
+    version: str
+    base_commit: str = Field(min_length=1)
+    test_patch: str
+    FAIL_TO_PASS: list[str]
+    PASS_TO_PASS: list[str]
+    log_parser: str = Field(min_length=1)
+    eval_type: str = "pass_and_fail"
+    eval_script: str = Field(min_length=1)
+    image: str = ""
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _json_list(cls, v: Any) -> Any:
+        # SWE-bench's hub datasets store both lists as JSON text.
+        return json.loads(v) if isinstance(v, str) else v
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int | float) else v
+
+
+class SWEBenchConfig(StrictConfig):
+    instance: SWEInstance
+    timeout_seconds: float = Field(1800.0, gt=0)  # the eval script (SWE-bench's default)
+    git_timeout_seconds: float = Field(120.0, gt=0)
+
+
+def patched_files(test_patch: str) -> list[str]:
+    """The paths a patch touches (both sides of each `diff --git`), in order, once each."""
+    seen: dict[str, None] = {}
+    for a, b in _DIFF_FILE.findall(test_patch):
+        seen.setdefault(a)
+        seen.setdefault(b)
+    return [p for p in seen if p != "/dev/null"]
+
+
+class SWEBenchEvaluator:
+    name = "swebench"
+    needs_fresh_runtime = True
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.config = parse_config(self.name, SWEBenchConfig, config)
+
+    async def evaluate(self, ctx: EvalContext) -> EvalResult:
+        fresh = ctx.fresh
+        if fresh is None:
+            raise EvaluatorError("evaluator 'swebench' needs a fresh runtime (evaluator.fresh_runtime)")
+        try:
+            from swebench.harness.grading import get_eval_report
+            from swebench.harness.utils import make_test_spec
+        except ImportError:
+            raise EvaluatorError(
+                "evaluator 'swebench' needs the swebench package on the node: pip install 'polar[swe]'"
+            ) from None
+        cfg, inst = self.config, self.config.instance
+        protected = patched_files(inst.test_patch)
+        diff = await agent_diff(ctx.runtime, inst.base_commit, protected, cfg.git_timeout_seconds)
+        details: dict[str, Any] = {"instance_id": inst.instance_id, "diff_bytes": len(diff)}
+        if not diff.strip():
+            return EvalResult(reward=0.0, passed=False, details={**details, "reason": "no changes"})
+
+        method = await self._apply(fresh, diff, details)
+        if method is None:
+            return EvalResult(reward=0.0, passed=False, details=details)
+        details["applied_with"] = method
+
+        spec = make_test_spec(inst.model_dump())
+        log = Path(tempfile.mkdtemp(prefix="polar-swebench-")) / f"{inst.instance_id}.log"
+        run = await fresh.exec(["bash", "-s"], stdin=spec.eval_script.encode(), timeout_s=cfg.timeout_seconds)
+        require_environment(run, "the instance's eval script")
+        log.write_text(f"{run.stdout}\n{run.stderr}")
+        details["eval_log"] = tail(run.stdout)
+        if run.timed_out:
+            return EvalResult(reward=0.0, passed=False, details={**details, "reason": "tests timed out"})
+        prediction = {
+            "instance_id": inst.instance_id,
+            "model_name_or_path": "polar",
+            "model_patch": diff.decode("utf-8", errors="replace"),
+        }
+        report = get_eval_report(spec, prediction, str(log), include_tests_status=True)[inst.instance_id]
+        if report.get("infra_failure"):
+            raise EvaluatorError(
+                f"swebench classifies the evaluation log as an environment failure: "
+                f"{report.get('infra_failure_reason', 'unknown')}"
+            )
+        resolved = bool(report.get("resolved"))
+        details["tests_status"] = report.get("tests_status")
+        if not report.get("patch_successfully_applied"):
+            reason = "no test results in the evaluation log"
+        else:
+            reason = "resolved" if resolved else "not resolved"
+        return EvalResult(
+            reward=1.0 if resolved else 0.0, passed=resolved, details={**details, "reason": reason}
+        )
+
+    async def _apply(self, fresh: Any, diff: bytes, details: dict[str, Any]) -> str | None:
+        """Apply the agent's diff in the fresh runtime: "git apply", "patch", or None (details say why)."""
+        timeout = self.config.git_timeout_seconds
+        tried = []
+        # `git apply` changes nothing unless every hunk applies; `patch` is the harness's fallback.
+        for method, argv in (
+            ("git apply", ["git", "apply", "--verbose", "--whitespace=nowarn", "-"]),
+            ("patch", ["patch", "--batch", "--fuzz=5", "-p1", "--forward"]),
+        ):
+            res = await fresh.exec(argv, stdin=diff, timeout_s=timeout)
+            require_environment(res, method)
+            if res.exit_code == 0 and not res.timed_out:
+                return method
+            tried.append(f"{method}: {tail((res.stderr or res.stdout).strip(), 600)}")
+        details["reason"] = "the diff does not apply"
+        details["apply_output"] = "\n".join(tried)
+        return None

@@ -1,0 +1,198 @@
+"""SWE-bench-format tasks: the offline suite in examples/swe, graded by the official swebench package.
+
+The instances (examples/swe/instances.jsonl, written by make_instances.py) live in an image built here
+from the local base (no registry): the agent's runtime and the evaluator's fresh runtime are real docker
+containers of it. What is proven: the gold patch resolves each instance; an empty diff, a fix that breaks
+a PASS_TO_PASS test, and an agent that edits the tests it is judged by do not; a dataset file becomes tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from polar.evaluate.registry import get_evaluator
+from polar.evaluate.swebench import SWEBenchEvaluator, patched_files
+from polar.rollout.taskfile import TaskFileError, load_tasks
+from polar.runtime import RuntimeSpec, make_runtime
+from polar.runtime.base import Runtime
+from polar.runtime.images import DEFAULT_INCLUDE, BaseImage, ensure_base_image
+from tests.evaluate_support import context
+
+ROOT = Path(__file__).resolve().parent.parent
+SWE = ROOT / "examples" / "swe"
+INSTANCES = {d["instance_id"]: d for d in map(json.loads, (SWE / "instances.jsonl").read_text().splitlines())}
+SWE_BASE = BaseImage(tag="polar-swe-base:bookworm", include=(*DEFAULT_INCLUDE, "python3-pytest"))
+IMAGE = "polar-swe-textstats:1"
+
+
+def test_instances_are_what_the_script_writes() -> None:
+    done = subprocess.run(
+        ["python3", str(SWE / "make_instances.py"), "--check"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_dataset_file_becomes_tasks(tmp_path: Path) -> None:
+    tasks = load_tasks(SWE / "swe.yaml")
+    assert [t.task_id for t in tasks] == list(INSTANCES)
+    t = tasks[0]
+    inst = INSTANCES[t.task_id]
+    assert t.instruction == inst["problem_statement"]
+    assert (t.runtime.backend, t.runtime.image, t.runtime.workdir) == ("docker", IMAGE, "/testbed")
+    assert t.num_samples == 2 and t.runtime.network == "gateway"  # from `defaults`
+    assert t.evaluator.strategy == "swebench"
+    cfg = t.evaluator.config["instance"]
+    assert cfg["FAIL_TO_PASS"] == inst["FAIL_TO_PASS"] and "patch" not in cfg  # no gold patch in the task
+    assert isinstance(get_evaluator("swebench", t.evaluator.config), SWEBenchEvaluator)
+
+    (tmp_path / "instances.jsonl").write_text((SWE / "instances.jsonl").read_text())
+    only = tmp_path / "one.yaml"
+    only.write_text(
+        "dataset:\n  format: swebench\n  path: instances.jsonl\n  ids: [polar-swe__textstats-2]\n"
+        "defaults:\n  runtime: {backend: podman, workdir: /srv}\n"
+    )
+    (task,) = load_tasks(only)
+    assert task.task_id == "polar-swe__textstats-2" and task.runtime.backend == "podman"
+    assert task.runtime.workdir == "/srv"  # defaults win over what an instance gives
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("dataset:\n  format: swebench\n  path: nowhere.jsonl\n", "bad.yaml:3: dataset.path: "),
+        ("dataset:\n  format: swe\n  path: instances.jsonl\n", "bad.yaml:2: dataset.format: "),
+        (
+            "dataset:\n  format: swebench\n  path: instances.jsonl\n  ids: [nope]\n",
+            "bad.yaml:4: dataset.ids: not in",
+        ),
+        (
+            "dataset:\n  format: swebench\n  path: instances.jsonl\ndefault: {}\n",
+            "bad.yaml:4: default: unknown key",
+        ),
+        (
+            "dataset:\n  format: swebench\n  path: instances.jsonl\ndefaults:\n  num_samples: 0\n",
+            "bad.yaml:5: dataset instance polar-swe__textstats-1: num_samples: ",
+        ),
+    ],
+)
+def test_dataset_mistakes_name_the_line_and_field(tmp_path: Path, text: str, error: str) -> None:
+    (tmp_path / "instances.jsonl").write_text((SWE / "instances.jsonl").read_text())
+    (tmp_path / "bad.yaml").write_text(text)
+    with pytest.raises(TaskFileError) as exc:
+        load_tasks(tmp_path / "bad.yaml")
+    assert error in str(exc.value)
+
+
+def test_the_files_a_test_patch_touches() -> None:
+    patch = INSTANCES["polar-swe__textstats-1"]["test_patch"]
+    assert patched_files(patch) == ["tests/test_textstats.py"]
+    new_file = "diff --git a/t/new.py b/t/new.py\nnew file mode 100644\n--- /dev/null\n+++ b/t/new.py\n"
+    assert patched_files(patch + new_file) == ["tests/test_textstats.py", "t/new.py"]
+
+
+# -- graded in real containers -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def swe_image(docker_engine: str) -> Iterator[str]:
+    """The textstats instances' image, built offline on the local SWE base (cached by the engine)."""
+    ensure_base_image(docker_engine, SWE_BASE)
+    if subprocess.run([docker_engine, "image", "inspect", IMAGE], capture_output=True).returncode != 0:
+        subprocess.run(
+            [docker_engine, "build", "-q", "-t", IMAGE, "-f", str(SWE / "images/textstats/Dockerfile"),
+             str(SWE / "repos/textstats")],
+            check=True, capture_output=True, timeout=600,
+        )  # fmt: skip
+    yield IMAGE
+
+
+async def _runtime(tmp_path: Path, name: str) -> Runtime:
+    spec = RuntimeSpec(backend="docker", image=IMAGE, workdir="/testbed", network="none", root=tmp_path)
+    rt = make_runtime(spec, name)
+    await rt.start()
+    return rt
+
+
+@pytest.fixture
+async def pair(swe_image: str, tmp_path: Path) -> AsyncIterator[tuple[Runtime, Runtime]]:
+    """(the agent's runtime, the evaluator's fresh one), both at the instance's base commit."""
+    agent, fresh = await _runtime(tmp_path, "agent"), await _runtime(tmp_path, "fresh")
+    try:
+        yield agent, fresh
+    finally:
+        await agent.stop()
+        await fresh.stop()
+
+
+async def grade(pair: tuple[Runtime, Runtime], iid: str, agent_edit: str | None) -> Any:
+    agent, fresh = pair
+    inst = INSTANCES[iid]
+    head = await agent.exec(["git", "rev-parse", "HEAD"])
+    assert head.stdout.strip() == inst["base_commit"]  # the image's commit is the instance's
+    if agent_edit is not None:
+        done = await agent.exec(agent_edit)
+        assert done.exit_code == 0, done.stderr
+    evaluator = SWEBenchEvaluator({"instance": {k: v for k, v in inst.items() if k != "patch"}})
+    return await evaluator.evaluate(context(agent, fresh))
+
+
+def _apply(patch: str) -> str:
+    return f"git apply - <<'EOF'\n{patch}EOF"
+
+
+@pytest.mark.containers
+@pytest.mark.parametrize("iid", list(INSTANCES))
+async def test_the_gold_patch_resolves_the_instance(pair: tuple[Runtime, Runtime], iid: str) -> None:
+    result = await grade(pair, iid, _apply(INSTANCES[iid]["patch"]))
+    assert result.reward == 1.0 and result.passed, result.details
+    status = result.details["tests_status"]
+    assert status["FAIL_TO_PASS"]["success"] == INSTANCES[iid]["FAIL_TO_PASS"]
+    assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(INSTANCES[iid]["PASS_TO_PASS"])
+    assert result.details["applied_with"] == "git apply"
+
+
+@pytest.mark.containers
+async def test_no_changes_is_not_resolved(pair: tuple[Runtime, Runtime]) -> None:
+    result = await grade(pair, "polar-swe__textstats-1", None)
+    assert result.reward == 0.0 and result.details["reason"] == "no changes"
+
+
+@pytest.mark.containers
+async def test_a_fix_that_breaks_a_passing_test_is_not_resolved(pair: tuple[Runtime, Runtime]) -> None:
+    """word_count fixed, mean_word_length broken on the way: FAIL_TO_PASS passes, PASS_TO_PASS does not."""
+    edit = (
+        "python3 - <<'EOF'\n"
+        "p = 'textstats/__init__.py'\n"
+        "s = open(p).read().replace('text.split(\" \")', 'text.split()')\n"
+        "s = s.replace('/ len(ws)', '/ (len(ws) + 1)')\n"
+        "open(p, 'w').write(s)\n"
+        "EOF"
+    )
+    result = await grade(pair, "polar-swe__textstats-1", edit)
+    assert result.reward == 0.0 and result.details["reason"] == "not resolved", result.details
+    status = result.details["tests_status"]
+    assert status["FAIL_TO_PASS"]["success"] == ["tests/test_textstats.py::test_word_count_extra_spaces"]
+    assert status["PASS_TO_PASS"]["failure"] == ["tests/test_textstats.py::test_mean_word_length"]
+
+
+@pytest.mark.containers
+async def test_editing_the_tests_cannot_make_them_pass(pair: tuple[Runtime, Runtime]) -> None:
+    """The agent rewrites the test file the instance's test_patch touches so everything passes: the file
+    never leaves its runtime (the diff excludes it), and the verdict is the real tests'."""
+    edit = (
+        "cat > tests/test_textstats.py <<'EOF'\n"
+        "def test_word_count_extra_spaces():\n    pass\n\n\ndef test_word_count_simple():\n    pass\n"
+        "EOF\n"
+        "echo '# touched' >> README.md"
+    )
+    result = await grade(pair, "polar-swe__textstats-1", edit)
+    assert result.reward == 0.0 and result.details["reason"] == "not resolved", result.details
+    assert result.details["tests_status"]["FAIL_TO_PASS"]["failure"] == [
+        "tests/test_textstats.py::test_word_count_extra_spaces"
+    ]
