@@ -4,6 +4,7 @@ does), for tests about the server alone."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -119,3 +120,10 @@ class StandInNode:
 
     def stop(self) -> None:
         self.server.stop()
+
+
+def interruptible() -> None:
+    """`preexec_fn` for a child a test will Ctrl-C: SIGINT as a terminal delivers it. A suite started in the
+    background by a script (`scripts/test &`) runs with SIGINT ignored, as POSIX shells start background jobs;
+    its children inherit that, and Python then never raises KeyboardInterrupt (`polar run`, `polar train`)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

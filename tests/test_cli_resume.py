@@ -21,7 +21,7 @@ import yaml
 
 from tests.conftest import SERVED_MODEL
 from tests.node_support import CALL_GATEWAY, alive, fake_policy, pids_under
-from tests.server_support import wait_until
+from tests.server_support import interruptible, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -143,7 +143,7 @@ def test_ctrl_c_keeps_what_finished_and_a_resume_runs_the_rest(tmp_path: Path) -
         argv += ["--model", SERVED_MODEL, "--out", str(out)]
         stdout, stderr = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
         with open(stdout, "w") as so, open(stderr, "w") as se:
-            proc = subprocess.Popen(argv, stdout=so, stderr=se, env=ENV)
+            proc = subprocess.Popen(argv, stdout=so, stderr=se, env=ENV, preexec_fn=interruptible)
             try:
 
                 def ready() -> bool:

@@ -17,6 +17,7 @@ import yaml
 
 from polar.train.config import ConfigError, load_config, parse_config
 from tests.extras_support import one_line_error, polar_without
+from tests.server_support import interruptible
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "train.yaml"
@@ -226,7 +227,9 @@ def test_ctrl_c_keeps_the_finished_steps_and_exits_130(tmp_path: Path) -> None:
     config = small_config(tmp_path, steps=1000, checkpoint_every=1)
     metrics = tmp_path / "run" / "metrics.jsonl"
     argv = [sys.executable, "-m", "polar", "train", str(config)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, preexec_fn=interruptible
+    )
     try:
         deadline = time.monotonic() + 600
         while not (metrics.is_file() and metrics.read_bytes().count(b"\n") >= 1):

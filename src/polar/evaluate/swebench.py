@@ -115,10 +115,8 @@ class SWEBenchEvaluator:
         details["applied_with"] = method
 
         spec = make_test_spec(inst.model_dump())
-        log = Path(tempfile.mkdtemp(prefix="polar-swebench-")) / f"{inst.instance_id}.log"
         run = await fresh.exec(["bash", "-s"], stdin=spec.eval_script.encode(), timeout_s=cfg.timeout_seconds)
         require_environment(run, "the instance's eval script")
-        log.write_text(f"{run.stdout}\n{run.stderr}")
         details["eval_log"] = tail(run.stdout)
         if run.timed_out:
             return EvalResult(reward=0.0, passed=False, details={**details, "reason": "tests timed out"})
@@ -127,7 +125,10 @@ class SWEBenchEvaluator:
             "model_name_or_path": "polar",
             "model_patch": diff.decode("utf-8", errors="replace"),
         }
-        report = get_eval_report(spec, prediction, str(log), include_tests_status=True)[inst.instance_id]
+        with tempfile.TemporaryDirectory(prefix="polar-swebench-") as tmp:
+            log = Path(tmp) / "eval.log"  # swebench's grading reads a log file
+            log.write_text(f"{run.stdout}\n{run.stderr}")
+            report = get_eval_report(spec, prediction, str(log), include_tests_status=True)[inst.instance_id]
         if report.get("infra_failure"):
             raise EvaluatorError(
                 f"swebench classifies the evaluation log as an environment failure: "
