@@ -16,6 +16,7 @@ import shutil
 import signal
 import time
 from abc import abstractmethod
+from dataclasses import replace
 from pathlib import Path
 from typing import Unpack
 
@@ -203,7 +204,7 @@ class ContainerRuntime(LocalRuntime):
             await self._kill_inside(pidfile, pgid, grace_s)
 
         try:
-            return await run_process(
+            result = await run_process(
                 self.exec_argv(self.wrapped(command, pidfile), self._cwd(cwd), env),
                 env=dict(os.environ) | self.client_env(env),
                 cwd=None,
@@ -214,6 +215,11 @@ class ContainerRuntime(LocalRuntime):
                 output_cap=self.output_cap,
                 kill=kill,
             )
+            if self._tracker.cancelled and result.exit_code == 0 and not result.timed_out:
+                # `cancel` killed the container under the command; podman's exec client can then exit 0
+                # (measured: podman 4.3 with catatonit). The command did not succeed: it was killed.
+                result = replace(result, exit_code=-signal.SIGKILL)
+            return result
         finally:
             pidfile.unlink(missing_ok=True)
 
