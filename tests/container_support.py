@@ -22,7 +22,7 @@ from pathlib import Path
 
 from polar.runtime.images import BaseImage, default_cache, ensure_base_image
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "polar"
+CACHE = default_cache().parent  # ~/.cache/polar, as the product's image cache has it
 IMAGE = BaseImage().tag
 PODMAN_CONF = """\
 [containers]

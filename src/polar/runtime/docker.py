@@ -129,7 +129,7 @@ async def reap_containers(binary: str) -> list[str]:
         return []
     # One line per container, in order (docker's and podman's `ps` templates differ; `inspect`'s agree).
     owners = await _engine_out(
-        [binary, "inspect", "--format", '{{index .Config.Labels "polar.owner"}}', *names]
+        [binary, "inspect", "--format", f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}', *names]
     )
     if owners is None:
         return []

@@ -115,19 +115,24 @@ def bytes_to_floats(data: bytes) -> list[float]:
 
 
 def prefix_len(a: bytes, b: bytes) -> int:
-    """Number of leading int32 tokens two id arrays share.
+    """Number of leading int32 tokens two id arrays share."""
+    return common_prefix(a, b, 4)
+
+
+def common_prefix(a: bytes, b: bytes, unit: int = 1) -> int:
+    """Number of leading `unit`-byte items two byte strings share.
 
     `startswith` on memoryview slices is a memcmp without copies: the common case (an earlier prompt that
     `b` extends) is one comparison, and a mismatch is a binary search of memcmps, never a slice copy (a
     64k-token prompt is 256 kB; copying it at every step cost ~1 ms a call)."""
-    n = min(len(a), len(b)) // 4
+    n = min(len(a), len(b)) // unit
     view = memoryview(a)
-    if b.startswith(view[: n * 4]):
+    if b.startswith(view[: n * unit]):
         return n
-    lo, hi = 0, n  # invariant: first lo tokens equal, first hi tokens differ
+    lo, hi = 0, n  # invariant: first lo items equal, first hi items differ
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if b.startswith(view[lo * 4 : mid * 4], lo * 4):
+        if b.startswith(view[lo * unit : mid * unit], lo * unit):
             lo = mid
         else:
             hi = mid

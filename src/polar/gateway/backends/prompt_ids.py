@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from polar.store.codec import TokenIds, ids_to_bytes
+from polar.store.codec import TokenIds, common_prefix, ids_to_bytes
 
 _KEY = b'"prompt_token_ids"'
 _OPEN = re.compile(rb"\s*:\s*\[")
@@ -167,24 +167,9 @@ def _shared(prev: bytes, count: int, text: bytes) -> tuple[int, int]:
             return count, n
         if text[n] == 0x2C:  # ","
             return count, n + 1  # the common case: the whole previous prompt, then more
-    common = _common_prefix(prev, text)
+    common = common_prefix(prev, text)
     comma = text.rfind(b",", 0, common)
     if comma < 0:
         return 0, 0
     # Every number before this comma is complete and equal in both texts.
     return prev.count(b",", 0, comma) + 1, comma + 1
-
-
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the longest common prefix of two byte strings (a binary search of memcmps, no copies)."""
-    view = memoryview(a)
-    lo, hi = 0, min(len(a), len(b)) + 1  # invariant: first lo bytes equal, first hi bytes differ
-    if b.startswith(view[: hi - 1]):
-        return hi - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if b.startswith(view[lo:mid], lo):
-            lo = mid
-        else:
-            hi = mid
-    return lo
