@@ -268,3 +268,26 @@ def test_train_checks_its_model_before_loading(tmp_path: Path) -> None:
     config.write_text(f"tasks: tasks.yaml\nmodel: {tmp_path / 'no-model'}\n")
     proc = polar("train", str(config))
     assert_refused_before_start(proc, f"{config}: model: {tmp_path / 'no-model'}: no such file or folder")
+
+
+def test_an_image_build_context_is_taken_relative_to_the_task_file(tmp_path: Path) -> None:
+    """`runtime.build.context` works from any cwd, as upload sources do; an absolute one stays as given."""
+    (tmp_path / "tasks.yaml").write_text(
+        "tasks:\n"
+        "  - {task_id: a, instruction: x, runtime: {backend: docker, image: 'a:1', build: {context: env}}}\n"
+        "  - task_id: b\n    instruction: x\n"
+        "    runtime: {backend: docker, image: 'b:1', build: {context: /srv/b, dockerfile: D}}\n"
+        "  - {task_id: c, instruction: x, runtime: {backend: docker, image: 'c:1', build: {contxt: e}}}\n"
+    )
+    with pytest.raises(
+        TaskFileError, match=r"tasks.yaml:6: tasks\[2\].runtime.build.contxt: .*did you mean context"
+    ):
+        load_tasks(tmp_path / "tasks.yaml")
+    (tmp_path / "tasks.yaml").write_text("\n".join((tmp_path / "tasks.yaml").read_text().splitlines()[:-1]))
+    a, b = load_tasks(tmp_path / "tasks.yaml")
+    assert a.runtime.build is not None and a.runtime.build.context == str(tmp_path / "env")
+    assert a.runtime.build.dockerfile == "Dockerfile"
+    assert b.runtime.build is not None and (b.runtime.build.context, b.runtime.build.dockerfile) == (
+        "/srv/b",
+        "D",
+    )

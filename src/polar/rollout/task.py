@@ -33,6 +33,16 @@ class ExecAction(_Model):
 PrepareAction = Annotated[UploadAction | ExecAction, Field(discriminator="type")]
 
 
+class ImageBuild(_Model):
+    """How `runtime.image` is built where no registry holds it: `polar images build` builds it from this
+    context with the engine's own builder (never a node acting on a submitted task)."""
+
+    context: str = Field(
+        min_length=1, description="Build context directory (relative to the task file, or absolute)."
+    )
+    dockerfile: str = Field("Dockerfile", min_length=1, description="The Dockerfile, relative to `context`.")
+
+
 class RuntimeConfig(_Model):
     """Where a session's harness runs: a fresh runtime per session, prepared before the agent starts."""
 
@@ -42,6 +52,9 @@ class RuntimeConfig(_Model):
         "podman, apptainer: a container of `image`.",
     )
     image: str | None = Field(None, description="Container image; required by docker, podman and apptainer.")
+    build: ImageBuild | None = Field(
+        None, description="How `polar images build` makes `image` locally (a Dockerfile and its context)."
+    )
     workdir: str = Field(
         "workspace",
         description="The harness's working directory: relative to the session directory (local, bwrap) or "

@@ -194,9 +194,10 @@ class UploadOutside(ValueError):
 
 
 def anchor_uploads(task: Task, base: Path) -> Task:
-    """Relative upload sources made absolute against `base`, so a task file works from any cwd. A source
-    must stay inside `base`: an absolute one, or one that leads out through `..` or a symlink, raises
-    `UploadOutside` (a task file must not make the node copy arbitrary host files into a sandbox)."""
+    """Relative upload sources (and an image build's context) made absolute against `base`, so a task file
+    works from any cwd. An upload source must stay inside `base`: an absolute one, or one that leads out
+    through `..` or a symlink, raises `UploadOutside` (a task file must not make the node copy arbitrary host
+    files into a sandbox). A build context is only read by `polar images build` on the operator's machine."""
     prepare = list(task.runtime.prepare)
     for i, action in enumerate(prepare):
         if not isinstance(action, UploadAction):
@@ -209,9 +210,15 @@ def anchor_uploads(task: Task, base: Path) -> Task:
             where = (base / action.src).resolve()
             raise UploadOutside(i, f"{action.src!r} leads outside {base} (to {where})") from None
         prepare[i] = action.model_copy(update={"src": str(base / action.src)})
-    if prepare == task.runtime.prepare:
+    update: dict[str, Any] = {}
+    if prepare != task.runtime.prepare:
+        update["prepare"] = prepare
+    build = task.runtime.build
+    if build is not None and not Path(build.context).is_absolute():
+        update["build"] = build.model_copy(update={"context": str(base / build.context)})
+    if not update:
         return task
-    return task.model_copy(update={"runtime": task.runtime.model_copy(update={"prepare": prepare})})
+    return task.model_copy(update={"runtime": task.runtime.model_copy(update=update)})
 
 
 def load_tasks(
