@@ -20,10 +20,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from polar.runtime.images import BaseImage, default_cache, ensure_base_image
+from polar.runtime.images import DEFAULT_INCLUDE, BaseImage, default_cache, ensure_base_image
 
 CACHE = default_cache().parent  # ~/.cache/polar, as the product's image cache has it
 IMAGE = BaseImage().tag
+# The base plus Debian's Node.js (18): what the CLI presets whose launcher is a node script need in an image.
+NODE_IMAGE = BaseImage(tag="polar-node-base:bookworm", include=(*DEFAULT_INCLUDE, "nodejs"))
 PODMAN_CONF = """\
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
@@ -108,6 +110,11 @@ def podman_config() -> Iterator[str | None]:
 def base_image(engine: str) -> str:
     """polar's base image in `engine` (bootstrapped with mmdebstrap once, cached)."""
     return ensure_base_image(engine, cache=default_cache())
+
+
+def node_image(engine: str) -> str:
+    """polar's base image with Node.js in `engine` (built once, cached): for harness CLIs in containers."""
+    return ensure_base_image(engine, NODE_IMAGE, cache=default_cache())
 
 
 def containers_of(engine: str, label: str) -> list[str]:

@@ -93,16 +93,17 @@ async def run_preset(
     instruction: str = HELLO_TASK,
     check: str = "cat hello.txt",
     backend_status: int | None = None,
+    image: str | None = None,
 ) -> PresetRun:
     """Run `harness` with `settings` on a node; the evaluator runs `check` and compares its output with
     `expect` exactly (None: the session only has to complete). `backend_status` makes the policy's server
-    fail every call with that HTTP status."""
+    fail every call with that HTTP status; `image` is the container image of a docker/podman backend."""
     task = shell_task(
         "unused",
         instruction=instruction,
         timeout_seconds=timeout_s,
         agent={"harness": harness, "settings": dict(settings)},
-        runtime={"backend": backend, "network": "gateway"},
+        runtime={"backend": backend, "network": "gateway", "image": image},
         evaluator=(
             {"strategy": "session_completed"}
             if expect is None
@@ -290,6 +291,7 @@ async def run_cli(
     session_id: str = "sess-cli",
     reasoning: str | None = None,
     backend_status: int | None = None,
+    image: str | None = None,
 ) -> PresetRun:
     """`run_preset` with INSTRUCTION (a dash and an @ in it) and the policy scripted to call `tool`; the
     evaluator checks hello.txt's exact bytes (their Python repr) against `expect`."""
@@ -305,7 +307,18 @@ async def run_cli(
         instruction=INSTRUCTION,
         check="python3 -c \"print(repr(open('hello.txt').read()))\"",
         backend_status=backend_status,
+        image=image,
     )
+
+
+def harness_image(request: pytest.FixtureRequest, backend: str) -> str | None:
+    """For a container backend, the engine (its fixture: started, or the test skipped) and an image with
+    Node.js, which the CLI presets whose launcher is a node script need; None for local and bwrap."""
+    if backend not in ("docker", "podman"):
+        return None
+    from tests.container_support import node_image
+
+    return node_image(str(request.getfixturevalue(f"{backend}_engine")))
 
 
 def check_run(run: PresetRun, *, dialect: str, tool: str, paths: set[str]) -> Trajectory:

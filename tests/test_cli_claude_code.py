@@ -30,6 +30,7 @@ from polar.trajectory import audit, build
 from tests.conftest import FakeBackend, Gateway
 from tests.fakes.fake_vllm import Reply
 from tests.node_support import fake_policy, running_node, shell_task, spec
+from tests.preset_run_support import harness_image
 
 DATA = Path(__file__).parent / "data"
 HELLO = "hello from claude code"
@@ -217,12 +218,12 @@ def script(body: dict[str, Any]) -> Reply:
     return Reply(content="Created hello.txt.")
 
 
-def cli_task(backend: str, instruction: str, **agent: Any) -> Any:
+def cli_task(backend: str, instruction: str, image: str | None = None, **agent: Any) -> Any:
     return shell_task(
         "unused",
         instruction=instruction,
         timeout_seconds=120,
-        runtime={"backend": backend},
+        runtime={"backend": backend, "image": image},
         agent={"harness": "claude_code", "settings": {}, **agent},
         evaluator={"strategy": "test_on_output", "config": {"command": "cat hello.txt", "expect": HELLO}},
     )
@@ -267,12 +268,17 @@ def assert_main_loop_is_one_trace(records: list[CompletionRecord], harness: Clau
             "bwrap",
             marks=pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed"),
         ),
+        pytest.param("docker", marks=pytest.mark.containers),
+        pytest.param("podman", marks=pytest.mark.containers),
     ],
 )
-async def test_claude_code_writes_the_file_through_the_gateway(tmp_path: Path, backend: str) -> None:
-    """bwrap (network=gateway): the sandbox has only its own loopback, where only the gateway answers, so
-    a session that completes made no connection to anything but the gateway."""
-    task = cli_task(backend, "Create hello.txt with a greeting.")
+async def test_claude_code_writes_the_file_through_the_gateway(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """bwrap, docker, podman (network=gateway): the sandbox has only its own loopback, where only the
+    gateway answers, so a session that completes made no connection to anything but the gateway. In a
+    container the pinned binary runs from the node's tool cache, mounted read-only."""
+    task = cli_task(backend, "Create hello.txt with a greeting.", image=harness_image(request, backend))
     result, records, artifacts = await run_cli(tmp_path, task, f"sess-cc-{backend}")
     assert result.status == SessionStatus.COMPLETED, result.reason
     assert result.reason is None or "exited with code" not in result.reason

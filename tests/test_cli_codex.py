@@ -18,6 +18,7 @@ from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
 from tests.preset_run_support import (
     check_run,
+    harness_image,
     jsonl_lines,
     needs_bwrap,
     needs_npm,
@@ -49,9 +50,17 @@ def ctx(tmp_path: Path, **kw: object) -> HarnessContext:
 
 @pytest.mark.cli
 @needs_npm
-@pytest.mark.parametrize("backend", ["local", pytest.param("bwrap", marks=needs_bwrap)])
-async def test_codex_writes_the_file_through_the_gateway(tmp_path: Path, backend: str) -> None:
-    run = await run_cli(tmp_path, "codex", TOOL, ARGS, EXPECT, backend=backend)
+@pytest.mark.parametrize(
+    "backend",
+    ["local", pytest.param("bwrap", marks=needs_bwrap), pytest.param("docker", marks=pytest.mark.containers)],
+)
+async def test_codex_writes_the_file_through_the_gateway(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """docker: the pinned binary from the node's tool cache (mounted read-only), the image's own node, and a
+    container whose only network is the gateway on its 127.0.0.1."""
+    image = harness_image(request, backend)
+    run = await run_cli(tmp_path, "codex", TOOL, ARGS, EXPECT, backend=backend, image=image)
     check_run(run, dialect="responses", tool=TOOL, paths={"/v1/responses"})
     assert all(streamed(r, run.seen) for r in run.records)
     assert all(s.headers.get("authorization") == "Bearer sess-cli" for s in run.seen if s.method == "POST")
@@ -71,6 +80,23 @@ async def test_codex_writes_the_file_through_the_gateway(tmp_path: Path, backend
     assert any(e.get("type") == "response_item" for e in events)
     assert "Done" in (run.artifacts / codex.LAST_MESSAGE).read_text()
     assert run.result.metadata["harness"]["transcripts"] >= 1
+
+
+@pytest.mark.cli
+@pytest.mark.containers
+async def test_an_image_without_node_fails_setup_naming_what_is_missing(
+    tmp_path: Path, docker_engine: str
+) -> None:
+    """Codex's npm entry point is a node script: in an image without Node.js the session ends at setup with
+    the reason, instead of a harness exiting 127 on `env: node: No such file or directory`."""
+    from tests.container_support import base_image
+
+    run = await run_cli(
+        tmp_path, "codex", TOOL, ARGS, EXPECT, backend="docker", image=base_image(docker_engine)
+    )
+    assert run.result.status == SessionStatus.ERROR
+    assert "harness setup failed" in (run.result.reason or "") and "no `node`" in (run.result.reason or "")
+    assert run.records == []
 
 
 @pytest.mark.cli

@@ -177,3 +177,43 @@ def test_only_this_hosts_dead_owners_are_reaped(monkeypatch: pytest.MonkeyPatch)
     assert not leftovers.owner_dead(f"other-machine:{pid}:1:{boot}")  # a shared engine: theirs to reap
     for garbage in ("", "x", "h:notapid:1:b", "1:2:3"):
         assert not leftovers.owner_dead(garbage)
+
+
+async def test_a_missing_read_only_path_is_refused_before_the_engine_runs(tmp_path: Path) -> None:
+    """docker's `-v` would create a missing host path as an empty root-owned directory and mount that."""
+    missing = str(tmp_path / "no-such-cli")
+    for backend, cls in (("docker", DockerRuntime), ("podman", PodmanRuntime)):
+        rt = cls(_spec(tmp_path, backend, read_only_paths=(missing,)), "s", binary="/nonexistent/engine")
+        with pytest.raises(RuntimeFailure, match=r"read_only_paths: .*no-such-cli.* not an existing"):
+            await rt.start()
+        assert not Path(missing).exists()
+
+
+def test_cli_presets_in_a_container_get_the_tool_cache_read_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The presets install their pinned CLI during setup, after the container started: the node mounts the
+    whole tool cache (made if missing) at its host path; other harnesses and non-container runtimes get
+    nothing mounted."""
+    from polar.rollout.node.lifecycle import runtime_spec
+    from polar.rollout.task import Task
+
+    monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
+
+    def task(harness: str, backend: str) -> Task:
+        return Task.model_validate(
+            {
+                "task_id": "t",
+                "instruction": "x",
+                "agent": {"harness": harness},
+                "runtime": {"backend": backend, "image": "img:1" if backend != "local" else None},
+            }
+        )
+
+    cache = tmp_path / "home" / "tools"
+    for harness in ("codex", "claude_code", "mini_swe_agent"):
+        for backend in ("docker", "podman"):
+            assert runtime_spec(task(harness, backend), None).read_only_paths == (str(cache),)
+    assert cache.is_dir()
+    assert runtime_spec(task("shell", "docker"), None).read_only_paths == ()
+    assert runtime_spec(task("codex", "local"), None).read_only_paths == ()

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from polar.harness.base import HarnessContext
+from polar.harness.install import npm_bin_async
 from polar.harness.shell import instruction_path
 from polar.runtime.base import Runtime, RuntimeFailure
 
@@ -95,6 +96,21 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         old = out.get(key)
         out[key] = deep_merge(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
     return out
+
+
+# -- the pinned program ----------------------------------------------------------------------------------
+async def node_cli(runtime: Runtime, harness: str, package: str, version: str, binary: str) -> str:
+    """The pinned npm CLI `binary`, whose entry point is a `#!/usr/bin/env node` script: installed in the
+    node's tool cache, and `node` found in the runtime (a container image has its own, or none)."""
+    path = str(await npm_bin_async(package, version, binary))
+    found = await runtime.exec(["sh", "-c", "command -v node"], timeout_s=60)
+    if found.exit_code != 0:
+        raise RuntimeFailure(
+            f"{harness} harness: {package}@{version} starts through a node script, but the runtime has no "
+            "`node` on its PATH (a container image needs Node.js, e.g. Debian's nodejs package: "
+            "`polar images base --include bash,ca-certificates,git,patch,procps,python3,nodejs`)"
+        )
+    return path
 
 
 # -- paths and files in the runtime --------------------------------------------------------------------

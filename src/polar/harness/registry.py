@@ -29,6 +29,12 @@ def _cli_presets() -> dict[str, str]:
     return {m.name: f"{presets.__name__}.{m.name}:PRESET" for m in pkgutil.iter_modules(presets.__path__)}
 
 
+def runs_from_tool_cache(name: str) -> bool:
+    """Whether harness `name` is a CLI preset, whose pinned program runs from the node's tool cache
+    (`polar.harness.install`): a container runtime must then mount that cache read-only."""
+    return name in _cli_presets()
+
+
 def harness_names() -> list[str]:
     """The built-in presets and installed entry points (what a task over HTTP may name)."""
     return sorted({*_PRESETS, *_cli_presets(), *plugins.entry_point_names("harness")})

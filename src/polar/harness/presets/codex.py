@@ -21,6 +21,7 @@ import tomli_w
 from polar.harness.base import HarnessContext, gateway_env
 from polar.harness.cli_common import (
     absolute_binary,
+    node_cli,
     one_of,
     optional_count,
     optional_positive_int,
@@ -30,7 +31,6 @@ from polar.harness.cli_common import (
     under,
     write_file,
 )
-from polar.harness.install import npm_bin_async
 from polar.harness.shell import write_instruction
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
@@ -45,7 +45,7 @@ CONFIGURES = (
 )
 LIMITS = (
     "Codex's sub-agent tools come as a Responses `namespace` tool, which the gateway drops, so the policy "
-    "cannot spawn sub-agents; the binary runs from the host's tool cache (local and bwrap runtimes)"
+    "cannot spawn sub-agents; its npm launcher is a node script, so a container image needs Node.js"
 )
 
 PROVIDER = "polar"
@@ -118,7 +118,7 @@ class CodexHarness:
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         if self.binary is None:
-            self.binary = str(await npm_bin_async(PACKAGE, VERSION, BINARY))
+            self.binary = await node_cli(runtime, self.name, PACKAGE, VERSION, BINARY)
         await write_file(
             runtime,
             f"{self.codex_home(ctx)}/config.toml",

@@ -13,8 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
-from polar.harness.cli_common import collect, deep_merge, extra_args_and_config, texts, under, write_json
-from polar.harness.install import npm_bin_async
+from polar.harness.cli_common import (
+    collect,
+    deep_merge,
+    extra_args_and_config,
+    node_cli,
+    texts,
+    under,
+    write_json,
+)
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
@@ -80,7 +87,7 @@ class GeminiCliHarness:
         self.binary: Path | None = None
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
-        self.binary = await npm_bin_async(PACKAGE, VERSION, BINARY)
+        self.binary = Path(await node_cli(runtime, self.name, PACKAGE, VERSION, BINARY))
         config = deep_merge(cli_settings(ctx.model), self.config)
         await write_json(runtime, under(ctx.home, ".gemini/settings.json"), config)
 

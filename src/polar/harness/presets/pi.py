@@ -20,6 +20,7 @@ from typing import Any
 from polar.harness.base import HarnessContext, gateway_env
 from polar.harness.cli_common import (
     absolute_binary,
+    node_cli,
     one_of,
     optional_count,
     optional_positive_int,
@@ -29,7 +30,6 @@ from polar.harness.cli_common import (
     under,
     write_json,
 )
-from polar.harness.install import npm_bin_async
 from polar.harness.shell import write_instruction
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
@@ -42,7 +42,7 @@ CONFIGURES = (
     "~/.pi/agent/models.json: a `polar` provider in the chosen dialect (base URL, key from POLAR_SESSION_ID, "
     "the served model); settings.json with install telemetry off; PI_OFFLINE=1 (no update checks)"
 )
-LIMITS = "the binary runs from the host's tool cache (local and bwrap runtimes); Pi has no subagents"
+LIMITS = "a node script: a container image needs Node.js; Pi has no subagents"
 
 PROVIDER = "polar"
 KEY_VARIABLE = (
@@ -103,7 +103,7 @@ class PiHarness:
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         if self.binary is None:
-            self.binary = str(await npm_bin_async(PACKAGE, VERSION, BINARY))
+            self.binary = await node_cli(runtime, self.name, PACKAGE, VERSION, BINARY)
         base = self.agent_dir(ctx)
         await write_json(runtime, f"{base}/models.json", self.models_json(ctx))
         settings: dict[str, Any] = {"enableInstallTelemetry": False, "quietStartup": True}

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
-from polar.harness.cli_common import collect, deep_merge, extra_args_and_config, under, write_json
-from polar.harness.install import npm_bin_async
+from polar.harness.cli_common import collect, deep_merge, extra_args_and_config, node_cli, under, write_json
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
@@ -85,7 +84,7 @@ class QwenCodeHarness:
         self.binary: Path | None = None
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
-        self.binary = await npm_bin_async(PACKAGE, VERSION, BINARY)
+        self.binary = Path(await node_cli(runtime, self.name, PACKAGE, VERSION, BINARY))
         config = deep_merge(cli_settings(), self.config)
         await write_json(runtime, under(ctx.home, ".qwen/settings.json"), config)
 

@@ -17,6 +17,8 @@ from tenacity import retry_if_exception_type
 from polar.evaluate.base import EvalContext, EvalResult
 from polar.gateway.proxy import Proxy
 from polar.harness.base import HarnessContext
+from polar.harness.install import tools_home
+from polar.harness.registry import runs_from_tool_cache
 from polar.retry import retrying
 from polar.rollout.node.deadline import Deadline, RunLimit
 from polar.rollout.node.session import NodeSession, SessionEnd
@@ -25,7 +27,7 @@ from polar.rollout.protocol import SessionStatus
 from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE, assign_rewards
 from polar.rollout.task import ExecAction, Task, UploadAction
 from polar.runtime.base import ExecResult, Runtime, RuntimeSpec
-from polar.runtime.factory import make_runtime
+from polar.runtime.factory import CONTAINER_BACKENDS, make_runtime
 from polar.runtime.local import Keep
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
@@ -58,6 +60,14 @@ def _describe(exc: BaseException) -> str:
 
 def runtime_spec(task: Task, root: Path | None) -> RuntimeSpec:
     rt = task.runtime
+    mounts: tuple[str, ...] = ()
+    if rt.backend in CONTAINER_BACKENDS and runs_from_tool_cache(task.agent.harness):
+        # The CLI presets install their pinned program into the node's tool cache during setup, after the
+        # container started (READY buffer): the whole cache is mounted read-only at its host path, so the
+        # installed binary shows up inside at the path the preset runs it by.
+        cache = tools_home()
+        cache.mkdir(parents=True, exist_ok=True)
+        mounts = (str(cache),)
     return RuntimeSpec(
         backend=rt.backend,
         image=rt.image,
@@ -68,6 +78,7 @@ def runtime_spec(task: Task, root: Path | None) -> RuntimeSpec:
         cpus=rt.cpus,
         memory_mb=rt.memory_mb,
         pids_limit=rt.pids_limit,
+        read_only_paths=mounts,
     )
 
 
