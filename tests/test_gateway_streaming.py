@@ -391,13 +391,16 @@ def test_harness_that_goes_away_leaves_a_failure_record(gateway: Gateway, fake_b
         with HTTP.stream("POST", gateway.url + path, json=body, headers=headers) as r:
             next(r.iter_bytes())
             assert faults.held.wait(10)
+        # The upstream stays held until the gateway has seen the hang-up: released at once, the rest of the
+        # answer could be written into the closed connection's socket before the server reads its end, and
+        # then the stream did end (flaky in CI until this waited).
+        for _ in range(500):  # the failure is recorded by a clean-up task once the gateway sees the hang-up
+            failures = gateway.control("GET", f"/sessions/{sid}/failures").json()["failures"]
+            if failures:
+                break
+            time.sleep(0.02)
     finally:
         faults.release()
-    for _ in range(500):  # the failure is recorded by a clean-up task once the gateway sees the hang-up
-        failures = gateway.control("GET", f"/sessions/{sid}/failures").json()["failures"]
-        if failures:
-            break
-        time.sleep(0.02)
     assert [f["message"] for f in failures] == ["the client closed the stream before it ended"]
     assert gateway.completions(sid) == []
 
