@@ -196,3 +196,20 @@ async def test_editing_the_tests_cannot_make_them_pass(pair: tuple[Runtime, Runt
     assert result.details["tests_status"]["FAIL_TO_PASS"]["failure"] == [
         "tests/test_textstats.py::test_word_count_extra_spaces"
     ]
+
+
+@pytest.mark.containers
+async def test_a_log_past_the_output_cap_is_graded_whole(pair: tuple[Runtime, Runtime]) -> None:
+    """A test suite that prints more than a command's captured output keeps (10 MiB, the head) before its
+    results: the grade still sees the `End Test Output` marker, because the log is fetched as a file."""
+    from polar.runtime.procs import OUTPUT_CAP
+
+    agent, fresh = pair
+    inst = dict(INSTANCES["polar-swe__textstats-1"])
+    noise = f"head -c {OUTPUT_CAP + 1_000_000} /dev/zero | tr '\\0' 'x'; echo\n"
+    inst["eval_script"] = inst["eval_script"].replace("#!/bin/bash\n", "#!/bin/bash\n" + noise, 1)
+    assert (await agent.exec(_apply(inst["patch"]))).exit_code == 0
+    evaluator = SWEBenchEvaluator({"instance": {k: v for k, v in inst.items() if k != "patch"}})
+    result = await evaluator.evaluate(context(agent, fresh))
+    assert result.reward == 1.0, result.details.get("reason")
+    assert "End Test Output" in result.details["eval_log"]

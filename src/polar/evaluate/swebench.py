@@ -36,7 +36,10 @@ from polar.evaluate.support import (
     require_environment,
     tail,
 )
+from polar.runtime.base import RuntimeFailure
 
+# Beside the working directory (in a SWE-bench image: /testbed's parent), never in the repository under test.
+EVAL_LOG = "../.polar-swebench-eval.log"
 _DIFF_FILE = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.MULTILINE)
 
 
@@ -115,11 +118,14 @@ class SWEBenchEvaluator:
         details["applied_with"] = method
 
         spec = make_test_spec(inst.model_dump())
-        run = await fresh.exec(["bash", "-s"], stdin=spec.eval_script.encode(), timeout_s=cfg.timeout_seconds)
+        # The log goes to a file in the runtime, fetched whole: a command's captured output is capped (its
+        # head kept), and a verbose test suite's end, with the `End Test Output` marker, must not be cut.
+        run = await fresh.exec(
+            ["bash", "-c", 'bash -s > "$1" 2>&1', "bash", EVAL_LOG],
+            stdin=spec.eval_script.encode(),
+            timeout_s=cfg.timeout_seconds,
+        )
         require_environment(run, "the instance's eval script")
-        details["eval_log"] = tail(run.stdout)
-        if run.timed_out:
-            return EvalResult(reward=0.0, passed=False, details={**details, "reason": "tests timed out"})
         prediction = {
             "instance_id": inst.instance_id,
             "model_name_or_path": "polar",
@@ -127,7 +133,16 @@ class SWEBenchEvaluator:
         }
         with tempfile.TemporaryDirectory(prefix="polar-swebench-") as tmp:
             log = Path(tmp) / "eval.log"  # swebench's grading reads a log file
-            log.write_text(f"{run.stdout}\n{run.stderr}")
+            try:
+                await fresh.download(EVAL_LOG, log)
+            except RuntimeFailure as exc:
+                raise EvaluatorError(
+                    f"the evaluation log could not be fetched from the runtime: {exc}"
+                ) from exc
+            text = log.read_text(errors="replace")
+            details["eval_log"] = tail(text)
+            if run.timed_out:
+                return EvalResult(reward=0.0, passed=False, details={**details, "reason": "tests timed out"})
             report = get_eval_report(spec, prediction, str(log), include_tests_status=True)[inst.instance_id]
         if report.get("infra_failure"):
             raise EvaluatorError(
