@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -166,7 +167,9 @@ def _image_id(engine: str, tag: str) -> str:
 @pytest.fixture
 def tag(request: pytest.FixtureRequest) -> Iterator[str]:
     """A tag of this test's own, removed afterwards from whichever engines have it."""
-    name = f"polar-test-build-{request.node.name.lower().replace('[', '-').rstrip(']')}:1"
+    name = (
+        f"polar-test-build-{request.node.name.lower().replace('[', '-').rstrip(']')}:{uuid.uuid4().hex[:8]}"
+    )
     yield name
     for engine in ("docker", "podman"):
         for image in (name, f"{name}-broken"):
@@ -217,10 +220,16 @@ def test_build_failures_say_what_is_wrong(docker_engine: str, tag: str, tmp_path
         build_image(docker_engine, tag, ctx)
     assert f"cannot build {tag}: its base image polar-no-such-base:7" in str(exc.value)
     assert "polar images base --engine docker --tag polar-no-such-base:7" in str(exc.value)
-    (ctx / "Dockerfile").write_text("FROM polar-base:bookworm\nRUN echo doomed-step && exit 3\n")
+    marker = f"doomed-step-{uuid.uuid4().hex}"
+    (ctx / "Dockerfile").write_text(f"FROM polar-base:bookworm\nRUN echo {marker} && exit 3\n")
     with pytest.raises(RuntimeFailure) as exc:
         build_image(docker_engine, tag, ctx)
-    assert f"building {tag} with docker failed" in str(exc.value) and "doomed-step" in str(exc.value)
+    assert f"building {tag} with docker failed (exit 3)" in str(exc.value) and marker in str(exc.value)
+    # docker's legacy builder keeps the container of a failed step unless told --force-rm.
+    left = subprocess.run(
+        [docker_engine, "ps", "-a", "--no-trunc", "--format", "{{.Command}}"], capture_output=True, text=True
+    )
+    assert marker not in left.stdout
 
 
 @pytest.mark.containers
