@@ -20,8 +20,8 @@ from polar.evaluate.registry import get_evaluator
 from polar.evaluate.swebench import SWEBenchEvaluator, patched_files
 from polar.rollout.taskfile import TaskFileError, load_tasks
 from polar.runtime import RuntimeSpec, make_runtime
-from polar.runtime.base import Runtime
-from polar.runtime.images import DEFAULT_INCLUDE, BaseImage, ensure_base_image
+from polar.runtime.base import Runtime, RuntimeFailure
+from polar.runtime.images import DEFAULT_INCLUDE, BaseImage, build_image, ensure_base_image
 from tests.evaluate_support import context
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +47,11 @@ def test_a_dataset_file_becomes_tasks(tmp_path: Path) -> None:
     assert (t.runtime.backend, t.runtime.image, t.runtime.workdir) == ("docker", IMAGE, "/testbed")
     assert t.num_samples == 2 and t.runtime.network == "gateway"  # from `defaults`
     assert t.evaluator.strategy == "swebench"
+    assert t.runtime.build is not None  # the instance's `build`, its context relative to the dataset file
+    assert Path(t.runtime.build.context) == SWE / "repos/textstats"
+    assert (Path(t.runtime.build.context) / t.runtime.build.dockerfile).resolve() == (
+        SWE / "images/textstats/Dockerfile"
+    )
     cfg = t.evaluator.config["instance"]
     assert cfg["FAIL_TO_PASS"] == inst["FAIL_TO_PASS"] and "patch" not in cfg  # no gold patch in the task
     assert isinstance(get_evaluator("swebench", t.evaluator.config), SWEBenchEvaluator)
@@ -89,6 +94,57 @@ def test_dataset_mistakes_name_the_line_and_field(tmp_path: Path, text: str, err
     assert error in str(exc.value)
 
 
+def _task_repo(tmp_path: Path, iid: str) -> Path:
+    """A SWE-bench 5.x task repo (swebench.task.repo's layout) with one instance's Dockerfile, on the
+    ubuntu base SWE-bench's images start from."""
+    folder = tmp_path / "swe-bench-tasks" / "tasks" / iid
+    folder.mkdir(parents=True)
+    (folder / "task.yaml").write_text(f"instance_id: {iid}\n")
+    (folder / "Dockerfile").write_text("FROM ubuntu:22.04\nRUN apt-get update && apt-get install -y git\n")
+    return folder
+
+
+def test_a_task_repo_gives_the_instances_their_dockerfiles(tmp_path: Path) -> None:
+    from swebench.task.repo import task_paths
+
+    row = {k: v for k, v in INSTANCES["polar-swe__textstats-1"].items() if k not in ("image", "build")}
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    folder = _task_repo(tmp_path, row["instance_id"])
+    (tmp_path / "t.yaml").write_text(
+        "dataset:\n  format: swebench\n  path: data/rows.jsonl\n  task_repo: swe-bench-tasks\n"
+    )
+    (task,) = load_tasks(tmp_path / "t.yaml")
+    assert task.runtime.image == "swebench/sweb.eval.x86_64.polar-swe_1776_textstats-1:latest"
+    assert task.runtime.build is not None and task.runtime.build.dockerfile == "Dockerfile"
+    # The directory swebench itself builds the instance's image in.
+    assert (
+        Path(task.runtime.build.context)
+        == folder
+        == task_paths(tmp_path / "swe-bench-tasks")[row["instance_id"]]
+    )
+
+    (tmp_path / "t.yaml").write_text(
+        "dataset:\n  format: swebench\n  path: data/rows.jsonl\n  task_repo: elsewhere\n"
+    )
+    with pytest.raises(
+        TaskFileError, match=r"t.yaml:4: dataset.task_repo: no .*/elsewhere/tasks/polar-swe__"
+    ):
+        load_tasks(tmp_path / "t.yaml")
+
+
+@pytest.mark.containers
+def test_a_task_repo_image_offline_says_which_base_is_missing(docker_engine: str, tmp_path: Path) -> None:
+    """Here no registry answers: the build stops before docker tries one, naming the base to provide."""
+    iid = "polar-swe__textstats-1"
+    folder = _task_repo(tmp_path, iid)
+    tag = "sweb.eval.x86_64.polar-swe__textstats-1:latest"
+    with pytest.raises(RuntimeFailure) as exc:
+        build_image(docker_engine, tag, folder)
+    assert f"cannot build {tag}: its base image ubuntu:22.04 (FROM in {folder}/Dockerfile)" in str(exc.value)
+    assert "docker pull ubuntu:22.04` where a registry is reachable" in str(exc.value)
+
+
 def test_the_files_a_test_patch_touches() -> None:
     patch = INSTANCES["polar-swe__textstats-1"]["test_patch"]
     assert patched_files(patch) == ["tests/test_textstats.py"]
@@ -103,12 +159,9 @@ def test_the_files_a_test_patch_touches() -> None:
 def swe_image(docker_engine: str) -> Iterator[str]:
     """The textstats instances' image, built offline on the local SWE base (cached by the engine)."""
     ensure_base_image(docker_engine, SWE_BASE)
-    if subprocess.run([docker_engine, "image", "inspect", IMAGE], capture_output=True).returncode != 0:
-        subprocess.run(
-            [docker_engine, "build", "-q", "-t", IMAGE, "-f", str(SWE / "images/textstats/Dockerfile"),
-             str(SWE / "repos/textstats")],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
+    build = load_tasks(SWE / "swe.yaml")[0].runtime.build  # the instances' own `build`
+    assert build is not None
+    build_image(docker_engine, IMAGE, Path(build.context), build.dockerfile)
     yield IMAGE
 
 

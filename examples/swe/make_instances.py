@@ -4,6 +4,7 @@ Each instance is a bug in a repository at its base commit (built into the image 
 with a fixed identity and dates, so the hash is known here), the gold `patch` that fixes it, the
 `test_patch` that adds the tests proving it (FAIL_TO_PASS) next to those that must keep passing
 (PASS_TO_PASS), and the `eval_script` in SWE-bench 5.x's shape, graded with swebench's pytest log parser.
+Each instance's `image` names its image and `build` its Dockerfile, which `polar images build` builds.
 
     python examples/swe/make_instances.py            # rewrite instances.jsonl
     python examples/swe/make_instances.py --check    # exit 1 if it is not what this script writes
@@ -179,6 +180,9 @@ def instances() -> list[dict[str, object]]:
                     "FAIL_TO_PASS": f2p,
                     "PASS_TO_PASS": p2p,
                     "image": "polar-swe-textstats:1",
+                    # How `polar images build` makes the image: context relative to this folder, the
+                    # Dockerfile relative to the context (as runtime.build).
+                    "build": {"context": "repos/textstats", "dockerfile": "../../images/textstats/Dockerfile"},
                     "log_parser": "parse_log_pytest",
                     "eval_type": "pass_and_fail",
                     "eval_script": eval_script(base, test_patch, sorted(tests)),

@@ -7,6 +7,7 @@ A task file may hold
       path: instances.jsonl     # .jsonl / .json / .parquet next to the file, or a Hugging Face dataset name
       split: test               # hub datasets only
       ids: [astropy__astropy-12907]
+      task_repo: ../swe-bench-tasks  # optional: a SWE-bench 5.x task repo holding the images' Dockerfiles
     defaults:                   # merged over every generated task (any task field)
       runtime: {backend: docker}
       agent: {harness: codex}
@@ -15,6 +16,10 @@ Each instance becomes a task: `task_id` is its `instance_id`, the instruction it
 runtime image its `image` (or SWE-bench's naming convention for Docker Hub images), the workdir `/testbed`
 (where SWE-bench images hold the repository at `base_commit`), and the `swebench` evaluator with the
 instance's grading fields (`polar.evaluate.swebench`). `defaults` win over what an instance gives.
+
+Where no registry holds the images, `polar images build` builds them from Dockerfiles: an instance's own
+`build: {context, dockerfile}` (as `runtime.build`, the context relative to the dataset file), or else the
+`task_repo`'s `tasks/<instance_id>/Dockerfile`, built in its directory as `swebench images build` does.
 """
 
 from __future__ import annotations
@@ -57,6 +62,12 @@ class DatasetSpec(BaseModel):
     )
     split: str = Field("test", description="The split of a Hugging Face dataset.")
     ids: list[str] | None = Field(None, description="Only these instance ids, in the dataset's order.")
+    task_repo: str | None = Field(
+        None,
+        min_length=1,
+        description="A SWE-bench 5.x task repo (relative to the task file): an instance with no `build` of its "
+        "own gets runtime.build from tasks/<instance_id>/Dockerfile there (`polar images build`).",
+    )
 
 
 def swebench_image(instance_id: str) -> str:
@@ -110,10 +121,31 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def instance_build(row: dict[str, Any], spec: DatasetSpec, base: Path) -> dict[str, Any] | None:
+    """The runtime.build of an instance's image: its own `build` (context relative to the dataset file), or
+    the task repo's Dockerfile for it, or None."""
+    build = row.get("build")
+    if isinstance(build, dict):
+        root = (base / spec.path).parent if (base / spec.path).is_file() else base
+        if isinstance(build.get("context"), str):
+            return {**build, "context": str(root / build["context"])}
+        return build  # validated (and reported at its field) with the task
+    if build is not None:
+        raise DatasetError(f"dataset: {row['instance_id']}: build must be {{context, dockerfile}}")
+    if spec.task_repo is None:
+        return None
+    folder = base / spec.task_repo / "tasks" / row["instance_id"]
+    if not (folder / "Dockerfile").is_file():
+        raise DatasetError(f"dataset.task_repo: no {folder / 'Dockerfile'}")
+    return {"context": str(folder), "dockerfile": "Dockerfile"}
+
+
 def swebench_tasks(
-    rows: Iterable[dict[str, Any]], spec: DatasetSpec, defaults: dict[str, Any]
+    rows: Iterable[dict[str, Any]], spec: DatasetSpec, defaults: dict[str, Any], base: Path | None = None
 ) -> list[dict[str, Any]]:
-    """One task (as a dict, validated by the caller) per instance."""
+    """One task (as a dict, validated by the caller) per instance; relative paths are taken from `base`
+    (the task file's directory)."""
+    base = base or Path.cwd()
     rows = list(rows)
     if spec.ids is not None:
         known = {r.get("instance_id") for r in rows}
@@ -132,10 +164,14 @@ def swebench_tasks(
             raise DatasetError(f"dataset: {iid}: no problem_statement")
         image = row.get("image") or swebench_image(iid)
         instance = {k: row[k] for k in GRADING_FIELDS if k in row} | {"image": image}
+        runtime: dict[str, Any] = {"image": image, "workdir": "/testbed"}
+        build = instance_build(row, spec, base)
+        if build is not None:
+            runtime["build"] = build
         task = {
             "task_id": iid,
             "instruction": statement,
-            "runtime": {"image": image, "workdir": "/testbed"},
+            "runtime": runtime,
             "evaluator": {"strategy": "swebench", "config": {"instance": instance}},
             "metadata": {"dataset": spec.path, "repo": row.get("repo"), "instance_id": iid},
         }

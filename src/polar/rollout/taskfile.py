@@ -165,7 +165,7 @@ def dataset_items(
     if not isinstance(defaults, dict):
         raise TaskFileError(f"{doc.at(('defaults',))}: must be a mapping of task fields")
     try:
-        generated = swebench_tasks(read_instances(spec, base), spec, defaults)
+        generated = swebench_tasks(read_instances(spec, base), spec, defaults, base)
     except DatasetError as exc:
         field, _, reason = str(exc).partition(": ")
         loc = yamlpos.parse_field_path(field) if field.startswith("dataset") else ("dataset",)
