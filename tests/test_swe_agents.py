@@ -53,18 +53,14 @@ def script(body: dict[str, Any]) -> Reply:
 
 @pytest.fixture(scope="module")
 def swe_image(docker_engine: str) -> Iterator[str]:
-    import subprocess
-
-    from polar.runtime.images import ensure_base_image
+    """The instances' image, built by `polar images build`'s function from the dataset's own `build`."""
+    from polar.runtime.images import build_image, ensure_base_image
     from tests.test_swebench import IMAGE, SWE_BASE
 
     ensure_base_image(docker_engine, SWE_BASE)
-    if subprocess.run([docker_engine, "image", "inspect", IMAGE], capture_output=True).returncode != 0:
-        subprocess.run(
-            [docker_engine, "build", "-q", "-t", IMAGE, "-f", str(SWE / "images/textstats/Dockerfile"),
-             str(SWE / "repos/textstats")],
-            check=True, capture_output=True, timeout=600,
-        )  # fmt: skip
+    build = load_tasks(SWE / "swe.yaml")[0].runtime.build
+    assert build is not None
+    build_image(docker_engine, IMAGE, Path(build.context), build.dockerfile)
     yield IMAGE
 
 

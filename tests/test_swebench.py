@@ -155,27 +155,30 @@ def test_the_files_a_test_patch_touches() -> None:
 # -- graded in real containers -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def swe_image(docker_engine: str) -> Iterator[str]:
-    """The textstats instances' image, built offline on the local SWE base (cached by the engine)."""
-    ensure_base_image(docker_engine, SWE_BASE)
+@pytest.fixture(scope="module", params=["docker", "podman"])
+def swe_image(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(engine, the textstats instances' image), built offline on the local SWE base (cached by the engine);
+    grading runs on both engines."""
+    engine = str(request.getfixturevalue(f"{request.param}_engine"))
+    ensure_base_image(engine, SWE_BASE)
     build = load_tasks(SWE / "swe.yaml")[0].runtime.build  # the instances' own `build`
     assert build is not None
-    build_image(docker_engine, IMAGE, Path(build.context), build.dockerfile)
-    yield IMAGE
+    build_image(engine, IMAGE, Path(build.context), build.dockerfile)
+    yield engine, IMAGE
 
 
-async def _runtime(tmp_path: Path, name: str) -> Runtime:
-    spec = RuntimeSpec(backend="docker", image=IMAGE, workdir="/testbed", network="none", root=tmp_path)
+async def _runtime(tmp_path: Path, name: str, engine: str) -> Runtime:
+    spec = RuntimeSpec(backend=engine, image=IMAGE, workdir="/testbed", network="none", root=tmp_path)  # type: ignore[arg-type]
     rt = make_runtime(spec, name)
     await rt.start()
     return rt
 
 
 @pytest.fixture
-async def pair(swe_image: str, tmp_path: Path) -> AsyncIterator[tuple[Runtime, Runtime]]:
+async def pair(swe_image: tuple[str, str], tmp_path: Path) -> AsyncIterator[tuple[Runtime, Runtime]]:
     """(the agent's runtime, the evaluator's fresh one), both at the instance's base commit."""
-    agent, fresh = await _runtime(tmp_path, "agent"), await _runtime(tmp_path, "fresh")
+    engine = swe_image[0]
+    agent, fresh = await _runtime(tmp_path, "agent", engine), await _runtime(tmp_path, "fresh", engine)
     try:
         yield agent, fresh
     finally:
