@@ -71,7 +71,7 @@ HERE = __name__
 
 
 def test_names() -> None:
-    assert evaluator_names() == ["command", "session_completed", "swebench", "test_on_output"]
+    assert evaluator_names() == ["command", "harbor", "session_completed", "swebench", "test_on_output"]
 
 
 def test_builtins_by_name() -> None:

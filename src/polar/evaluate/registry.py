@@ -16,6 +16,7 @@ from typing import Any, cast
 from polar import plugins
 from polar.evaluate.base import Evaluator
 from polar.evaluate.command import CommandEvaluator
+from polar.evaluate.harbor import HarborEvaluator
 from polar.evaluate.session_completed import SessionCompleted
 from polar.evaluate.swebench import SWEBenchEvaluator
 from polar.evaluate.test_on_output import TestOnOutput
@@ -25,6 +26,7 @@ _BUILTIN: dict[str, Callable[..., Any]] = {
     CommandEvaluator.name: CommandEvaluator,
     TestOnOutput.name: TestOnOutput,
     SWEBenchEvaluator.name: SWEBenchEvaluator,
+    HarborEvaluator.name: HarborEvaluator,
 }
 
 

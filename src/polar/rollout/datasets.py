@@ -55,10 +55,14 @@ class DatasetError(ValueError):
 class DatasetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["swebench"] = Field(description="swebench: SWE-bench-format instances.")
+    format: Literal["swebench", "harbor"] = Field(
+        description="swebench: SWE-bench-format instances; harbor: Harbor task directories "
+        "(polar.rollout.harbor)."
+    )
     path: str = Field(
         min_length=1,
-        description="A .jsonl, .json or .parquet file relative to the task file, or a Hugging Face dataset.",
+        description="swebench: a .jsonl, .json or .parquet file relative to the task file, or a Hugging "
+        "Face dataset; harbor: a folder of task directories (or one task directory).",
     )
     split: str = Field("test", description="The split of a Hugging Face dataset.")
     ids: list[str] | None = Field(None, description="Only these instance ids, in the dataset's order.")

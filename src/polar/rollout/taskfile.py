@@ -164,8 +164,15 @@ def dataset_items(
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise TaskFileError(f"{doc.at(('defaults',))}: must be a mapping of task fields")
+    from polar.rollout.harbor import HarborError, harbor_tasks
+
     try:
-        generated = swebench_tasks(read_instances(spec, base), spec, defaults, base)
+        if spec.format == "harbor":
+            generated = harbor_tasks(base, spec, defaults)
+        else:
+            generated = swebench_tasks(read_instances(spec, base), spec, defaults, base)
+    except HarborError as exc:  # located in the task's own files (task.toml:line, instruction.md)
+        raise TaskFileError(str(exc)) from None
     except DatasetError as exc:
         field, _, reason = str(exc).partition(": ")
         loc = yamlpos.parse_field_path(field) if field.startswith("dataset") else ("dataset",)

@@ -1,0 +1,5 @@
+#!/bin/bash
+# The reference fix: split on any whitespace.
+set -euo pipefail
+cd /app
+sed -i 's/text.split(" ")/text.split()/' wordcount.py
