@@ -18,7 +18,6 @@ from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
 from tests.preset_run_support import (
     check_run,
-    harness_image,
     jsonl_lines,
     needs_bwrap,
     needs_npm,
@@ -57,9 +56,13 @@ def ctx(tmp_path: Path, **kw: object) -> HarnessContext:
 async def test_codex_writes_the_file_through_the_gateway(
     tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    """docker: the pinned binary from the node's tool cache (mounted read-only), the image's own node, and a
-    container whose only network is the gateway on its 127.0.0.1."""
-    image = harness_image(request, backend)
+    """docker: the pinned static binary from the node's tool cache (mounted read-only) in polar's base image,
+    which has no node, in a container whose only network is the gateway on its 127.0.0.1."""
+    image = None
+    if backend == "docker":
+        from tests.container_support import base_image
+
+        image = base_image(str(request.getfixturevalue("docker_engine")))
     run = await run_cli(tmp_path, "codex", TOOL, ARGS, EXPECT, backend=backend, image=image)
     check_run(run, dialect="responses", tool=TOOL, paths={"/v1/responses"})
     assert all(streamed(r, run.seen) for r in run.records)
@@ -83,20 +86,29 @@ async def test_codex_writes_the_file_through_the_gateway(
 
 
 @pytest.mark.cli
-@pytest.mark.containers
-async def test_an_image_without_node_fails_setup_naming_what_is_missing(
-    tmp_path: Path, docker_engine: str
-) -> None:
-    """Codex's npm entry point is a node script: in an image without Node.js the session ends at setup with
-    the reason, instead of a harness exiting 127 on `env: node: No such file or directory`."""
-    from tests.container_support import base_image
+@needs_npm
+async def test_codex_runs_its_static_binary_as_its_launcher_would(tmp_path: Path) -> None:
+    """0.171.0's npm launcher (a node script) execve()s the platform package's static binary with two
+    variables; the preset runs that binary with those variables, so an image needs no node."""
+    from polar.harness.install import npm_prefix
 
-    run = await run_cli(
-        tmp_path, "codex", TOOL, ARGS, EXPECT, backend="docker", image=base_image(docker_engine)
-    )
-    assert run.result.status == SessionStatus.ERROR
-    assert "harness setup failed" in (run.result.reason or "") and "no `node`" in (run.result.reason or "")
-    assert run.records == []
+    prefix = npm_prefix(codex.PACKAGE, codex.VERSION)
+    native = codex.native_binary(prefix)
+    assert native is not None and native.name == "codex" and "musl" in str(native)
+    launcher = (prefix / "node_modules/@openai/codex/bin/codex.js").read_text()
+    assert "process.execve(binaryPath" in launcher and "CODEX_MANAGED_PACKAGE_ROOT" in launcher
+    harness = get_harness("codex")
+    runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), "sess-x")
+    await runtime.start()
+    try:
+        c = ctx(tmp_path)
+        await harness.setup(runtime, c)
+        assert harness.command(c).startswith(str(native) + " exec ")
+        env = harness.env(c)
+        assert env["CODEX_MANAGED_BY_NPM"] == "1"
+        assert env["CODEX_MANAGED_PACKAGE_ROOT"] == str((prefix / "node_modules/@openai/codex").resolve())
+    finally:
+        await runtime.stop()
 
 
 @pytest.mark.cli

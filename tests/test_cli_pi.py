@@ -228,3 +228,18 @@ async def test_setup_that_cannot_write_fails_naming_the_file(tmp_path: Path) -> 
         assert meta["transcripts"] == 0
     finally:
         await runtime.stop()
+
+
+@pytest.mark.cli
+@pytest.mark.containers
+async def test_an_image_without_node_fails_setup_naming_what_is_missing(
+    tmp_path: Path, docker_engine: str
+) -> None:
+    """Pi's npm entry point is a node script: in an image without Node.js the session ends at setup with
+    the reason, instead of a harness exiting 127 on `env: node: No such file or directory`."""
+    from tests.container_support import base_image
+
+    run = await run_cli(tmp_path, "pi", TOOL, ARGS, EXPECT, backend="docker", image=base_image(docker_engine))
+    assert run.result.status == SessionStatus.ERROR
+    assert "harness setup failed" in (run.result.reason or "") and "no `node`" in (run.result.reason or "")
+    assert run.records == []

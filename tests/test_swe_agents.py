@@ -1,7 +1,9 @@
-"""A SWE-bench-format task run the whole way: the dataset in examples/swe becomes tasks, a node starts each
+"""SWE-bench-format and Harbor tasks run the whole way. SWE-bench: the dataset in examples/swe becomes tasks, a node starts each
 session in a docker container of the instance's image (network: gateway only), the unmodified Claude Code
 CLI works in /testbed against the scripted policy behind the gateway, and the `swebench` evaluator grades
-the agent's diff in a fresh container with the official package.
+the agent's diff in a fresh container with the official package. Harbor: the example task directory
+becomes a task whose image `polar images build`'s function makes from its environment/, Claude Code fixes
+/app in it, and the task's own tests/test.sh decides the reward.
 
 The policy is scripted: for the instance it fixes, its one Bash call applies the instance's gold patch; for
 the other it only looks around. What is proven is the plumbing a real policy's rollouts go through, and that
@@ -97,3 +99,40 @@ async def test_claude_code_in_the_instance_image_is_graded_by_swebench(
     assert records and all(r.trainable and r.prompt_ids and r.response_ids for r in records)
     trajectory = build(records, strategy="prefix_merging")
     assert audit(trajectory, records).ok
+
+
+HARBOR_FIX = "cd /app && sed -i 's/text.split(\" \")/text.split()/' wordcount.py"
+
+
+def harbor_script(body: dict[str, Any]) -> Reply:
+    """One Bash call (the task's reference fix when the instruction is about count_words), then an answer."""
+    tools = [t["function"]["name"] for t in body.get("tools") or []]
+    if "Bash" not in tools:
+        return Reply(content="Fine.")
+    if any(m["role"] == "tool" for m in body["messages"]):
+        return Reply(content="Done.")
+    return Reply(content="Fixing it.", tool_calls=[("Bash", bash(HARBOR_FIX))])
+
+
+@pytest.mark.containers
+@pytest.mark.cli
+async def test_claude_code_on_a_harbor_task_is_graded_by_its_tests(
+    tmp_path: Path, docker_engine: str
+) -> None:
+    from polar.runtime.images import build_image, ensure_base_image
+    from tests.test_swebench import SWE_BASE
+
+    (task,) = load_tasks(SWE / "harbor.yaml")
+    assert task.runtime.build is not None and task.runtime.image is not None
+    ensure_base_image(docker_engine, SWE_BASE)
+    build_image(
+        docker_engine, task.runtime.image, Path(task.runtime.build.context), task.runtime.build.dockerfile
+    )
+    assert task.agent.harness == "claude_code" and task.evaluator.strategy == "harbor"
+    with fake_policy(harbor_script) as (url, fake):
+        async with running_node(url, tmp_path) as node:
+            await node.submit(spec(task.model_copy(update={"num_samples": 1}), "sess-harbor"))
+            result = await node.wait("sess-harbor")
+    assert fake.requests
+    assert result.status == SessionStatus.COMPLETED, (result.reason, result.metadata)
+    assert result.reward == 1.0, result.metadata["evaluation"]

@@ -14,6 +14,10 @@ otherwise falls back to its defaults, which decide when it compacts), `reasoning
 
 from __future__ import annotations
 
+import asyncio
+import platform
+import sys
+from pathlib import Path
 from typing import Any
 
 import tomli_w
@@ -31,6 +35,7 @@ from polar.harness.cli_common import (
     under,
     write_file,
 )
+from polar.harness.install import npm_prefix
 from polar.harness.shell import write_instruction
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
@@ -45,7 +50,7 @@ CONFIGURES = (
 )
 LIMITS = (
     "Codex's sub-agent tools come as a Responses `namespace` tool, which the gateway drops, so the policy "
-    "cannot spawn sub-agents; its npm launcher is a node script, so a container image needs Node.js"
+    "cannot spawn sub-agents"
 )
 
 PROVIDER = "polar"
@@ -96,6 +101,29 @@ def config_toml(
     return tomli_w.dumps(config)
 
 
+# The npm package's launcher (`bin/codex.js`, a node script) picks the platform package's static binary and
+# execve()s it with two variables set. Doing the same here runs the identical binary with the identical
+# environment, without node: a task image (a SWE-bench one, say) needs nothing of Codex's.
+_TRIPLES = {"x86_64": "x86_64-unknown-linux-musl", "aarch64": "aarch64-unknown-linux-musl"}
+_PLATFORM_PACKAGES = {"x86_64": "codex-linux-x64", "aarch64": "codex-linux-arm64"}
+
+
+def native_binary(prefix: Path) -> Path | None:
+    """The static binary 0.171.0's launcher would run from the npm prefix; None off Linux x86_64/arm64."""
+    machine = platform.machine()
+    if sys.platform != "linux" or machine not in _TRIPLES:
+        return None
+    vendor = prefix / "node_modules" / "@openai" / _PLATFORM_PACKAGES[machine] / "vendor"
+    path = vendor / _TRIPLES[machine] / "bin" / "codex"
+    return path if path.is_file() else None
+
+
+def launcher_env(prefix: Path) -> dict[str, str]:
+    """The variables 0.171.0's launcher adds for an npm install (it decides how Codex offers updates)."""
+    root = (prefix / "node_modules" / "@openai" / "codex").resolve()
+    return {"CODEX_MANAGED_PACKAGE_ROOT": str(root), "CODEX_MANAGED_BY_NPM": "1"}
+
+
 class CodexHarness:
     name = "codex"
 
@@ -112,13 +140,19 @@ class CodexHarness:
         self.reasoning_effort: str | None = effort
         self.max_retries: int | None = retries
         self.context_window: int | None = window
+        self._launcher_env: dict[str, str] = {}  # what the npm launcher would have set (native_binary)
 
     def codex_home(self, ctx: HarnessContext) -> str:
         return under(ctx.home, CODEX_DIR)
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         if self.binary is None:
-            self.binary = await node_cli(runtime, self.name, PACKAGE, VERSION, BINARY)
+            prefix = await asyncio.to_thread(npm_prefix, PACKAGE, VERSION)
+            native = native_binary(prefix)
+            if native is not None:
+                self.binary, self._launcher_env = str(native), launcher_env(prefix)
+            else:  # a platform without a static build: through the launcher, which needs node
+                self.binary = await node_cli(runtime, self.name, PACKAGE, VERSION, BINARY)
         await write_file(
             runtime,
             f"{self.codex_home(ctx)}/config.toml",
@@ -138,7 +172,8 @@ class CodexHarness:
         return stdin_from_instruction([*argv, "-"], ctx)
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {**gateway_env(ctx), "CODEX_HOME": self.codex_home(ctx), "NO_COLOR": "1", **ctx.env}
+        own = {"CODEX_HOME": self.codex_home(ctx), "NO_COLOR": "1", **self._launcher_env}
+        return {**gateway_env(ctx), **own, **ctx.env}
 
     async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
         """Copy Codex's own rollout transcripts (`$CODEX_HOME/sessions/**/rollout-*.jsonl`) to artifacts."""
