@@ -37,6 +37,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
         "node",
         "Serve a gateway node: the gateway plus staged session pools (INIT, RUN, POSTRUN).",
     ),
+    "replay": ("polar.cli.replay", "replay", "Serve a recorded session back as an inference server."),
     "run": ("polar.cli.run", "run", "Run a task file end to end here: server, node and embedded engine."),
     "serve": (
         "polar.cli.serve",
