@@ -21,10 +21,17 @@ from tests.fakes.fake_vllm import Reply, make_fake_backend
 from tests.fakes.server import serve
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+DOC = (Path(__file__).parent.parent / "docs" / "prometheus.md").read_text()
 
 
 def parse(text: str) -> Samples:
-    """Every sample of an exposition, keyed by (sample name, labels)."""
+    """Every sample of an exposition, keyed by (sample name, labels); every family must have its row in
+    docs/prometheus.md (the text format shows each counter's `_created` sample as a family of its own)."""
+    for family in text_string_to_metric_families(text):
+        if family.name.endswith("_created"):
+            continue
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert f"| `{name}` |" in DOC, f"{name} is not in the table of docs/prometheus.md"
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)

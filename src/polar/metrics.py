@@ -7,7 +7,7 @@ the global default registry would collide).
 
 Counters and histograms are moved once per call (never per token). Gauges of current state (sessions by
 stage, pool occupancy, calls in flight) are read from the live objects at scrape time by a `LiveCollector`,
-so they cost nothing between scrapes. Names, types and labels: docs/metrics.md.
+so they cost nothing between scrapes. Names, types and labels: docs/prometheus.md.
 """
 
 from __future__ import annotations

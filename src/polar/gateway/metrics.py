@@ -1,4 +1,4 @@
-"""The gateway's Prometheus metrics (`polar.metrics`; the table is in docs/metrics.md).
+"""The gateway's Prometheus metrics (`polar.metrics`; the table is in docs/prometheus.md).
 
 `GatewayMetrics` holds what is counted as calls happen (calls by dialect and status, refusals, failures,
 tokens, latencies), each moved once per call through a cached label child: the proxy's hot path pays a dict

@@ -1,5 +1,5 @@
 """The node's Prometheus metrics, added to its gateway's registry: one `/metrics` on the node's control
-listener answers for both (`polar.metrics`; the table is in docs/metrics.md).
+listener answers for both (`polar.metrics`; the table is in docs/prometheus.md).
 
 Evaluator outcomes and session ends are counted as they happen; sessions by stage, the stage pools, the
 READY buffer and result delivery are read from the node at scrape time.

@@ -8,7 +8,7 @@ Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} ->
             GET    /rollout/results          ?task=A&task=B&after=N&wait=S: long poll for finished sessions
             GET    /rollout/status           tasks by state, sessions by status, node capacity
             GET    /events                   SSE (?kinds=a,b to filter)
-Operators:  GET    /metrics                  Prometheus (docs/metrics.md)
+Operators:  GET    /metrics                  Prometheus (docs/prometheus.md)
 Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result
             GET    /nodes
 Anyone:     GET    /health

@@ -1,4 +1,4 @@
-"""The rollout server's Prometheus metrics (`polar.metrics`; the table is in docs/metrics.md).
+"""The rollout server's Prometheus metrics (`polar.metrics`; the table is in docs/prometheus.md).
 
 Everything is read at scrape time: tasks, sessions, the queue and callbacks from the server's store (so the
 numbers survive a restart, like the state they count), nodes as the scheduler sees them, and the counters
