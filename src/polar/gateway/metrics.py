@@ -1,8 +1,8 @@
 """The gateway's Prometheus metrics (`polar.metrics`; the table is in docs/prometheus.md).
 
 `GatewayMetrics` holds what is counted as calls happen (calls by dialect and status, refusals, failures,
-tokens, latencies), each moved once per call through a cached label child: the proxy's hot path pays a dict
-lookup and an increment. Everything else (live sessions, calls in flight, the weight-sync gate, each
+tokens, latencies), each moved once per call: the proxy's hot path pays a few dict updates and three
+histogram observations. Everything else (live sessions, calls in flight, the weight-sync gate, each
 inference server's load, health and busy seconds, the record store's commits) is read from the proxy at
 scrape time.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
 
 from polar.metrics import FAST_BUCKETS, UPSTREAM_BUCKETS, BusyClock, LiveCollector, counter, gauge
@@ -25,75 +25,51 @@ AUTHENTICATION = "authentication"  # the refusal reason of a call without a live
 
 
 class GatewayMetrics:
+    """What the proxy counts as calls happen. Counts are plain ints in dicts (the proxy runs on one event
+    loop), exposed as counters at scrape time: a counter of the client library takes a lock per increment,
+    several times the cost of a dict update. Latencies go to the library's histograms."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.calls: dict[tuple[str, int], int] = {}  # (dialect, HTTP status) -> calls answered
+        self.refused: dict[tuple[str, str], int] = {}  # (dialect, reason)
+        self.failures: dict[tuple[str, str], int] = {}  # (dialect, error kind)
+        self.records = self.prompt_tokens = self.completion_tokens = 0
         r = self.registry
-        self.calls = Counter(
-            "polar_gateway_calls",
-            "Generation calls answered, by dialect and HTTP status.",
-            ["dialect", "status"],
-            registry=r,
-        )
-        self.refused = Counter(
-            "polar_gateway_refused",
-            "Generation calls refused before reaching an inference server, by reason "
-            "(authentication, or the error kind of a body that could not be read or parsed).",
-            ["dialect", "reason"],
-            registry=r,
-        )
-        self.failures = Counter(
-            "polar_gateway_call_failures",
-            "Failure records stored, by dialect and error kind (streams that "
-            "failed after their 200 included).",
-            ["dialect", "kind"],
-            registry=r,
-        )
-        self.records = Counter(
-            "polar_gateway_records_committed", "Completion records committed to the store.", registry=r
-        )
-        self.prompt_tokens = Counter(
-            "polar_gateway_prompt_tokens", "Prompt tokens of committed completions.", registry=r
-        )
-        self.completion_tokens = Counter(
-            "polar_gateway_completion_tokens", "Completion tokens of committed completions.", registry=r
-        )
         self.upstream = Histogram(
             "polar_gateway_upstream_seconds",
-            "Time an inference server took for a call that completed "
-            "(a whole answer, or a stream from request to last chunk).",
+            "Time an inference server took for a call that completed (a whole answer, or a stream from "
+            "request to last chunk).",
             buckets=UPSTREAM_BUCKETS,
             registry=r,
         )
         self.commit = Histogram(
             "polar_gateway_record_commit_seconds",
-            "Time from handing a completion record to the store "
-            "writer to its commit (the harness waits for it).",
+            "Time from handing a completion record to the store writer to its commit (the harness waits "
+            "for it).",
             buckets=FAST_BUCKETS,
             registry=r,
         )
         self.overhead = Histogram(
             "polar_gateway_overhead_seconds",
-            "Time a completed call spent in the gateway, not upstream (reading, parsing, recording).",
+            "Time a completed call spent in the gateway before its record, upstream excluded (reading, "
+            "parsing, placing).",
             buckets=FAST_BUCKETS,
             registry=r,
         )
-        self._children: dict[tuple[Counter, str, str], Any] = {}
-
-    def _child(self, metric: Counter, a: str, b: str) -> Any:
-        key = (metric, a, b)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(a, b)
-        return child
+        r.register(LiveCollector(self._counted))
 
     def answered(self, dialect: str, status: int) -> None:
-        self._child(self.calls, dialect, str(status)).inc()
+        key = (dialect, status)
+        self.calls[key] = self.calls.get(key, 0) + 1
 
     def refusal(self, dialect: str, reason: str) -> None:
-        self._child(self.refused, dialect, reason).inc()
+        key = (dialect, reason)
+        self.refused[key] = self.refused.get(key, 0) + 1
 
     def failure(self, dialect: str, kind: str) -> None:
-        self._child(self.failures, dialect, kind).inc()
+        key = (dialect, kind)
+        self.failures[key] = self.failures.get(key, 0) + 1
 
     def committed(
         self,
@@ -103,12 +79,42 @@ class GatewayMetrics:
         commit_s: float,
         overhead_s: float,
     ) -> None:
-        self.records.inc()
-        self.prompt_tokens.inc(prompt_tokens)
-        self.completion_tokens.inc(completion_tokens)
+        self.records += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
         self.upstream.observe(upstream_s)
         self.commit.observe(commit_s)
         self.overhead.observe(overhead_s)
+
+    def _counted(self) -> Iterator[Metric]:
+        yield counter(
+            "polar_gateway_calls",
+            "Generation calls answered, by dialect and HTTP status.",
+            {(d, str(status)): n for (d, status), n in list(self.calls.items())},
+            ("dialect", "status"),
+        )
+        yield counter(
+            "polar_gateway_refused",
+            "Generation calls refused before reaching an inference server, by reason (authentication, or "
+            "the error kind of a body that could not be read, parsed or placed).",
+            {tuple(k): n for k, n in list(self.refused.items())},
+            ("dialect", "reason"),
+        )
+        yield counter(
+            "polar_gateway_call_failures",
+            "Failure records stored, by dialect and error kind (streams that failed after their 200 included).",
+            {tuple(k): n for k, n in list(self.failures.items())},
+            ("dialect", "kind"),
+        )
+        yield counter("polar_gateway_records_committed", "Completion records committed.", {(): self.records})
+        yield counter(
+            "polar_gateway_prompt_tokens", "Prompt tokens of committed completions.", {(): self.prompt_tokens}
+        )
+        yield counter(
+            "polar_gateway_completion_tokens",
+            "Completion tokens of committed completions.",
+            {(): self.completion_tokens},
+        )
 
     def watch(self, proxy: Callable[[], Proxy | None]) -> None:
         """Read the live state of `proxy()` (None until the gateway's lifespan made it) at each scrape."""
