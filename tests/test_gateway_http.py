@@ -233,7 +233,9 @@ def test_control_plane_is_a_separate_listener_behind_the_token(
             for method in sorted(route.methods or ()) if method != "HEAD"
             for query in ("", "?policy_version=7")
         ]  # fmt: skip
-        assert {"/admin/backends", "/backends", "/admin/resume?policy_version=7"} <= {p for _, p in every}
+        assert {"/admin/backends", "/backends", "/metrics", "/admin/resume?policy_version=7"} <= {
+            p for _, p in every
+        }
         for method, path in every:
             for headers in ({}, bearer("wrong"), bearer(sid)):
                 r = httpx.request(method, f"{gw.control_url}{path}", headers=headers, json={})

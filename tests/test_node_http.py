@@ -132,7 +132,7 @@ async def test_node_routes_live_on_the_control_listener_behind_the_token(tmp_pat
             # The model API (what sandboxes reach) serves no node or session route, token or not.
             auth = {"authorization": "Bearer s3cret-s3cret-s3cret"}
             for method, path in [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/status"),
-                                 ("POST", "/sessions"), ("POST", "/admin/pause")]:  # fmt: skip
+                                 ("POST", "/sessions"), ("POST", "/admin/pause"), ("GET", "/metrics")]:  # fmt: skip
                 r = await data.request(method, path, headers=auth, json={})
                 assert r.status_code in (404, 405), (method, path, r.status_code)
             assert node.status().active == 0

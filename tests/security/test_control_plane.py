@@ -37,6 +37,7 @@ CONTROL_ROUTES = [
     ("POST", "/nodes/register"),
     ("POST", "/nodes/n1/heartbeat"),
     ("GET", "/nodes"),
+    ("GET", "/metrics"),
 ]
 
 

@@ -52,7 +52,8 @@ routes = [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/
           ("GET", "/sessions/" + other + "/completions"), ("GET", "/sessions/" + other + "/trajectory"),
           ("POST", "/admin/pause"), ("POST", "/admin/resume"), ("POST", "/admin/resume?policy_version=7"),
           ("GET", "/backends"), ("POST", "/admin/backends"), ("GET", "/sessions/" + other + "/failures"),
-          ("POST", "/rollout/task/submit"), ("POST", "/callbacks/session_result"), ("GET", "/events")]
+          ("POST", "/rollout/task/submit"), ("POST", "/callbacks/session_result"), ("GET", "/events"),
+          ("GET", "/metrics")]
 for method, path in routes:
     for who, headers in (("none", {}), ("session", {"authorization": "Bearer " + sid}),
                          ("token", {"authorization": "Bearer " + token})):

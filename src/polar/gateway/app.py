@@ -37,6 +37,7 @@ from polar.gateway.dialects.chat import ChatDialect
 from polar.gateway.dialects.gemini import GeminiDialect
 from polar.gateway.dialects.responses import ResponsesDialect
 from polar.gateway.errors import GatewayError
+from polar.gateway.metrics import GatewayMetrics
 from polar.gateway.proxy import Proxy, error_response, read_json
 from polar.gateway.routing import Classifiers
 from polar.gateway.sessions import SessionRegistry, sweep_idle
@@ -361,6 +362,7 @@ def control_app(state: Any, token: str, routes: list[Route], on_refused: Refusal
 def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) -> GatewayApp:
     """The gateway's two apps. `classifiers` builds a harness's side-call classifier for sessions that route
     side calls (`polar.gateway.routing`); without it such sessions are refused."""
+    metrics = GatewayMetrics()  # this gateway's own registry, served at the control listener's /metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -394,6 +396,7 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
                 max_body_bytes=config.max_body_bytes,
                 outbound=config.outbound,
                 body_timeout_s=config.body_timeout_s,
+                metrics=metrics,
             )
             every_s = min(60.0, config.session_idle_s / 2)
             sweeper = asyncio.create_task(sweep_idle(app.state.proxy.sessions, writer, every_s))
@@ -427,6 +430,8 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
     )
+    data.state.metrics_registry = metrics.registry
+    metrics.watch(lambda: getattr(data.state, "proxy", None))
     return GatewayApp(
         data=HotPath(data),
         control=control_app(data.state, config.control_token, control.routes),

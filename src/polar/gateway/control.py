@@ -1,4 +1,4 @@
-"""The control plane: sessions, their records and trajectories, and the weight-sync gate.
+"""The control plane: sessions, their records and trajectories, the weight-sync gate, and `/metrics`.
 
 Served on the gateway's control listener, never on the model API a session reaches; every route needs the
 control token (`polar.auth.RequireToken` wraps the app), which a harness's session key is not.
@@ -17,6 +17,7 @@ from starlette.routing import Route
 
 from polar.gateway.errors import GatewayError
 from polar.gateway.proxy import Proxy, read_json
+from polar.metrics import metrics_endpoint
 from polar.store.sqlite import SQLiteStore
 
 log = logging.getLogger("polar.gateway")
@@ -221,4 +222,5 @@ routes = [
     Route("/admin/resume", resume, methods=["POST"]),
     Route("/backends", backends, methods=["GET"]),
     Route("/admin/backends", set_backend, methods=["POST"]),
+    Route("/metrics", metrics_endpoint, methods=["GET"]),  # Prometheus (polar.gateway.metrics)
 ]

@@ -34,6 +34,7 @@ from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.gateway.dialects.base import Dialect, StreamEncoder, StreamFormat
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.keys import session_key
+from polar.gateway.metrics import AUTHENTICATION, GatewayMetrics
 from polar.gateway.quirks import apply_quirks
 from polar.gateway.routing import FLAG_ROUTED, SIDE_CALL, SideRoute, provisional_record
 from polar.gateway.sessions import SessionRegistry, SessionState
@@ -47,6 +48,7 @@ from polar.limits import (
     nesting_path,
     read_body,
 )
+from polar.metrics import BusyClock
 from polar.netguard import OutboundPolicy
 from polar.store.records import FLAG_NOT_TRAINABLE, CompletionRecord, FailureRecord
 from polar.store.writer import AsyncWriter
@@ -196,7 +198,7 @@ class Gate:
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self._open.set()
-        self._in_flight = 0
+        self.clock = BusyClock()  # calls in flight, and the seconds there was one (polar.gateway.metrics)
         self._idle = asyncio.Event()
         self._idle.set()
         # The weights the server generates with, as the trainer said when it resumed the gate; stamped on
@@ -209,16 +211,16 @@ class Gate:
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        return self.clock.in_flight
 
     async def enter(self) -> None:
         await self._open.wait()
-        self._in_flight += 1
+        self.clock.enter()
         self._idle.clear()
 
     def leave(self) -> None:
-        self._in_flight -= 1
-        if self._in_flight == 0:
+        self.clock.leave()
+        if self.clock.in_flight == 0:
             self._idle.set()
 
     async def pause(self, drain_timeout_s: float | None = None) -> bool:
@@ -247,8 +249,10 @@ class Proxy:
         max_body_bytes: int,
         outbound: OutboundPolicy | None = None,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.backend = backend
+        self.metrics = metrics if metrics is not None else GatewayMetrics()
         # Several servers: calls carry their session for affinity (`backends.pool`).
         self.pool = backend if isinstance(backend, BackendPool) else None
         self.served_model = served_model
@@ -347,11 +351,15 @@ class Proxy:
         try:
             state = self.authenticate(request)
         except GatewayError as err:
-            return error_response(dialect, err)
+            self.metrics.refusal(dialect.name, AUTHENTICATION)
+            refused = error_response(dialect, err)
+            self.metrics.answered(dialect.name, refused.status_code)
+            return refused
         call = Call(state, state.take_seq(), dialect, time.time(), time.perf_counter())
         response: Response | None = None
         try:
             response = await self._call_handling_errors(call, request, path_model, path_stream, stream_format)
+            self.metrics.answered(dialect.name, response.status_code)
             return response
         finally:
             # In flight until here, or for a stream until it ends: an idle session is never evicted mid-call.
@@ -368,6 +376,7 @@ class Proxy:
     ) -> Response:
         """A call's failure is recorded and answered in the caller's dialect (and stream grammar); its
         success is rendered in one of the dialect's three response shapes, or streamed as it is sampled."""
+        placed: Placed | None = None
         try:
             placed = await self._prepare(call, request, path_model, path_stream)
             assert call.req is not None
@@ -375,6 +384,8 @@ class Proxy:
                 return await self._call_streamed(call, placed, stream_format)
             comp = await self._call_single(call, placed)
         except GatewayError as err:
+            if placed is None:  # never reached an inference server: unreadable, unparseable, unplaceable
+                self.metrics.refusal(call.dialect.name, err.kind)
             await self._record_failure(call.state, call.seq, call.dialect, call.created, call.body, err)
             return failure_response(call, err, stream_format)
         return render(call.dialect, call.req, comp, self.codec)
@@ -527,6 +538,7 @@ class Proxy:
             record = replace(record, completion_id=cid, flags=flags, tags=tags)
         elif tags:
             record = replace(record, tags=tags)
+        t_commit = time.perf_counter()
         try:
             # Alone: no other generation in flight, so no commit to share (see AsyncWriter.write).
             await self.writer.write(lambda w: w.add_completion(record), alone=self.gate.in_flight == 0)
@@ -534,6 +546,10 @@ class Proxy:
             # Never hand out a response whose record did not land: the harness retries instead.
             log.exception("could not record session %s call %d", state.session_id, seq)
             raise GatewayError("overloaded", "the gateway could not record this call; retry") from None
+        commit_s = time.perf_counter() - t_commit
+        self.metrics.committed(
+            comp.prompt_tokens, comp.completion_tokens, upstream_ms / 1000.0, commit_s, overhead_ms / 1000.0
+        )
         state.counts["completions"] += 1
         state.tool_arguments.remember(comp.tool_calls)
 
@@ -605,6 +621,7 @@ class Proxy:
             request=request,
         )
         state.counts["failures"] += 1
+        self.metrics.failure(dialect.name, err.kind)
         try:
             await self.writer.write(lambda w: w.add_failure(failure))
             return

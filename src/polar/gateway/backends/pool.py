@@ -25,7 +25,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from polar.gateway.backends.base import Backend, BackendOptions
@@ -33,6 +33,7 @@ from polar.gateway.backends.http import UpstreamUnavailable
 from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.gateway.errors import GatewayError
+from polar.metrics import BusyClock
 
 log = logging.getLogger("polar.gateway")
 
@@ -49,7 +50,7 @@ class Server:
     index: int
     healthy: bool = True
     enabled: bool = True
-    outstanding: int = 0  # calls in flight now
+    clock: BusyClock = field(default_factory=BusyClock)  # calls in flight now, and busy seconds
     calls: int = 0  # calls sent, failed ones included
     failures: int = 0  # calls that failed for the server's fault
     sessions: int = 0  # sessions pinned here
@@ -58,6 +59,10 @@ class Server:
     @property
     def url(self) -> str:
         return self.backend.url
+
+    @property
+    def outstanding(self) -> int:
+        return self.clock.in_flight
 
     @property
     def usable(self) -> bool:
@@ -156,7 +161,7 @@ class BackendPool:
             self._fault(server, err)
             raise
         finally:
-            server.outstanding -= 1
+            server.clock.leave()
             await chunks.aclose()
 
     async def check_token_data(self, served_model: str) -> None:
@@ -192,7 +197,7 @@ class BackendPool:
     # -- placement -------------------------------------------------------------------------------------
     async def _on_server(self, session: str | None, fn: Callable[[Backend], Awaitable[T]]) -> T:
         server, result = await self._acquire(session, fn)
-        server.outstanding -= 1
+        server.clock.leave()
         return result
 
     async def _acquire(self, session: str | None, fn: Callable[[Backend], Awaitable[T]]) -> tuple[Server, T]:
@@ -205,21 +210,21 @@ class BackendPool:
             tried: set[Server] = set()
             while (server := self._choose(session, tried)) is not None:
                 tried.add(server)
-                server.outstanding += 1
+                server.clock.enter()
                 server.calls += 1
                 try:
                     return server, await fn(server.backend)
                 except UpstreamUnavailable as err:
-                    server.outstanding -= 1
+                    server.clock.leave()
                     server.failures += 1
                     self._down(server, err.message)
                     last = err
                 except GatewayError as err:
-                    server.outstanding -= 1
+                    server.clock.leave()
                     self._fault(server, err)
                     raise
                 except BaseException:
-                    server.outstanding -= 1
+                    server.clock.leave()
                     raise
         if last is None:
             raise GatewayError("upstream_error", "every inference server is out of rotation (disabled)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,15 @@ ERROR, TIMEOUT = SessionStatus.ERROR, SessionStatus.TIMEOUT
 _GRACE_S = 10.0  # past a runtime's own exec timeout before the node stops waiting for it
 
 
+# What `evaluate` tells its counter (polar_node_evaluations_total{outcome}): a verdict, a reward without
+# one (scored), or no verdict at all.
+EVAL_OUTCOMES = ("passed", "failed", "scored", "error", "timeout")
+
+
+def _uncounted(outcome: str) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class StageEnv:
     """What the stages need from the node."""
@@ -47,6 +57,7 @@ class StageEnv:
     runtime_root: Path | None
     post_run_timeout_s: float
     keep: Keep = "nothing"  # what of the agent's session directory survives teardown (logs, transcripts)
+    count_evaluation: Callable[[str], None] = _uncounted  # the node's metrics (`evaluate`)
 
 
 def _tail(text: str, n: int = 400) -> str:
@@ -333,39 +344,52 @@ async def build_trajectory(s: NodeSession, env: StageEnv) -> Trajectory:
     return trajectory.model_copy(update={"metadata": meta})
 
 
-async def evaluate(s: NodeSession, trajectory: Trajectory) -> EvalResult:
+async def evaluate(
+    s: NodeSession, trajectory: Trajectory, count: Callable[[str], None] = _uncounted
+) -> EvalResult:
     """The evaluator's verdict within the task's evaluator timeout (which includes waiting for its
-    fresh runtime, normally ready long before)."""
-    assert s.runtime is not None
+    fresh runtime, normally ready long before). `count` is told the outcome (`EVAL_OUTCOMES`; a cancelled
+    evaluation has none)."""
     s.enter(SessionStatus.EVALUATING)
     timeout = s.spec.task.evaluator.timeout_seconds
     try:
         async with asyncio.timeout(timeout):
-            fresh = None
-            if s.fresh is not None:
-                try:
-                    fresh = await asyncio.shield(s.fresh)
-                except SessionEnd as end:
-                    raise SessionEnd(ERROR, f"evaluator runtime: {end.reason}") from None
-                except Exception as exc:
-                    raise SessionEnd(ERROR, f"evaluator runtime failed: {_describe(exc)}") from exc
-            ctx = EvalContext(
-                task=s.spec.task,
-                session_id=s.session_id,
-                runtime=s.runtime,
-                fresh=fresh,
-                agent=s.agent,
-                trajectory=trajectory,
-                config=dict(s.spec.task.evaluator.config),
-            )
-            try:
-                return await s.evaluator.evaluate(ctx)
-            except (SessionEnd, TimeoutError):
-                raise
-            except Exception as exc:
-                raise SessionEnd(ERROR, f"evaluator failed: {_describe(exc)}") from exc
+            result = await _judge(s, trajectory)
     except TimeoutError:
+        count("timeout")
         raise SessionEnd(ERROR, f"evaluator timed out after {timeout:g} s") from None
+    except SessionEnd:
+        count("error")
+        raise
+    count("scored" if result.passed is None else "passed" if result.passed else "failed")
+    return result
+
+
+async def _judge(s: NodeSession, trajectory: Trajectory) -> EvalResult:
+    assert s.runtime is not None
+    fresh = None
+    if s.fresh is not None:
+        try:
+            fresh = await asyncio.shield(s.fresh)
+        except SessionEnd as end:
+            raise SessionEnd(ERROR, f"evaluator runtime: {end.reason}") from None
+        except Exception as exc:
+            raise SessionEnd(ERROR, f"evaluator runtime failed: {_describe(exc)}") from exc
+    ctx = EvalContext(
+        task=s.spec.task,
+        session_id=s.session_id,
+        runtime=s.runtime,
+        fresh=fresh,
+        agent=s.agent,
+        trajectory=trajectory,
+        config=dict(s.spec.task.evaluator.config),
+    )
+    try:
+        return await s.evaluator.evaluate(ctx)
+    except (SessionEnd, TimeoutError):
+        raise
+    except Exception as exc:
+        raise SessionEnd(ERROR, f"evaluator failed: {_describe(exc)}") from exc
 
 
 async def post_stage(s: NodeSession, env: StageEnv) -> Trajectory:
@@ -383,7 +407,8 @@ async def post_stage(s: NodeSession, env: StageEnv) -> Trajectory:
         raise SessionEnd(ERROR, f"harness post-run hook failed: {_describe(exc)}") from exc
     trajectory = await build_trajectory(s, env)
     s.trajectory = trajectory
-    result = await evaluate(s, trajectory) if s.outcome == SessionStatus.COMPLETED else None
+    completed = s.outcome == SessionStatus.COMPLETED
+    result = await evaluate(s, trajectory, env.count_evaluation) if completed else None
     if result is not None:
         s.metadata["evaluation"] = {"passed": result.passed, "details": result.details}
     return assign_rewards(trajectory, s.outcome.value, result, reason=s.reason)

@@ -36,6 +36,7 @@ from polar.rollout.node.lifecycle import (
     session_metadata,
     stop_runtime,
 )
+from polar.rollout.node.metrics import NodeMetrics
 from polar.rollout.node.pools import ReadyBuffer, StagePool
 from polar.rollout.node.reporter import Reporter
 from polar.rollout.node.session import NodeSession, SessionEnd
@@ -90,6 +91,7 @@ class Node:
             config.gateway.control_token, config.report_attempts, config.report_backoff_s
         )
         self.asgi = create_node_app(self)
+        self.metrics = NodeMetrics(self.asgi.gateway.state.metrics_registry, self)  # beside the gateway's
         gw = config.gateway
         self.data_server = EmbeddedServer(self.asgi.data, gw.host, gw.port)
         self.control_server = EmbeddedServer(
@@ -125,6 +127,7 @@ class Node:
             runtime_root=self.config.runtime_root,
             post_run_timeout_s=self.config.post_run_timeout_s,
             keep=self.config.keep,
+            count_evaluation=self.metrics.evaluated,
         )
         if self.config.server_url is not None:
             registration = NodeRegistration(
@@ -398,6 +401,7 @@ class Node:
         )
         s.status = s.outcome
         s.result = result
+        self.metrics.ended(s.outcome)
         self._results[s.session_id] = result
         self._sessions.pop(s.session_id, None)
         self._trim()

@@ -44,6 +44,8 @@ class Reporter:
         self._client = httpx.AsyncClient(timeout=timeout_s, headers=bearer(token))
         self._tasks: set[asyncio.Task[bool]] = set()
         self.delivered: dict[str, bool] = {}  # session id -> acknowledged (False: gave up)
+        self.reports = {"delivered": 0, "failed": 0}  # results acknowledged / given up on (metrics)
+        self.heartbeat_failures = 0  # heartbeats that reached no server (metrics)
 
     def report(self, server_url: str, result: SessionResult, result_token: str | None) -> asyncio.Task[bool]:
         """Deliver `result` in the background; the task's value says whether the server acknowledged."""
@@ -72,10 +74,12 @@ class Reporter:
         else:
             if r.is_success:
                 self.delivered[result.session_id] = True
+                self.reports["delivered"] += 1
                 return True
             last = f"HTTP {r.status_code}: {r.text[:200]}"
         log.warning("result of session %s not delivered to %s: %s", result.session_id, url, last)
         self.delivered[result.session_id] = False
+        self.reports["failed"] += 1
         return False
 
     async def register(self, server_url: str, registration: NodeRegistration) -> str:
@@ -152,6 +156,7 @@ class Reporter:
                 log.error("%s", exc)
                 return
             except httpx.HTTPError as exc:
+                self.heartbeat_failures += 1
                 log.warning("heartbeat to %s failed: %s", server_url, exc)
 
     async def aclose(self, timeout_s: float = 5.0) -> None:

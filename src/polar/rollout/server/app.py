@@ -8,6 +8,7 @@ Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} ->
             GET    /rollout/results          ?task=A&task=B&after=N&wait=S: long poll for finished sessions
             GET    /rollout/status           tasks by state, sessions by status, node capacity
             GET    /events                   SSE (?kinds=a,b to filter)
+Operators:  GET    /metrics                  Prometheus (docs/prometheus.md)
 Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result
             GET    /nodes
 Anyone:     GET    /health
@@ -34,9 +35,11 @@ from starlette.routing import Route
 
 from polar.auth import RequireToken
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
+from polar.metrics import metrics_endpoint
 from polar.rollout.protocol import RESULT_TOKEN_HEADER, NodeRegistration, NodeStatus, SessionResult
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.events import sse_stream
+from polar.rollout.server.metrics import server_registry
 from polar.rollout.server.scheduler import is_healthy
 from polar.rollout.server.security import client_of
 from polar.rollout.server.service import RolloutService
@@ -387,12 +390,14 @@ def create_app(config: ServerConfig) -> RequireToken:
         Route("/nodes/register", register_node, methods=["POST"]),
         Route("/nodes/{node_id}/heartbeat", heartbeat, methods=["POST"]),
         Route("/nodes", list_nodes, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),  # Prometheus (polar.rollout.server.metrics)
     ]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
     )
+    app.state.metrics_registry = server_registry(lambda: getattr(app.state, "service", None))
 
     def refused(scope: dict[str, Any], why: str) -> None:
         service: RolloutService | None = getattr(app.state, "service", None)

@@ -61,6 +61,8 @@ class CallbackDeliverer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
+        # Delivery attempts since start, by outcome: delivered, retried, failed (given up) (metrics).
+        self.attempts = {"delivered": 0, "retried": 0, "failed": 0}
 
     def start(self) -> None:
         self._client = guarded_session(
@@ -106,8 +108,10 @@ class CallbackDeliverer:
             attempts = cb.attempts + 1
             if error is None:
                 self.store.callback_attempt(cb.id, "delivered", None, time.time())
+                self.attempts["delivered"] += 1
             elif refused or attempts >= self.policy.attempts:
                 self.store.callback_attempt(cb.id, "failed", error, time.time())
+                self.attempts["failed"] += 1
                 log.warning("callback to %s gave up after %d attempts: %s", cb.url, attempts, error)
                 self.events.publish(
                     "callback_failed", task_id=cb.task_id, session_id=cb.session_id, url=cb.url, error=error
@@ -116,6 +120,7 @@ class CallbackDeliverer:
                 self.store.callback_attempt(
                     cb.id, "pending", error, time.time() + self.policy.delay(attempts)
                 )
+                self.attempts["retried"] += 1
         finally:
             self._busy.discard(cb.id)
             self._wake.set()

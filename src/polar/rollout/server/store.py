@@ -274,6 +274,14 @@ class ServerStore:
         )
         return [_session(r) for r in rows]
 
+    def queue_depth(self) -> int:
+        """How many sessions `queued` would give: waiting for a node."""
+        rows = self._all(
+            "SELECT COUNT(*) FROM sessions s JOIN tasks t ON t.task_id = s.task_id "
+            "WHERE s.status = 'REGISTERED' AND s.node_id IS NULL AND t.state = 'ACTIVE'"
+        )
+        return int(rows[0][0])
+
     def on_nodes(self) -> list[SessionRow]:
         """Open sessions that have a node (dispatched or being dispatched)."""
         marks = ", ".join("?" * len(OPEN))
@@ -494,6 +502,10 @@ class ServerStore:
                 "updated_at = ? WHERE id = ?",
                 (state, error, next_at, time.time(), cb_id),
             )
+
+    def callback_states(self) -> dict[str, int]:
+        """Trainer callbacks by state: pending, delivered, failed."""
+        return {state: n for state, n in self._all("SELECT state, COUNT(*) FROM callbacks GROUP BY state")}
 
     def callbacks(self, task_id: str) -> list[CallbackRow]:
         rows = self._all(
