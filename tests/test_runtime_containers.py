@@ -30,7 +30,7 @@ def test_docker_command_lines(tmp_path: Path) -> None:
     assert rt.start_argv() == [
         "docker", "run", "-d", "--init", "--name", rt.name, "--network", "none",
         "--label", f"polar.owner={owner_label()}", "--label", "polar.session=s/1",
-        "-v", f"{s}:{s}", "-v", "/opt/cli:/opt/cli:ro", "python:3.12-slim", "sleep", "infinity",
+        "-v", f"{s}:/polar", "-v", "/opt/cli:/opt/cli:ro", "python:3.12-slim", "sleep", "infinity",
     ]  # fmt: skip
     # network gateway: no network, and a listener on the container's loopback at the gateway's port
     assert rt.gateway_url == "http://127.0.0.1:9" and rt._gateway == ("127.0.0.1", 9)
@@ -79,7 +79,19 @@ def test_docker_network_none_and_absolute_workdir(tmp_path: Path) -> None:
     assert rt.gateway_url is None
     # str commands run in a login shell inside images (their profile sets PATH)
     assert rt._command("make test") == ["bash", "-lc", "make test"]
-    assert rt._env({"X": "1"}) == {"HOME": str(rt.home), "X": "1"}  # nothing from the host
+    assert rt._env({"X": "1"}) == {"HOME": "/polar/home", "X": "1"}  # nothing from the host
+
+
+def test_every_container_sees_its_session_at_the_same_place(tmp_path: Path) -> None:
+    """Two runtimes (two samples of a task) give their harness the same paths: what a CLI writes into its
+    prompt (its home, its cwd) is the same, so the group shares a prefix cache and a recording replays."""
+    one, two = (DockerRuntime(_spec(tmp_path, "docker"), sid) for sid in ("s1", "s2"))
+    assert one.session_dir != two.session_dir
+    for rt in (one, two):
+        assert rt.inside(rt.home) == "/polar/home" and rt.inside(rt.artifacts) == "/polar/artifacts"
+        assert rt.inside(rt.workdir) == "/polar/workspace" and rt._cwd("sub") == Path("/polar/workspace/sub")
+        assert rt.inside(Path("/opt/cli")) == "/opt/cli"  # not in the session directory: as it is
+        assert rt.wrapped(["id"], rt.control / "exec-0.pid")[5] == "/polar/.polar/exec-0.pid"
 
 
 def test_apptainer_command_lines(tmp_path: Path) -> None:
@@ -87,7 +99,7 @@ def test_apptainer_command_lines(tmp_path: Path) -> None:
     s = str(rt.session_dir)
     assert rt.start_argv() == [
         "/usr/bin/singularity", "instance", "start", "--containall", "--writable-tmpfs",
-        "--bind", f"{s}:{s}", "--net", "--network", "none", "python:3.12-slim", rt.name,
+        "--bind", f"{s}:/polar", "--net", "--network", "none", "python:3.12-slim", rt.name,
     ]  # fmt: skip
     argv = rt.exec_argv(["id"], Path("/w"), {"K": "secret"})
     assert argv == [

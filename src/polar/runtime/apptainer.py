@@ -1,7 +1,7 @@
 """Apptainer (or SingularityCE): one instance per runtime, commands through `exec instance://`.
 
 The instance is contained (`--containall`: own PID/IPC namespaces, no host home, clean environment) with
-a writable tmpfs over the image and the session directory bound at its host path. `network="none"` is
+a writable tmpfs over the image and the session directory bound at `/polar` (as docker's). `network="none"` is
 `--net --network none` (which needs root or a site configuration that allows it); `host` shares the host
 network, and `gateway` is refused as with docker (other addresses would not be fenced off). Variables travel as
 `APPTAINERENV_<NAME>` in the client's environment, which apptainer injects into the container.
@@ -13,7 +13,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
-from polar.runtime.container import ContainerRuntime
+from polar.runtime.container import INSIDE, ContainerRuntime
 from polar.runtime.local import _copy
 
 
@@ -24,7 +24,7 @@ class ApptainerRuntime(ContainerRuntime):
     def start_argv(self) -> list[str]:
         session = str(self.session_dir)
         argv = [self.binary, "instance", "start", "--containall", "--writable-tmpfs"]
-        argv += ["--bind", f"{session}:{session}"]
+        argv += ["--bind", f"{session}:{INSIDE}"]
         for path in self.spec.read_only_paths:
             argv += ["--bind", f"{path}:{path}:ro"]
         if self.spec.network == "none":
@@ -54,12 +54,13 @@ class ApptainerRuntime(ContainerRuntime):
         else:
             inner = 'mkdir -p "$(dirname "$1")" && cp -a "$0" "$1"'
         try:
-            await self.engine(self.exec_argv(["sh", "-c", inner, str(staging), str(dst)], Path("/"), {}))
+            argv = ["sh", "-c", inner, self.inside(staging), str(dst)]
+            await self.engine(self.exec_argv(argv, Path("/"), {}))
         finally:
             await asyncio.to_thread(_remove_path, staging)
 
     async def copy_out(self, src: Path, dst: Path) -> None:
-        await self.engine(self.exec_argv(["cp", "-a", str(src), str(dst)], Path("/"), {}))
+        await self.engine(self.exec_argv(["cp", "-a", str(src), self.inside(dst)], Path("/"), {}))
 
 
 def _remove_path(path: Path) -> None:

@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from polar.runtime.container import ContainerRuntime
+from polar.runtime.container import INSIDE, ContainerRuntime
 from polar.runtime.leftovers import owner_dead, owner_label
 
 log = logging.getLogger("polar.runtime")
@@ -40,7 +40,7 @@ class DockerRuntime(ContainerRuntime):
         # zombies count against --pids-limit). docker ships docker-init; podman needs catatonit.
         argv = [self.binary, "run", "-d", "--init", "--name", self.name, "--network", network]
         argv += ["--label", f"{OWNER_LABEL}={owner_label()}", "--label", f"{SESSION_LABEL}={self.session_id}"]
-        argv += ["-v", f"{session}:{session}"]
+        argv += ["-v", f"{session}:{INSIDE}"]
         for path in self.spec.read_only_paths:
             argv += ["-v", f"{path}:{path}:ro"]
         argv += self.limit_args()

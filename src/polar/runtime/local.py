@@ -137,6 +137,10 @@ class LocalRuntime:
         except OSError as exc:
             raise RuntimeFailure(f"cannot create session directory {self.session_dir}: {exc}") from exc
 
+    def inside(self, path: Path) -> str:
+        """`path` as commands in the runtime see it: the host's own (containers mount it elsewhere)."""
+        return str(path)
+
     async def _isolate(self) -> None:
         """Decide the namespaces (refusing a network it cannot confine); bwrap makes its own."""
         self._ns = await asyncio.to_thread(namespaces.for_network, self.spec.network)

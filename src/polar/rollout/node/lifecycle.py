@@ -168,17 +168,17 @@ async def stop_runtime(runtime: Runtime) -> None:
 
 def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:
     task = s.spec.task
-    home = getattr(runtime, "home", runtime.session_dir / "home")
-    artifacts = getattr(runtime, "artifacts", runtime.session_dir / "artifacts")
+    home = runtime.inside(getattr(runtime, "home", runtime.session_dir / "home"))
+    artifacts = runtime.inside(getattr(runtime, "artifacts", runtime.session_dir / "artifacts"))
     gateway = getattr(runtime, "gateway_url", None) or env.gateway_url
     return HarnessContext(
         session_id=s.session_id,
         gateway_url=str(gateway).rstrip("/"),
         model=task.agent.model or env.proxy.served_model,
         instruction=task.instruction,
-        home=str(home),
-        workdir=str(runtime.workdir),
-        artifacts=str(artifacts),
+        home=home,
+        workdir=runtime.inside(runtime.workdir),
+        artifacts=artifacts,
         settings=dict(task.agent.settings),
         env=dict(task.agent.env),
     )
