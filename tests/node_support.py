@@ -119,18 +119,24 @@ def alive(pid: int) -> bool:
 def pids_under(root: Path, *argv: str) -> list[int]:
     """Host pids of live processes whose cwd lies under `root` (a node's runtime root) and, given `argv`,
     that run exactly that. A session's `$$` and `$!` are its own PID namespace's, not the host's, so tests
-    find its processes from the host side."""
+    find its processes from the host side; a sandbox shows its session directory at another path
+    (bwrap: /tmp/polar-session), so directories are compared by device and inode."""
     want = b"".join(a.encode() + b"\0" for a in argv)
+    dirs = set()
+    for here, _, _ in os.walk(root):
+        with contextlib.suppress(OSError):
+            st = os.stat(here)
+            dirs.add((st.st_dev, st.st_ino))
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or not alive(int(proc.name)):
             continue
         try:
-            cwd = Path(os.readlink(proc / "cwd"))
+            cwd = os.stat(proc / "cwd")  # follows the link into the process's own mount namespace
             cmdline = (proc / "cmdline").read_bytes() if argv else b""
         except OSError:
             continue
-        if cwd.is_relative_to(root) and cmdline == want:
+        if (cwd.st_dev, cwd.st_ino) in dirs and cmdline == want:
             found.append(int(proc.name))
     return found
 

@@ -85,7 +85,9 @@ async def test_env_cwd_stdin_exit_codes(rt: BwrapRuntime) -> None:
         ["sh", "-c", 'echo "$A $HOME $PWD"; cat; exit 5'], env={"A": "a"}, cwd="sub", stdin=b"in"
     )
     assert r.exit_code == 5
-    assert r.stdout == f"a {rt.home} {rt.workdir / 'sub'}\nin"
+    # Every session's home and cwd are the same paths in the sandbox.
+    assert r.stdout == "a /tmp/polar-session/home /tmp/polar-session/workspace/sub\nin"
+    assert rt.runtime_path(rt.workdir / "sub") == "/tmp/polar-session/workspace/sub"
 
 
 async def test_timeout_kills_the_sandbox_including_setsid_daemons(rt: BwrapRuntime) -> None:
@@ -97,17 +99,19 @@ async def test_timeout_kills_the_sandbox_including_setsid_daemons(rt: BwrapRunti
 
 
 def _sleepers(rt: BwrapRuntime) -> list[int]:
-    """Host pids of `sleep 100` processes whose cwd is inside this runtime's session dir."""
+    """Host pids of `sleep 100` processes whose cwd is this runtime's workdir (compared by inode: inside the
+    sandbox the directory has another path)."""
     found = []
+    workdir = rt.workdir.stat()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             cmd = (proc / "cmdline").read_bytes()
-            cwd = (proc / "cwd").resolve()
+            cwd = (proc / "cwd").stat()
         except OSError:
             continue
-        if cmd == b"sleep\x00100\x00" and cwd.is_relative_to(rt.session_dir):
+        if cmd == b"sleep\x00100\x00" and (cwd.st_dev, cwd.st_ino) == (workdir.st_dev, workdir.st_ino):
             found.append(int(proc.name))
     return found
 

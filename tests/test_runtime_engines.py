@@ -69,7 +69,7 @@ async def test_env_cwd_stdin_and_exit_codes(rt: DockerRuntime, monkeypatch: pyte
     assert r.exit_code == 3
     first, cwd, rest = r.stdout.split("\n", 2)
     assert first == "from-spec|from-call|/polar/home|unset"  # the same in every container
-    assert cwd == "/polar/workspace" == rt.inside(rt.workdir) and rest == "from stdin"
+    assert cwd == "/polar/workspace" == rt.runtime_path(rt.workdir) and rest == "from stdin"
     assert (await rt.exec(["sh", "-c", "echo err >&2; exit 0"])).stderr == "err\n"
     # The session directory is shared with the host (at /polar inside).
     (rt.workdir / "from-host.txt").write_text("host")

@@ -54,13 +54,13 @@ class ApptainerRuntime(ContainerRuntime):
         else:
             inner = 'mkdir -p "$(dirname "$1")" && cp -a "$0" "$1"'
         try:
-            argv = ["sh", "-c", inner, self.inside(staging), str(dst)]
+            argv = ["sh", "-c", inner, self.runtime_path(staging), str(dst)]
             await self.engine(self.exec_argv(argv, Path("/"), {}))
         finally:
             await asyncio.to_thread(_remove_path, staging)
 
     async def copy_out(self, src: Path, dst: Path) -> None:
-        await self.engine(self.exec_argv(["cp", "-a", str(src), self.inside(dst)], Path("/"), {}))
+        await self.engine(self.exec_argv(["cp", "-a", str(src), self.runtime_path(dst)], Path("/"), {}))
 
 
 def _remove_path(path: Path) -> None:

@@ -51,7 +51,7 @@ class Runtime(Protocol):
 
     async def start(self) -> None: ...
 
-    def inside(self, path: Path) -> str:
+    def runtime_path(self, path: Path) -> str:
         """A host path in the session directory as the runtime's commands see it (a container mounts the
         session directory at one fixed place; local and bwrap see the host's path)."""
         ...

@@ -1,7 +1,8 @@
 """Bubblewrap: the local runtime's session directory, inside a sandbox.
 
 Each command runs as `bwrap ... -- ARGV` with the host mounted read-only, a private /tmp, the session
-directory writable at its host path (so host and sandbox agree on every path), its own PID namespace
+directory writable at `/tmp/polar-session` (the same path in every session, so what a CLI writes into its
+prompt does not differ between the samples of a task; `runtime_path()` maps host paths), its own PID namespace
 (killing bwrap kills everything in it, daemons included: the kernel tears a PID namespace down with its
 init; `--die-with-parent` makes the node's death, SIGKILL included, kill bwrap), no capabilities, and,
 unless `network="host"`, its own network namespace where only a private loopback exists.
@@ -24,6 +25,10 @@ from polar.runtime.base import RuntimeFailure, RuntimeSpec
 from polar.runtime.local import LocalRuntime, RuntimeOptions
 from polar.runtime.namespaces import FWD
 
+# Where the sandbox sees its session directory: under its private /tmp (the host's root is read-only, so no
+# new top-level directory can be made), the same for every session.
+SANDBOX_SESSION = Path("/tmp/polar-session")
+
 
 class BwrapRuntime(LocalRuntime):
     backend = "bwrap"
@@ -45,8 +50,18 @@ class BwrapRuntime(LocalRuntime):
             if not Path(path).is_absolute() or not Path(path).exists():
                 raise RuntimeFailure(f"read_only_paths: {path!r} is not an existing absolute path")
 
+    def runtime_path(self, path: Path) -> str:
+        path = Path(path)
+        if path.is_relative_to(self.session_dir):
+            return str(SANDBOX_SESSION / path.relative_to(self.session_dir))
+        return str(path)
+
+    def _env(self, env: dict[str, str] | None) -> dict[str, str]:
+        base = super()._env(None) | {"HOME": self.runtime_path(self.home)}
+        return base | self.spec.env | (env or {})
+
     def bwrap_argv(self, argv: list[str], cwd: Path) -> list[str]:
-        """The full bwrap command line for `argv` run in `cwd` (host path = sandbox path)."""
+        """The full bwrap command line for `argv` run in `cwd` (a host path, as the sandbox sees it)."""
         session = str(self.session_dir)
         cmd = [
             self.bwrap,
@@ -57,14 +72,15 @@ class BwrapRuntime(LocalRuntime):
         ]  # fmt: skip
         for path in _needed_under_tmp():  # before the session bind, which may lie inside one of them
             cmd += ["--ro-bind", path, path]
-        cmd += ["--bind", session, session]
+        cmd += ["--bind", session, str(SANDBOX_SESSION)]
         for path in self.spec.read_only_paths:
             cmd += ["--ro-bind", path, path]
         cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         if self.spec.network != "host":
             cmd.append("--unshare-net")
         # --cap-drop ALL: as root, bwrap keeps capabilities, which would allow remounting / read-write
-        cmd += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--chdir", str(cwd)]
+        chdir = self.runtime_path(cwd)
+        cmd += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--chdir", chdir]
         if self._bridge is not None and self._gateway is not None:
             sock = str(self._bridge.socket_path)
             cmd += ["--bind", str(self._bridge.socket_path.parent), str(self._bridge.socket_path.parent)]

@@ -4,7 +4,7 @@ the engine's client, and the session directory bind-mounted at `/polar` in every
 The mount point is the same for every session, so what a harness sees (its home, its working directory,
 the paths a CLI writes into its system prompt: Claude Code's memory folder, Codex's skills) is the same in
 every sample of a task: the policy server's prefix cache is shared across a GRPO group, and a recorded
-session replays (`polar replay`). `inside()` turns a host path in the session directory into its path in
+session replays (`polar replay`). `runtime_path()` turns a host path in the session directory into its path in
 the container.
 
 Killing the engine's client does not kill what it started inside the container, so every command is
@@ -91,7 +91,7 @@ class ContainerRuntime(LocalRuntime):
     async def copy_out(self, src: Path, dst: Path) -> None:
         """Copy `src` inside the container to `dst` in the shared session directory (not existing)."""
 
-    def inside(self, path: Path) -> str:
+    def runtime_path(self, path: Path) -> str:
         """`path` (a host path) as the container sees it: under `/polar` when in the session directory."""
         path = Path(path)
         if path.is_relative_to(self.session_dir):
@@ -99,7 +99,7 @@ class ContainerRuntime(LocalRuntime):
         return str(path)
 
     def wrapped(self, argv: list[str], pidfile: Path) -> list[str]:
-        return ["setsid", "-w", "sh", "-c", 'echo $$ > "$0" && exec "$@"', self.inside(pidfile), *argv]
+        return ["setsid", "-w", "sh", "-c", 'echo $$ > "$0" && exec "$@"', self.runtime_path(pidfile), *argv]
 
     # -- running the engine ------------------------------------------------------------------------
 
@@ -184,10 +184,10 @@ class ContainerRuntime(LocalRuntime):
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
         # No host variables: the image's own PATH and locale apply
-        return {"HOME": self.inside(self.home)} | self.spec.env | (env or {})
+        return {"HOME": self.runtime_path(self.home)} | self.spec.env | (env or {})
 
     def _cwd(self, cwd: str | None) -> Path:
-        return Path(self.inside(self.workdir if cwd is None else self.workdir / cwd))
+        return Path(self.runtime_path(self.workdir if cwd is None else self.workdir / cwd))
 
     def _command(self, argv: list[str] | str) -> list[str]:
         # A login shell here: images set PATH and friends in their profile (conda, nvm)

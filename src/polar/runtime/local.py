@@ -137,7 +137,7 @@ class LocalRuntime:
         except OSError as exc:
             raise RuntimeFailure(f"cannot create session directory {self.session_dir}: {exc}") from exc
 
-    def inside(self, path: Path) -> str:
+    def runtime_path(self, path: Path) -> str:
         """`path` as commands in the runtime see it: the host's own (containers mount it elsewhere)."""
         return str(path)
 

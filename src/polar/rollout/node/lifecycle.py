@@ -168,8 +168,8 @@ async def stop_runtime(runtime: Runtime) -> None:
 
 def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:
     task = s.spec.task
-    home = runtime.inside(getattr(runtime, "home", runtime.session_dir / "home"))
-    artifacts = runtime.inside(getattr(runtime, "artifacts", runtime.session_dir / "artifacts"))
+    home = runtime.runtime_path(getattr(runtime, "home", runtime.session_dir / "home"))
+    artifacts = runtime.runtime_path(getattr(runtime, "artifacts", runtime.session_dir / "artifacts"))
     gateway = getattr(runtime, "gateway_url", None) or env.gateway_url
     return HarnessContext(
         session_id=s.session_id,
@@ -177,7 +177,7 @@ def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:
         model=task.agent.model or env.proxy.served_model,
         instruction=task.instruction,
         home=home,
-        workdir=runtime.inside(runtime.workdir),
+        workdir=runtime.runtime_path(runtime.workdir),
         artifacts=artifacts,
         settings=dict(task.agent.settings),
         env=dict(task.agent.env),
