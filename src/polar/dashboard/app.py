@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -119,7 +120,10 @@ class Dashboard:
         return HTMLResponse(self.env.get_template(name).render(**base, **ctx), status_code=status)
 
     def _svc(self) -> Any:
-        return self.service()
+        svc = self.service()
+        if svc is None:  # `polar dashboard --train`: a training page, no rollout server behind it
+            raise HTTPException(404, "this dashboard shows a training run only; no rollout server here")
+        return svc
 
     # -- login --------------------------------------------------------------------------------------------
     async def login(self, request: Request) -> Response:
@@ -187,7 +191,7 @@ class Dashboard:
         }
 
     async def overview(self, request: Request) -> Response:
-        if self._svc() is None:
+        if self.service() is None:
             return RedirectResponse("/ui/training", 303)
         return self.render(request, "overview.html", **await self._overview_ctx(request))
 
@@ -294,10 +298,7 @@ class Dashboard:
 
     # -- live ---------------------------------------------------------------------------------------------
     async def events(self, request: Request) -> Response:
-        svc = self._svc()
-        if svc is None:
-            return HTMLResponse("no rollout server here", 404)
-        bus = svc.events
+        bus = self._svc().events
         sub = bus.subscribe()
 
         async def stream() -> AsyncIterator[bytes]:
@@ -347,4 +348,6 @@ def _ago(ts: float | None) -> str:
 
 
 def _num(v: float | None, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if isinstance(v, int) or (abs(v) >= 1000 and v == int(v)) else f"{v:.{digits}f}"

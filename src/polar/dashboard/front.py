@@ -24,6 +24,6 @@ class FrontDoor:
             await self.control(scope, receive, send)
 
 
-def dashboard_url(server_url: str, token: str) -> str:
+def dashboard_url(server_url: str, token: str, page: str = "") -> str:
     """The link to print: the token rides in the fragment, which the browser never sends anywhere."""
-    return f"{server_url.rstrip('/')}{PREFIX}/#token={token}"
+    return f"{server_url.rstrip('/')}{PREFIX}/{page}#token={token}"

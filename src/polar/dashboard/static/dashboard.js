@@ -15,6 +15,7 @@
       width: Math.max(320, el.clientWidth || 600),
       height: 220,
       scales: {x: {time: false}},
+      axes: [{}, {size: 64}],
       series: [{label: spec.xlabel || (points ? "sample" : "step")}].concat(names.map(function (name, i) {
         return {
           label: name,
