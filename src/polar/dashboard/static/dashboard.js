@@ -15,7 +15,8 @@
       width: Math.max(320, el.clientWidth || 600),
       height: 220,
       scales: {x: {time: false}},
-      axes: [{}, {size: 64}],
+      // Sample indices and steps are whole numbers: no tick between them.
+      axes: [{incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]}, {size: 64}],
       series: [{label: spec.xlabel || (points ? "sample" : "step")}].concat(names.map(function (name, i) {
         return {
           label: name,
