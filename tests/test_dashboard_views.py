@@ -106,4 +106,5 @@ def test_a_training_run_with_a_torn_last_line(tmp_path: Path) -> None:
     assert run.steps == [1, 2] and run.skipped == 1
     assert run.series["reward_mean"] == [0.25, 0.5] and run.series["pass_rate"] == [None, 0.5]
     assert [c["title"] for c in run.charts()] == ["reward", "pass rate", "policy version"]
-    assert training.read_run(tmp_path / "nope").error is not None
+    assert training.read_run(tmp_path / "nope" / "deeper").error is not None
+    assert training.read_run(tmp_path / "nope").steps == []  # no step yet: not an error

@@ -56,6 +56,10 @@ def read_run(out: Path) -> TrainingRun:
     run = TrainingRun(path)
     try:
         data = path.read_bytes()
+    except FileNotFoundError:
+        if not path.parent.is_dir():
+            run.error = f"{path.parent}: no such folder"
+        return run  # a run that has not finished its first step yet
     except OSError as exc:
         run.error = f"{path}: cannot read: {exc.strerror}"
         return run
