@@ -88,8 +88,12 @@ def test_every_container_sees_its_session_at_the_same_place(tmp_path: Path) -> N
     one, two = (DockerRuntime(_spec(tmp_path, "docker"), sid) for sid in ("s1", "s2"))
     assert one.session_dir != two.session_dir
     for rt in (one, two):
-        assert rt.runtime_path(rt.home) == "/polar/home" and rt.runtime_path(rt.artifacts) == "/polar/artifacts"
-        assert rt.runtime_path(rt.workdir) == "/polar/workspace" and rt._cwd("sub") == Path("/polar/workspace/sub")
+        assert (
+            rt.runtime_path(rt.home) == "/polar/home" and rt.runtime_path(rt.artifacts) == "/polar/artifacts"
+        )
+        assert rt.runtime_path(rt.workdir) == "/polar/workspace" and rt._cwd("sub") == Path(
+            "/polar/workspace/sub"
+        )
         assert rt.runtime_path(Path("/opt/cli")) == "/opt/cli"  # not in the session directory: as it is
         assert rt.wrapped(["id"], rt.control / "exec-0.pid")[5] == "/polar/.polar/exec-0.pid"
 

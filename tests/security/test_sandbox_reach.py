@@ -53,7 +53,9 @@ routes = [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/
           ("POST", "/admin/pause"), ("POST", "/admin/resume"), ("POST", "/admin/resume?policy_version=7"),
           ("GET", "/backends"), ("POST", "/admin/backends"), ("GET", "/sessions/" + other + "/failures"),
           ("POST", "/rollout/task/submit"), ("POST", "/callbacks/session_result"), ("GET", "/events"),
-          ("GET", "/metrics")]
+          ("GET", "/metrics"),
+          ("GET", "/ui/"), ("GET", "/ui/events"), ("POST", "/ui/login"), ("GET", "/ui/sessions/" + other),
+          ("POST", "/ui/tasks/victim/cancel")]  # the dashboard lives on the rollout server only
 for method, path in routes:
     for who, headers in (("none", {}), ("session", {"authorization": "Bearer " + sid}),
                          ("token", {"authorization": "Bearer " + token})):
@@ -116,7 +118,7 @@ async def test_a_sandbox_reaches_the_model_api_and_nothing_else(
                 host = httpx.URL(node.control_url)
                 targets = {
                     "node control listener": ["127.0.0.1", host.port],
-                    "rollout server": ["127.0.0.1", httpx.URL(server.url).port],
+                    "rollout server and its dashboard": ["127.0.0.1", httpx.URL(server.url).port],
                     "policy server": ["127.0.0.1", httpx.URL(policy_url).port],
                 }
                 task = {

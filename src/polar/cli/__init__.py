@@ -20,6 +20,11 @@ BUG_FRAMES = 8
 
 # name -> (module, attribute, one-line help). Keep alphabetical.
 _COMMANDS: dict[str, tuple[str, str, str]] = {
+    "dashboard": (
+        "polar.cli.dashboard",
+        "dashboard",
+        "Serve the dashboard's training curves for a `polar train` out folder.",
+    ),
     "demo": ("polar.cli.demo", "demo", "Run the quickstart: gateway + policy, driven by real SDK clients."),
     "gateway": (
         "polar.cli.gateway",

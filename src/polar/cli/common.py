@@ -425,3 +425,47 @@ def allow_plugins(modules: tuple[str, ...]) -> None:
         allow_modules(modules)
     except PluginError as exc:
         raise click.BadParameter(str(exc), param_hint="--plugin") from None
+
+
+def tokenizer_option(f: F) -> F:
+    return click.option(
+        "--tokenizer",
+        metavar="NAME_OR_DIR",
+        default=None,
+        help="The policy's tokenizer (a local directory or a Hugging Face name already in the cache; never "
+        "downloaded), so the dashboard's token view shows text. Without it, token ids.",
+    )(f)
+
+
+def train_dir_option(f: F) -> F:
+    return click.option(
+        "--train",
+        "train_dir",
+        metavar="OUT",
+        default=None,
+        type=click.Path(path_type=Path, exists=True),
+        help="A `polar train` out folder (or its metrics.jsonl): the dashboard's training page shows its "
+        "curves, following the run while it trains.",
+    )(f)
+
+
+def dashboard_options(tokenizer: str | None, train_dir: Path | None = None) -> Any:
+    """The dashboard's `DashboardOptions`; a tokenizer that cannot be loaded is a usage error now, not a
+    blank token view later."""
+    from polar.dashboard import DashboardOptions
+
+    decode = None
+    if tokenizer is not None:
+        from polar.dashboard.tokens import load_tokenizer
+
+        try:
+            decode = load_tokenizer(tokenizer)
+        except ImportError:
+            raise click.BadParameter(
+                "needs transformers: pip install 'polar[engine]'", param_hint="--tokenizer"
+            ) from None
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(
+                f"cannot load {tokenizer!r} offline: {one_line(exc)}", param_hint="--tokenizer"
+            ) from None
+    return DashboardOptions(train_dir=train_dir, tokenizer=tokenizer, decode=decode)

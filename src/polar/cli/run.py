@@ -27,10 +27,12 @@ from rich.table import Table
 from polar.cli.common import (
     BACKEND_HELP,
     allow_callback_option,
+    dashboard_options,
     expand_backends,
     logging_options,
     outbound_policy,
     setup_logging,
+    tokenizer_option,
 )
 
 STAGES = ("INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING")
@@ -106,6 +108,7 @@ async def _run(
     console: Console,
     allow_callback: tuple[str, ...] = (),
     upload_roots: tuple[Path, ...] = (),
+    dashboard: Any = None,
 ) -> None:
     from polar.client import RolloutClient
     from polar.rollout.local import local_stack
@@ -128,7 +131,9 @@ async def _run(
         stop_reason="polar run finished",
         allow_callback=allow_callback,
         upload_roots=upload_roots,
+        dashboard=dashboard,
     ) as stack:
+        click.echo(f"dashboard: {stack.dashboard_url}")
         node = stack.node
         with progress:
             done = progress.add_task("sessions finished", total=state.total, completed=len(state.results))
@@ -207,6 +212,7 @@ def run_taskfile(
     allow_callback: tuple[str, ...] = (),
     *,
     overwrite: bool = False,
+    dashboard: Any = None,
 ) -> list[Any]:
     """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
     import paths) before anything loads, resume or start the run in `state.out`, start the embedded engine
@@ -246,7 +252,7 @@ def run_taskfile(
                     roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
                     _serve_and_run(
                         tasks, plan, state, sink, backend_urls, backend_kind, model, policy, capacity,
-                        console, allow_callback, roots,
+                        console, allow_callback, roots, dashboard,
                     )  # fmt: skip
     except RunDirError as exc:
         raise click.ClickException(str(exc)) from None
@@ -266,6 +272,7 @@ def _serve_and_run(
     console: Console,
     allow_callback: tuple[str, ...],
     upload_roots: tuple[Path, ...],
+    dashboard: Any = None,
 ) -> None:
     with contextlib.ExitStack() as stack:
         if not backend_urls:
@@ -292,6 +299,7 @@ def _serve_and_run(
                 console,
                 allow_callback,
                 upload_roots,
+                dashboard,
             )
         )
 
@@ -314,6 +322,7 @@ def interrupted(state: RunState) -> NoReturn:
 @click.command("run")
 @click.argument("taskfile", type=click.Path(path_type=Path, dir_okay=False))
 @rollout_options("polar-run")
+@tokenizer_option
 def run(
     taskfile: Path,
     backend_urls: tuple[str, ...],
@@ -326,6 +335,7 @@ def run(
     allow_callback: tuple[str, ...],
     log_level: str,
     log_json: bool,
+    tokenizer: str | None,
 ) -> None:
     """Run every task in TASKFILE end to end on this machine and write the results.
 
@@ -336,17 +346,23 @@ def run(
     sessions are kept, unfinished ones run, and results.jsonl gets only the results it lacks. --overwrite
     starts over instead. Ctrl-C cancels what runs, keeps what finished, and exits with status 130.
 
+    While it runs, the dashboard is at the printed `dashboard:` URL (it carries this run's token in the
+    part after `#`, which the browser never sends; see docs/dashboard.md): sessions live, their
+    conversations, records and token view, and a cancel button.
+
     \b
-    Example (offline, built-in agent, embedded engine):
+    Examples (offline, built-in agent, embedded engine):
       polar run examples/tasks.yaml --out polar-run
+      polar run examples/tasks.yaml --tokenizer Qwen/Qwen3-0.6B   # the token view shows text, not ids
     """
     setup_logging(log_level, json=log_json)
+    dashboard = dashboard_options(tokenizer)
     console = _console()
     state = RunState(out)
     try:
         results = run_taskfile(
             taskfile, backend_urls, backend_kind, model, policy, state, capacity, console, allow_callback,
-            overwrite=overwrite,
+            overwrite=overwrite, dashboard=dashboard,
         )  # fmt: skip
     except KeyboardInterrupt:
         interrupted(state)

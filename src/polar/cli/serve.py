@@ -10,6 +10,7 @@ import click
 from polar.cli.common import (
     allow_callback_option,
     allow_plugins,
+    dashboard_options,
     host_port_options,
     log_level_option,
     outbound_policy,
@@ -18,6 +19,8 @@ from polar.cli.common import (
     serve_until_stopped,
     setup_logging,
     token_file_option,
+    tokenizer_option,
+    train_dir_option,
 )
 
 
@@ -58,6 +61,8 @@ from polar.cli.common import (
 @plugin_option
 @allow_callback_option
 @token_file_option
+@tokenizer_option
+@train_dir_option
 @log_level_option
 def serve(
     host: str,
@@ -70,6 +75,8 @@ def serve(
     plugins: tuple[str, ...],
     allow_callback: tuple[str, ...],
     token_file: Path | None,
+    tokenizer: str | None,
+    train_dir: Path | None,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -82,18 +89,25 @@ def serve(
     token (Authorization: Bearer): POLAR_TOKEN, --token-file, or ~/.config/polar/token, which is written on
     first start when none is set; nodes and `polar submit` on this machine then find it.
 
+    The dashboard is served under /ui (same listener, same token): the printed `dashboard:` URL logs a
+    browser in once (see docs/dashboard.md). Bind --host to an address only operators reach: the control
+    routes are there too.
+
     \b
-    Example:
+    Examples:
       polar serve --port 8300 --db runs/server.db
       polar node --server http://127.0.0.1:8300 --backend http://127.0.0.1:8000
       polar submit examples/tasks.yaml --wait
+      polar serve --train polar-train --tokenizer ./my-policy   # + training curves, token text
     """
+    from polar.dashboard import dashboard_url
     from polar.rollout.server import ServerConfig, create_app
     from polar.rollout.server.callbacks import RetryPolicy
     from polar.serving import EmbeddedServer
 
     setup_logging(log_level, json=log_json)
     allow_plugins(plugins)
+    dashboard = dashboard_options(tokenizer, train_dir)
     if public_url is not None and not public_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"must be an http(s) URL, not {public_url!r}", param_hint="--public-url")
     for name, value in (
@@ -117,12 +131,18 @@ def serve(
     )
     # An open `GET /events` stream would otherwise hold uvicorn's graceful shutdown forever.
     server = EmbeddedServer(
-        create_app(config), host, port, log_level=log_level, log_config=None, timeout_graceful_shutdown=3
+        create_app(config, dashboard),
+        host,
+        port,
+        log_level=log_level,
+        log_config=None,
+        timeout_graceful_shutdown=3,
     )
 
     def started() -> None:
         log = logging.getLogger("polar")
         log.info("rollout server at %s (bearer token required); state: %s", server.url, db_path.resolve())
+        click.echo(f"dashboard: {dashboard_url(server.url, config.token)}", err=True)
 
     # The port is bound before the server opens its database; a port in use, a database that cannot be
     # opened: one line, exit status 2.

@@ -41,6 +41,13 @@ class LocalStack:
         return str(self.node.url)
 
     @property
+    def dashboard_url(self) -> str:
+        """The dashboard, with this run's token in the URL fragment (`polar.dashboard.auth`)."""
+        from polar.dashboard import dashboard_url
+
+        return dashboard_url(self.server_url, self.token)
+
+    @property
     def control_url(self) -> str:
         """The node's control listener: its gateway's sessions, records and pause/resume (token required)."""
         return str(self.node.control_url)
@@ -57,11 +64,13 @@ async def local_stack(
     stop_reason: str = "the local run finished",
     allow_callback: tuple[str, ...] = (),
     upload_roots: Sequence[Path] = (),
+    dashboard: Any = None,
 ) -> AsyncIterator[LocalStack]:
     """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)
     whose gateway sends calls to `backend_url` (several URLs: spread over those servers).
     `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs; the node reads
-    upload sources only inside `upload_roots` (the task files' directories).
+    upload sources only inside `upload_roots` (the task files' directories). `dashboard`: the dashboard's
+    `DashboardOptions` (tokenizer, training folder), served by the server under /ui.
 
     `out` is held by this process meanwhile (`rundir.locked`). State an earlier run left there is resumed:
     finished sessions stay, sessions it left on its node are requeued (`requeue_orphans`)."""
@@ -76,7 +85,9 @@ async def local_stack(
         token = new_token()
         outbound = OutboundPolicy(allow=allow_callback)
         server_config = ServerConfig(db_path=out / "server.db", token=token, outbound=outbound)
-        server = ServerThread(create_server(server_config)).start()
+        # An open dashboard tab holds an event stream: it must not hold the run's end.
+        app = create_server(server_config, dashboard)
+        server = ServerThread(app, timeout_graceful_shutdown=2).start()
         try:
             node = _node(
                 out, backend_url, backend_kind, model, capacity, server.url, token, outbound, upload_roots

@@ -293,6 +293,7 @@ def train(
     `console` gets the progress bar and one line per step (None: metrics go to the JSONL file only);
     `upload_roots` are the directories the tasks' uploads may read (`polar.train.config.upload_roots`).
     """
+    from polar.dashboard import DashboardOptions
     from polar.rollout.local import embedded_engine, local_stack
     from polar.train.sync import EngineSync, VLLMSync
     from polar.train.trainer import OptimizerConfig, TrainerConfig
@@ -355,7 +356,10 @@ def train(
                 config.capacity,
                 stop_reason="training ended",
                 upload_roots=upload_roots,
+                dashboard=DashboardOptions(train_dir=out),
             ) as stack:
+                if console is not None:  # rollouts live, and this run's curves on the training page
+                    console.print(f"dashboard: {stack.dashboard_url}", soft_wrap=True, highlight=False)
                 gate = GatewayGate(
                     stack.control_url, control_token=stack.token, timeout_s=config.drain_timeout_s
                 )

@@ -9,6 +9,7 @@ Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} ->
             GET    /rollout/status           tasks by state, sessions by status, node capacity
             GET    /events                   SSE (?kinds=a,b to filter)
 Operators:  GET    /metrics                  Prometheus (docs/prometheus.md)
+Browsers:   GET    /ui/...                   the dashboard (`polar.dashboard`: its own login, same token)
 Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result
             GET    /nodes
 Anyone:     GET    /health
@@ -34,6 +35,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar.auth import RequireToken
+from polar.dashboard import Dashboard, DashboardOptions, FrontDoor
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
 from polar.metrics import metrics_endpoint
 from polar.rollout.protocol import RESULT_TOKEN_HEADER, NodeRegistration, NodeStatus, SessionResult
@@ -366,7 +368,9 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     return _error(HTTPError(500, "internal server error", type_="server_error"))
 
 
-def create_app(config: ServerConfig) -> RequireToken:
+def create_app(config: ServerConfig, dashboard: DashboardOptions | None = None) -> FrontDoor:
+    """The server's ASGI app: control routes behind the token, and the dashboard under /ui."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         service = RolloutService(config)
@@ -376,6 +380,7 @@ def create_app(config: ServerConfig) -> RequireToken:
         try:
             yield
         finally:
+            await ui.aclose()
             await service.aclose()
 
     routes = [
@@ -405,4 +410,10 @@ def create_app(config: ServerConfig) -> RequireToken:
             service.security.refused_auth(client_of(scope), scope["method"], scope["path"], why)
             log.warning("refused %s %s from %s: %s", scope["method"], scope["path"], client_of(scope), why)
 
-    return RequireToken(app, config.token, on_refused=refused)
+    ui = Dashboard(
+        config.token,
+        dashboard or DashboardOptions(),
+        lambda: getattr(app.state, "service", None),
+        on_refused=refused,
+    )
+    return FrontDoor(ui, RequireToken(app, config.token, on_refused=refused))

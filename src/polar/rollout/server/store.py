@@ -196,6 +196,12 @@ class ServerStore:
         with self._lock:
             return list(self._conn.execute(sql, tuple(args)).fetchall())
 
+    def read(self, sql: str, args: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        """A read-only query for views over the state (the dashboard's, `polar.dashboard.queries`)."""
+        if not sql.lstrip().upper().startswith("SELECT"):
+            raise ValueError("read() runs SELECT statements only")
+        return self._all(sql, args)
+
     # -- tasks ------------------------------------------------------------------------------------------
     def add_tasks(self, tasks: list[tuple[Task, list[str]]]) -> None:
         """Insert tasks and their sessions atomically; raises KeyError naming a task id already known."""

@@ -1,0 +1,86 @@
+"""The training page's data: `OUT/metrics.jsonl` of a `polar train` run, as one series per key.
+
+The file is read whole on each request (one line per optimizer step: small), so the curves follow a run
+that is still training. A line that is not JSON (a run killed mid-write) is skipped and counted; keys are
+those of `polar.train.metrics.METRICS` (docs/reference/metrics.md), and unknown ones are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+# The charts, in page order: (title, keys on one chart).
+CHARTS: list[tuple[str, tuple[str, ...]]] = [
+    ("reward", ("reward_mean", "reward_std")),
+    ("pass rate", ("pass_rate",)),
+    ("staleness drops", ("dropped_stale_groups", "zero_variance_groups")),
+    ("tokens per step", ("tokens", "trainable_tokens")),
+    ("policy version", ("policy_version",)),
+    ("loss and KL", ("loss", "kl")),
+]
+
+
+@dataclass
+class TrainingRun:
+    path: Path
+    steps: list[int] = field(default_factory=list)
+    series: dict[str, list[float | None]] = field(default_factory=dict)
+    skipped: int = 0
+    error: str | None = None
+
+    def charts(self) -> list[dict[str, Any]]:
+        """uPlot-ready data for each chart that has at least one of its keys."""
+        out = []
+        for title, keys in CHARTS:
+            present = [k for k in keys if k in self.series]
+            if present:
+                out.append({"title": title, "x": self.steps, "series": {k: self.series[k] for k in present}})
+        return out
+
+    @property
+    def last(self) -> dict[str, float | None]:
+        return {k: v[-1] for k, v in self.series.items() if v}
+
+
+def metrics_file(out: Path) -> Path:
+    """An out folder or the file itself."""
+    return out / "metrics.jsonl" if out.is_dir() else out
+
+
+def read_run(out: Path) -> TrainingRun:
+    path = metrics_file(out)
+    run = TrainingRun(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if not path.parent.is_dir():
+            run.error = f"{path.parent}: no such folder"
+        return run  # a run that has not finished its first step yet
+    except OSError as exc:
+        run.error = f"{path}: cannot read: {exc.strerror}"
+        return run
+    rows: list[dict[str, Any]] = []
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            run.skipped += 1
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        else:
+            run.skipped += 1
+    keys = sorted({k for r in rows for k, v in r.items() if k != "step" and _number(v)})
+    run.steps = [r["step"] for r in rows]
+    run.series = {k: [r[k] if _number(r.get(k)) else None for r in rows] for k in keys}
+    return run
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
