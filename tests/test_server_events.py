@@ -36,11 +36,15 @@ async def test_events_stream_task_lifecycle(tmp_path: Path) -> None:
                 assert stream.headers["content-type"].startswith("text/event-stream")
                 await asyncio.to_thread(node.register, sync_http, srv.url)
                 await http.post("/rollout/task/submit", json=task("t1", num_samples=1))
-                (sid,) = [s["session_id"] for s in (await http.get("/rollout/task/t1")).json()["sessions"]]
+                lines = stream.aiter_lines()
+                # The node reports only once it was given the session (reported earlier, the result would
+                # land before the dispatch is published: seen in CI).
+                events = await _read_events(lines, until="session_dispatched")
+                sid = events[-1][1]["session_id"]
                 body = {"session_id": sid, "task_id": "t1", "status": "COMPLETED", "reward": 0.5}
                 r = await asyncio.to_thread(node.report, sync_http, srv.url, body)
                 assert r.status_code == 200, r.text
-                events = await _read_events(stream.aiter_lines(), until="task_done")
+                events += await _read_events(lines, until="task_done")
             kinds = [k for k, _ in events]
             assert kinds == ["task_submitted", "session_dispatched", "session_result", "task_done"]
             assert events[2][1]["session_id"] == sid and events[2][1]["reward"] == 0.5
