@@ -8,6 +8,7 @@ and `--set` overrides (docs/reference/train-config.md lists every field).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -130,6 +131,14 @@ def train(
     setup_logging(log_level, json=log_json)
     console = _console()
     run_dir = Path(cfg.out)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) > 0:
+        # A torchrun rank but the first: rank 0 owns the out folder, the rollouts and the sync; this one
+        # steps on its share of each batch (polar.train.distributed), from the checkpoint rank 0 resumes.
+        saved = checkpoints(run_dir) if resume_latest else []
+        if saved:
+            cfg = cfg.model_copy(update={"resume": str(saved[-1])})
+        run_training(cfg, tasks, None, upload_roots(cfg, config))
+        return
     try:
         with locked(run_dir):
             cfg, start = _start(cfg, run_dir, resume_latest=resume_latest, overwrite=overwrite)

@@ -295,8 +295,31 @@ def train(
     """
     from polar.dashboard import DashboardOptions
     from polar.rollout.local import embedded_engine, local_stack
+    from polar.train import distributed
     from polar.train.sync import EngineSync, VLLMSync
     from polar.train.trainer import OptimizerConfig, TrainerConfig
+
+    opt = config.optimizer
+    trainer_config = TrainerConfig(
+        model=config.resume or config.model,
+        loss=config.loss_config(),
+        optimizer=OptimizerConfig(opt.lr, opt.weight_decay, opt.betas, opt.eps, opt.grad_clip),
+        micro_batch_tokens=config.micro_batch_tokens,
+        grad_accum=config.grad_accum,
+        gradient_checkpointing=config.gradient_checkpointing,
+        dtype=config.dtype,
+        device=config.device,
+        temperature=config.temperature,
+        seed=config.seed,
+    )
+    # Under torchrun every rank trains on its shard of each batch; rank 0 alone runs the rest.
+    world = distributed.from_env()
+    if world is not None and not world.leader:
+        worker = Trainer.load(trainer_config, world)
+        if config.resume is not None:
+            worker.restore(Path(config.resume))
+        worker.serve()
+        return []
 
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -312,23 +335,10 @@ def train(
         run_config=config.model_dump(mode="json"),
     )
 
+    trainer: Trainer | None = None
     try:
-        opt = config.optimizer
         # Sinks first: a missing tensorboard/wandb fails before minutes of model loading.
-        trainer = Trainer.load(
-            TrainerConfig(
-                model=config.resume or config.model,
-                loss=config.loss_config(),
-                optimizer=OptimizerConfig(opt.lr, opt.weight_decay, opt.betas, opt.eps, opt.grad_clip),
-                micro_batch_tokens=config.micro_batch_tokens,
-                grad_accum=config.grad_accum,
-                gradient_checkpointing=config.gradient_checkpointing,
-                dtype=config.dtype,
-                device=config.device,
-                temperature=config.temperature,
-                seed=config.seed,
-            )
-        )
+        trainer = Trainer.load(trainer_config, world)
         if config.resume is not None:
             trainer.restore(Path(config.resume))
         loop_config = LoopConfig(
@@ -387,6 +397,8 @@ def train(
         )
         return asyncio.run(go(config.backend, config.served_model, sync))
     finally:
+        if trainer is not None:
+            trainer.close()  # the other ranks' serve() returns
         metrics.close()
 
 

@@ -149,19 +149,20 @@ def response_logits(model: Any, batch: PackedBatch, by_positions: bool | None = 
     the traces from the restarting position ids instead of passing a 4D mask; transformers 5 does this for
     SDPA / eager too (`find_packed_sequence_indices`), which is how the path is tested without a GPU.
     """
-    device = next(model.parameters()).device
+    base = getattr(model, "module", model)  # a DistributedDataParallel wraps the model: forward through it
+    device = next(base.parameters()).device
     width = batch.input_ids.shape[1]
     rows = torch.cat([torch.full((p.response_len,), p.row) for p in batch.placements])
     cols = torch.cat([torch.arange(p.response_len) + p.start + p.prompt_len - 1 for p in batch.placements])
     args: dict[str, Any] = {"use_cache": False}  # with a cache, transformers also stops reading packing
-    if _is_flash(model) if by_positions is None else by_positions:
+    if _is_flash(base) if by_positions is None else by_positions:
         args["input_ids"] = batch.input_ids.reshape(1, -1).to(device)
         args["position_ids"] = batch.position_ids.reshape(1, -1).to(device)
         cols, rows = rows * width + cols, torch.zeros_like(rows)
     else:
         args["input_ids"] = batch.input_ids.to(device)
         args["position_ids"] = batch.position_ids.to(device)
-        args["attention_mask"] = block_causal_mask(batch.sequence_ids.to(device), model.dtype)
+        args["attention_mask"] = block_causal_mask(batch.sequence_ids.to(device), base.dtype)
     keep = cols.unique()  # sorted; one set of columns for every row
     logits = model(**args, logits_to_keep=keep.to(device)).logits  # (rows, len(keep), vocab)
     return logits[rows.to(device), torch.searchsorted(keep, cols).to(device)]

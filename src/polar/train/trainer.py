@@ -14,6 +14,7 @@ so the PPO ratio starts at 1 and truncated importance sampling corrects for the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from polar.train import distributed
 from polar.train.advantages import Estimator, GroupStats, trajectory_advantages
 from polar.train.loss import LossConfig, LossMetrics, policy_loss
 from polar.train.packing import pack, response_logprobs
@@ -150,8 +152,11 @@ def model_source(model: str | None) -> str:
 
 
 class Trainer:
-    def __init__(self, model: Any, tokenizer: Any, config: TrainerConfig) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, config: TrainerConfig, world: distributed.World | None = None
+    ) -> None:
         self.config = config
+        self.world = world  # data-parallel under torchrun (polar.train.distributed); None: one process
         self.device = _resolve_device(config.device)
         self.autocast = _autocast_dtype(config.dtype, self.device)
         self.model = model.to(self.device)
@@ -182,9 +187,15 @@ class Trainer:
         self.step_count = 0
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
+        # What forward passes go through: the policy itself, or its DDP wrapper (which broadcasts rank 0's
+        # weights now, so every rank starts from the same ones).
+        self.forward_model: Any = self.model
+        if world is not None:
+            ids = [self.device.index or 0] if self.device.type == "cuda" else None
+            self.forward_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
 
     @classmethod
-    def load(cls, config: TrainerConfig) -> Trainer:
+    def load(cls, config: TrainerConfig, world: distributed.World | None = None) -> Trainer:
         """Load the policy in float32 (master weights; autocast supplies bf16 compute) and its tokenizer."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -194,7 +205,7 @@ class Trainer:
         source = model_source(config.model)
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-        return cls(model, tokenizer, config)
+        return cls(model, tokenizer, config, world)
 
     # -- one optimizer step ---------------------------------------------------------------------------
     def _autocast(self) -> Any:
@@ -202,17 +213,46 @@ class Trainer:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.autocast)
 
+    def _denominator(self, samples: Sequence[Sample]) -> float:
+        if self.config.loss.aggregation == "token_mean":
+            return float(max(sum(sum(s.mask) for s in samples), 1))
+        return float(sum(s.weight for s in samples)) or 1.0
+
     def step(self, samples: Sequence[Sample]) -> StepResult:
-        """Accumulate the batch's gradient over micro-batches, clip, and take one AdamW step."""
+        """Accumulate the batch's gradient over micro-batches, clip, and take one AdamW step. Data-parallel
+        (rank 0): the batch is split over the ranks, which step on their shards together (`serve`)."""
+        if self.world is None:
+            return self._step(samples, self._denominator(samples))
+        plan = distributed.shard([s.length for s in samples], self.world.size)
+        shards = [[samples[i] for i in idx] for idx in plan]
+        distributed.broadcast(("step", shards, self._denominator(samples)))
+        return self._step(shards[0], self._denominator(samples))
+
+    def serve(self) -> None:
+        """A rank other than 0: take part in every step rank 0 starts, until it says stop (`close`)."""
+        assert self.world is not None and not self.world.leader
+        while True:
+            message = distributed.broadcast()
+            if message[0] != "step":
+                return
+            _, shards, denominator = message
+            self._step(shards[self.world.rank], denominator)
+
+    def close(self) -> None:
+        """Rank 0: let the other ranks' `serve` return."""
+        if self.world is not None and self.world.leader:
+            distributed.broadcast(("stop",))
+
+    def _step(self, samples: Sequence[Sample], denominator: float) -> StepResult:
         started = time.perf_counter()
         cfg = self.config
+        world = self.world.size if self.world is not None else 1
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         trainable = sum(sum(s.mask) for s in samples)
-        if cfg.loss.aggregation == "token_mean":
-            denominator = float(max(trainable, 1))
-        else:
-            denominator = float(sum(s.weight for s in samples)) or 1.0
+        dummy = not samples and self.world is not None
+        if dummy:  # a rank with no trace still joins the gradient all-reduce: one masked token, no gradient
+            samples = [Sample([self.pad_id], [self.pad_id], [0], [0.0], 0.0, 0.0)]
         groups = micro_batches([s.length for s in samples], cfg.micro_batch_tokens, cfg.grad_accum)
 
         total_loss = 0.0
@@ -225,7 +265,7 @@ class Trainer:
         }
         diff_sum = 0.0
         tokens = 0
-        for idx in groups:
+        for n, idx in enumerate(groups):
             part = [samples[i] for i in idx]
             width = max(cfg.micro_batch_tokens, max(s.length for s in part))
             batch = pack([(s.prompt_ids, s.response_ids) for s in part], width, self.pad_id)
@@ -233,31 +273,37 @@ class Trainer:
             behaviour = batch.flat([list(s.behaviour_logprobs) for s in part], torch.float32).to(self.device)
             advantages = batch.flat([s.advantage for s in part], torch.float32).to(self.device)
             weights = torch.tensor([s.weight for s in part], dtype=torch.float32, device=self.device)
-            with self._autocast():
-                logprobs = response_logprobs(self.model, batch, cfg.temperature)
-                ref = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref = response_logprobs(self.reference, batch, cfg.temperature)
-            loss, m = policy_loss(
-                logprobs,
-                behaviour,
-                advantages,
-                mask,
-                cfg.loss,
-                old_logprobs=logprobs.detach(),
-                ref_logprobs=ref,
-                seq_index=batch.seq_index.to(self.device),
-                seq_weights=weights,
-                denominator=denominator,
-            )
-            loss.backward()
+            # DDP all-reduces with the last micro-batch's backward only (the others accumulate locally).
+            last = n == len(groups) - 1
+            sync = contextlib.nullcontext() if last or self.world is None else self.forward_model.no_sync()
+            with sync:
+                with self._autocast():
+                    logprobs = response_logprobs(self.forward_model, batch, cfg.temperature)
+                    ref = None
+                    if self.reference is not None:
+                        with torch.no_grad():
+                            ref = response_logprobs(self.reference, batch, cfg.temperature)
+                loss, m = policy_loss(
+                    logprobs,
+                    behaviour,
+                    advantages,
+                    mask,
+                    cfg.loss,
+                    old_logprobs=logprobs.detach(),
+                    ref_logprobs=ref,
+                    seq_index=batch.seq_index.to(self.device),
+                    seq_weights=weights,
+                    denominator=denominator,
+                )
+                # DDP averages gradients over the ranks; scaled by their number, the average is the sum of
+                # the shards' gradients, each already normalized by the whole batch's denominator.
+                (loss * world).backward()
             total_loss += float(loss.detach())
             for k in sums:
                 sums[k] += getattr(m, k) * m.tokens
             keep = mask.bool()
             diff_sum += float((logprobs.detach() - behaviour).abs()[keep].sum())
-            tokens += sum(s.length for s in part)
+            tokens += 0 if dummy else sum(s.length for s in part)
 
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = 0.0
@@ -269,16 +315,26 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         self.step_count += 1
-        n = max(trainable, 1)
-        metrics = LossMetrics(**{k: v / n for k, v in sums.items()}, tokens=trainable)
+        traces, micro = (0 if dummy else len(samples)), len(groups)
+        if self.world is not None:  # the whole batch's figures, on every rank
+            keys = list(sums)
+            totals = distributed.sum_all(
+                [total_loss, diff_sum, tokens, trainable, traces, micro, *(sums[k] for k in keys)],
+                self.device,
+            )
+            total_loss, diff_sum, tokens_f, trainable_f, traces_f, micro_f = totals[:6]
+            tokens, trainable, traces, micro = int(tokens_f), int(trainable_f), int(traces_f), int(micro_f)
+            sums = dict(zip(keys, totals[6:], strict=True))
+        n_tok = max(trainable, 1)
+        metrics = LossMetrics(**{k: v / n_tok for k, v in sums.items()}, tokens=trainable)
         return StepResult(
             loss=total_loss,
             grad_norm=grad_norm,
-            traces=len(samples),
-            micro_batches=len(groups),
+            traces=traces,
+            micro_batches=micro,
             tokens=tokens,
             metrics=metrics,
-            logprob_diff=diff_sum / n,
+            logprob_diff=diff_sum / n_tok,
             seconds=time.perf_counter() - started,
         )
 

@@ -1,0 +1,151 @@
+"""Data-parallel training under torchrun (polar.train.distributed): two processes on CPU with gloo take the
+same optimizer step as one process on the whole batch.
+
+A script started by `torchrun --standalone --nproc_per_node 2` builds the toy Qwen3 of the training tests and a
+fixed batch of traces of different lengths; rank 0 steps on it (splitting it over the ranks), rank 1 serves.
+The same step in this process, without torchrun, must give the same weights (to float32 rounding of the
+gradient sums), loss, token counts and gradient norm — with several micro-batches of different counts per
+rank, with either loss aggregation, and with a batch of one trace (the other rank joins with a dummy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from polar.train import distributed
+from polar.train.loss import LossConfig
+from polar.train.trainer import OptimizerConfig, Sample, Trainer, TrainerConfig
+from tests.train_support import tiny_lm
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPT = """
+import json, sys, torch
+from polar.train import distributed
+from tests.test_train_distributed import batch, config, make
+out, aggregation, micro, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+world = distributed.from_env()
+trainer = make(config(aggregation, micro), world)
+if world.leader:
+    r = trainer.step(batch(n))
+    trainer.close()
+    torch.save({k: v.detach().clone() for k, v in trainer.model.state_dict().items()}, out + "/weights.pt")
+    json.dump({"loss": r.loss, "tokens": r.tokens, "traces": r.traces, "grad_norm": r.grad_norm,
+               "trainable": r.metrics.tokens, "logprob_diff": r.logprob_diff}, open(out + "/result.json", "w"))
+else:
+    trainer.serve()
+"""
+
+
+class _Tok:
+    pad_token_id = 0
+
+
+def config(aggregation: str, micro: int) -> TrainerConfig:
+    return TrainerConfig(
+        loss=LossConfig(aggregation=aggregation),  # type: ignore[arg-type]
+        optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.1, grad_clip=1.0),
+        micro_batch_tokens=micro,
+        device="cpu",
+        dtype="float32",
+    )
+
+
+def make(cfg: TrainerConfig, world: distributed.World | None = None) -> Trainer:
+    return Trainer(tiny_lm(), _Tok(), cfg, world)
+
+
+def batch(n: int) -> list[Sample]:
+    rng = random.Random(7)
+    out = []
+    for _ in range(n):
+        p, r = rng.randint(3, 20), rng.randint(2, 16)
+        mask = [rng.choice((0, 1, 1)) for _ in range(r)]
+        out.append(
+            Sample(
+                [rng.randrange(1, 64) for _ in range(p)],
+                [rng.randrange(1, 64) for _ in range(r)],
+                mask,
+                [-rng.uniform(0.1, 3.0) for _ in range(r)],
+                rng.uniform(-1, 1),
+                rng.uniform(0.5, 1.5),
+            )
+        )
+    return out
+
+
+def test_shards_balance_tokens_and_keep_every_trace_once() -> None:
+    lengths = [30, 5, 12, 12, 40, 1, 7]
+    plan = distributed.shard(lengths, 3)
+    assert sorted(i for idx in plan for i in idx) == list(range(7))
+    loads = [sum(lengths[i] for i in idx) for idx in plan]
+    assert max(loads) - min(loads) <= max(lengths)
+    assert distributed.shard([3], 2) == [[0], []]  # a rank may get nothing (it joins with a dummy)
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "micro", "n"),
+    [("token_mean", 24, 9), ("sequence_mean", 4096, 9), ("token_mean", 24, 1)],
+)
+def test_two_ranks_take_the_single_process_step(tmp_path: Path, aggregation: str, micro: int, n: int) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "OMP_NUM_THREADS": "1",
+    }
+    script = tmp_path / "dp_step.py"
+    script.write_text(SCRIPT)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*argv, str(script), str(tmp_path), aggregation, str(micro), str(n)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    parallel = torch.load(tmp_path / "weights.pt")
+    got = json.loads((tmp_path / "result.json").read_text())
+
+    single = make(config(aggregation, micro))
+    before = {k: v.detach().clone() for k, v in single.model.state_dict().items()}
+    r = single.step(batch(n))
+    after = single.model.state_dict()
+    moved = max(float((after[k] - before[k]).abs().max()) for k in after)
+    assert moved > 1e-4  # the step changed the weights (lr 1e-2), so equality below is not vacuous
+    worst = max(float((after[k] - parallel[k]).abs().max()) for k in after)
+    assert worst < 1e-5, worst
+    assert (got["tokens"], got["traces"], got["trainable"]) == (r.tokens, r.traces, r.metrics.tokens)
+    assert got["loss"] == pytest.approx(r.loss, rel=1e-5, abs=1e-7)
+    assert got["grad_norm"] == pytest.approx(r.grad_norm, rel=1e-5)
+    assert got["logprob_diff"] == pytest.approx(r.logprob_diff, rel=1e-5)
+
+
+def test_polar_train_runs_under_torchrun(tmp_path: Path) -> None:
+    """`torchrun --nproc_per_node 2 -m polar train`: rank 0 runs the rollouts, the loop and the out folder;
+    rank 1 steps on its shards and writes nothing."""
+    config = (ROOT / "examples" / "train.yaml").read_text().replace("steps: 10", "steps: 1")
+    (tmp_path / "train.yaml").write_text(config)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    done = subprocess.run(
+        [*argv, "-m", "polar", "train", "train.yaml", "--set", "out=run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
+    assert done.stdout.count("new run in run") == 1  # only rank 0 prepared the out folder
