@@ -1,0 +1,190 @@
+"""Each harness CLI at depth: a long session of the unmodified CLI, driven by a scripted policy, and what its
+traffic becomes as training data.
+
+The policy (the scripted fake vLLM of the tests, token ids and logprobs included) has the CLI call its shell
+tool `--steps` times, one command per turn (each appends a line to steps.txt), asks for two calls at once
+in one turn where the CLI runs parallel calls, then answers. Side calls (titles, summaries, a small model's
+turns) get a short answer. Each CLI runs on a real node in the `local` runtime with only the gateway
+reachable. For each CLI the table gives: model calls, side calls, traces per_request and with prefix
+merging (the merge ratio is the first over the second), chains started by a break of the conversation and
+why, drift, coverage of the sampled tokens, and whether the audit passes.
+
+    .venv/bin/python bench/harnesses.py                      # every preset, 30 steps
+    .venv/bin/python bench/harnesses.py --only codex pi --steps 10
+
+Needs npm (and pip for mini-swe-agent); first runs install the pinned CLIs into ~/.cache/polar/tools.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from polar.harness.registry import get_harness  # noqa: E402
+from polar.store.sqlite import SQLiteStore  # noqa: E402
+from polar.trajectory import audit, build  # noqa: E402
+
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent ends when a command prints this
+
+
+def _compact(data: dict[str, str]) -> str:
+    return json.dumps(data, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class CLI:
+    harness: str
+    tool: str
+    args: Callable[[str], str]  # a shell command as the tool's JSON arguments
+    parallel: bool = True  # runs several tool calls of one answer
+    settings: tuple[tuple[str, Any], ...] = ()
+    final: str | None = None  # a command the session must end with (mini-swe-agent's submit)
+
+
+CLIS = [
+    CLI("claude_code", "Bash", lambda c: _compact({"command": c, "description": "step"})),
+    CLI("codex", "exec_command", lambda c: _compact({"cmd": c})),
+    CLI("gemini_cli", "run_shell_command", lambda c: _compact({"command": c})),
+    CLI("qwen_code", "run_shell_command", lambda c: _compact({"command": c})),
+    CLI("opencode", "bash", lambda c: _compact({"command": c, "description": "step"})),
+    CLI("pi", "bash", lambda c: _compact({"command": c})),
+    CLI("mini_swe_agent", "bash", lambda c: _compact({"command": c}), parallel=False, final=SUBMIT),
+]
+
+
+def policy(cli: CLI, steps: int) -> Callable[[dict[str, Any]], Any]:
+    """The scripted policy: one shell command per turn until `steps` tool results came back (two at once
+    at the middle turn where the CLI runs parallel calls), then the end."""
+    from tests.fakes.fake_vllm import Reply
+
+    def script(body: dict[str, Any]) -> Reply:
+        tools = [t["function"]["name"] for t in body.get("tools") or []]
+        if cli.tool not in tools:
+            return Reply(content="Noted.")  # a side call (title, summary, small model)
+        done = sum(1 for m in body["messages"] if m.get("role") == "tool")
+        if done >= steps:
+            if cli.final is not None and done == steps:
+                return Reply(content="Submitting.", tool_calls=[(cli.tool, cli.args(cli.final))])
+            return Reply(content=f"Done: {steps} steps are in steps.txt.")
+        n = 2 if cli.parallel and done == steps // 2 and done + 1 < steps else 1
+        calls = [(cli.tool, cli.args(f"echo step {done + k} >> steps.txt")) for k in range(n)]
+        return Reply(content=f"Step {done}.", tool_calls=calls)
+
+    return script
+
+
+@dataclass
+class Row:
+    harness: str
+    status: str
+    calls: int
+    side: int
+    per_request: int
+    merged: int
+    breaks: dict[str, int]
+    drift: int
+    coverage: float
+    audit_ok: bool
+    steps_done: int
+    seconds: float
+    tokens_per_request: int  # prompt + response tokens a trainer processes, per_request
+    tokens_merged: int
+
+    def line(self) -> str:
+        ratio = self.per_request / self.merged if self.merged else 0.0
+        breaks = ", ".join(f"{k} {v}" for k, v in sorted(self.breaks.items())) or "none"
+        return (
+            f"| {self.harness} | {self.status} | {self.steps_done} | {self.calls} | {self.side} | "
+            f"{self.per_request} | {self.merged} | {ratio:.2f}x | {breaks} | {self.drift} | "
+            f"{self.coverage:.3f} | {'ok' if self.audit_ok else 'FAIL'} | {self.tokens_per_request} / "
+            f"{self.tokens_merged} | {self.seconds:.0f} |"
+        )
+
+
+async def run_one(cli: CLI, steps: int, tmp: Path) -> Row:
+    from tests.node_support import fake_policy, running_node, shell_task, spec
+
+    settings = dict(cli.settings)
+    task = shell_task(
+        "unused",
+        instruction=f"Append the lines 'step 0' to 'step {steps - 1}' to steps.txt, one command per line.",
+        timeout_seconds=900,
+        agent={"harness": cli.harness, "settings": settings},
+        runtime={"backend": "local", "network": "gateway"},
+        evaluator={"strategy": "session_completed"},
+    )
+    sid = f"depth-{cli.harness}"
+    started = time.perf_counter()
+    with fake_policy(policy(cli, steps)) as (url, _):
+        async with running_node(url, tmp, keep="all") as node:
+            await node.submit(spec(task, sid))
+            result = await node.wait(sid)
+    seconds = time.perf_counter() - started
+    with SQLiteStore(tmp / "node.db") as store:
+        records = store.completions(sid)
+    harness = get_harness(cli.harness, settings)
+    side = [r for r in records if harness.classify(r)]
+    main = [r for r in records if not harness.classify(r)]
+    per_request = build(main, strategy="per_request")
+    merged = build(main, strategy="prefix_merging")
+    stats = merged.metadata  # the build's statistics (polar.trajectory.stats), flat
+    done = 0
+    for runtime_dir in (tmp / "runtimes").iterdir():
+        path = runtime_dir / "workspace" / "steps.txt"
+        if path.is_file():
+            done = len(path.read_text().splitlines())
+    return Row(
+        cli.harness,
+        result.status.value,
+        len(records),
+        len(side),
+        len(per_request.traces),
+        len(merged.traces),
+        dict(stats.get("breaks", {})),
+        int(stats.get("drift_turns", 0)),
+        float(stats.get("coverage", 0.0)),
+        audit(merged, main).ok,
+        done,
+        seconds,
+        int(per_request.metadata.get("trainer_tokens", 0)),
+        int(stats.get("trainer_tokens", 0)),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=30, help="tool calls the policy asks for")
+    parser.add_argument("--only", nargs="*", help="presets to run (default: all seven)")
+    args = parser.parse_args()
+    chosen = [c for c in CLIS if not args.only or c.harness in args.only]
+    rows = []
+    for cli in chosen:
+        with tempfile.TemporaryDirectory(prefix=f"polar-depth-{cli.harness}-") as tmp:
+            row = asyncio.run(run_one(cli, args.steps, Path(tmp)))
+        print(row.line(), flush=True)
+        rows.append(row)
+    print(
+        f"\n{args.steps} steps asked; main-loop records only in the trace columns (side calls are their own traces)"
+    )
+    print("| CLI | status | steps done | calls | side calls | traces per_request | traces merged | merge ratio |"
+          " chain breaks | drift | coverage | audit | trainer tokens per_request / merged | seconds |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|")
+    for row in rows:
+        print(row.line())
+
+
+if __name__ == "__main__":
+    main()
