@@ -172,7 +172,8 @@ def test_a_training_runs_curves(tmp_path: Path) -> None:
     for step in range(1, 9):
         sink.log(
             StepMetrics(
-                step=step, policy_version=step, reward_mean=0.2 + 0.08 * step, pass_rate=0.1 * step,
+                step=step, policy_version=step, reward_mean=0.2 + 0.08 * step, reward_std=0.3 - 0.02 * step,
+                pass_rate=0.1 * step,
                 groups=2, samples=16, zero_variance_groups=step % 2, dropped_stale_groups=int(step == 4),
                 staleness_mean=0.5, staleness_max=1, traces=17, tokens=48000 + 100 * step,
                 trainable_tokens=6000 + 50 * step, loss=-0.01 * step, grad_norm=0.8, clip_fraction=0.0, kl=0.0,
@@ -197,8 +198,13 @@ def test_a_training_runs_curves(tmp_path: Path) -> None:
         with browser_page() as page:
             page.goto(url)
             page.wait_for_selector("#last-step:has-text('8')")
-            expect(page.locator(".chart .uplot")).to_have_count(6)
+            expect(page.locator(".chart .uplot")).to_have_count(7)
             assert "0.840" in page.inner_text("#last-reward_mean")
+            assert "± 0.140" in page.inner_text("#last-reward_std")
+            reward = page.locator(".chart:has(.u-title:text-is('reward'))")
+            for label in ("reward_mean", "mean + std", "mean - std"):  # the mean and its ± std band
+                assert reward.locator(f".u-legend .u-label:text-is('{label}')").count() == 1, label
+            assert page.locator("text=have no reward_std").count() == 0
             for title in ("reward", "pass rate", "staleness drops", "tokens per step", "policy version"):
                 assert page.locator(f".u-title:text-is('{title}')").count() == 1, title
             screenshot(page, "training")
