@@ -6,6 +6,7 @@ No timing assertions: every wait is for text or an element to appear (with a bou
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import yaml
 from polar.train.metrics import JsonlSink, StepMetrics
 from tests.browser_support import BackgroundRun, browser_page, need_browser, screenshot
 from tests.conftest import SERVED_MODEL
+from tests.fakes.fake_vllm import Reply
 from tests.node_support import CALL_GATEWAY, fake_policy
 
 pytestmark = pytest.mark.browser
@@ -26,7 +28,8 @@ pytestmark = pytest.mark.browser
 def _taskfile(tmp_path: Path, go: Path) -> Path:
     (tmp_path / "call.py").write_text(CALL_GATEWAY)
     # Two model calls, then wait for the test's signal: the sessions stay RUNNING until the test has
-    # seen them so, then finish and are rewarded.
+    # seen them so, then finish and are rewarded: 1 for the sample the policy told "yes" (`_yes_then_no`),
+    # 0 for the other (its command exits 1), so the two have something to compare.
     wait = f"while [ ! -e {go} ]; do sleep 0.1; done"
     tasks = {
         "tasks": [
@@ -38,7 +41,9 @@ def _taskfile(tmp_path: Path, go: Path) -> Path:
                 "runtime": {"prepare": [{"type": "upload", "src": "call.py", "dst": "call.py"}]},
                 "agent": {
                     "harness": "shell",
-                    "settings": {"command": f"{sys.executable} call.py 2 && {wait}"},
+                    "settings": {
+                        "command": f"{sys.executable} call.py 2 > said && {wait} && grep -q yes said"
+                    },
                 },
                 "evaluator": {"strategy": "session_completed"},
             },
@@ -54,6 +59,20 @@ def _taskfile(tmp_path: Path, go: Path) -> Path:
     path = tmp_path / "tasks.yaml"
     path.write_text(yaml.safe_dump(tasks))
     return path
+
+
+def _yes_then_no() -> Any:
+    """A policy that answers the first session to ask "yes" and the next "no", and repeats itself after."""
+    first_calls = itertools.count()
+
+    def reply(body: dict[str, Any]) -> Reply:
+        said = [m.get("content") or "" for m in body["messages"] if m.get("role") == "assistant"]
+        if not said:
+            word = "yes" if next(first_calls) % 2 == 0 else "no"
+            return Reply(content=f"Let me think. The word is {word}.")
+        return Reply(content=f"As I said: {said[0].rsplit(' ', 1)[-1]}")
+
+    return reply
 
 
 def expect(locator: Any) -> Any:
@@ -77,7 +96,7 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
     need_browser()
     go = tmp_path / "go"
     taskfile = _taskfile(tmp_path, go)
-    with fake_policy() as (backend, _), browser_page() as page:
+    with fake_policy(_yes_then_no()) as (backend, _), browser_page() as page:
         run = BackgroundRun(str(taskfile), "--backend", backend, "--model", SERVED_MODEL,
                             "--out", str(tmp_path / "out"), "--capacity", "4")  # fmt: skip
         try:
@@ -109,6 +128,34 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             expect(page.locator("table.sessions .status.s-COMPLETED")).to_have_count(2)
             page.wait_for_selector(".chart .uplot")  # the reward chart
             screenshot(page, "task")
+            reward = page.inner_text(f"tr[data-session='{sid}'] td.reward")
+            assert sorted(page.locator("table.sessions td.reward").all_inner_texts()) == ["0.00", "1.00"]
+
+            # Compare the two samples: tick both, compare; the URL can be shared.
+            ids = [t.strip() for t in page.locator("table.sessions td.sid").all_inner_texts()]
+            for other in ids:
+                page.check(f"#pick-{other}")
+            page.click("#compare")
+            page.wait_for_selector("h1:has-text('Compare 2 sessions')")
+            assert "/ui/compare?" in page.url and all(f"s={i}" in page.url for i in ids)
+            for other in ids:
+                expect(page.locator(f"[data-compare-session='{other}']")).to_have_count(1)
+            assert sorted(page.locator("table.compare td.reward").all_inner_texts()) == ["0.00", "1.00"]
+            # They share the user's message and part ways at the policy's first answer.
+            page.wait_for_selector("#first-divergence .cmp-index:has-text('1')")
+            assert (
+                page.locator("#first-divergence .msg.role-assistant:has-text('The word is yes')").count() == 1
+            )
+            assert (
+                page.locator("#first-divergence .msg.role-assistant:has-text('The word is no')").count() == 1
+            )
+            answers = page.inner_text("#answer-diffs")
+            assert "As I said: yes" in answers and "As I said: no" in answers
+            screenshot(page, "compare")
+            page.evaluate(
+                "window.scrollBy(0, document.getElementById('divergence').getBoundingClientRect().top - 8)"
+            )
+            screenshot(page, "compare-conversation")
 
             page.goto(f"{base}sessions/{sid}")
             page.wait_for_selector(".timeline .lane:has-text('run')")
@@ -137,7 +184,7 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             screenshot(page, "session-tokens")
 
             page.click("nav.tabs a:has-text('evaluation')")
-            page.wait_for_selector("#eval-reward:has-text('1.00')")
+            page.wait_for_selector(f"#eval-reward:has-text('{reward}')")
             page.click("nav.tabs a:has-text('raw')")
             page.wait_for_selector(f"pre.raw:has-text('{sid}')")
 
@@ -145,6 +192,12 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             page.fill("header input[name=q]", sid[:14])
             page.press("header input[name=q]", "Enter")
             page.wait_for_selector(f"h1:has-text('{sid}')")
+
+            # Filters live in the URL: a shared link shows the same list. (Before the cancel below: once
+            # the last task ends, the run exits and its dashboard with it.)
+            page.goto(f"{base}?state=DONE")
+            page.wait_for_selector("tr[data-task='talk']")
+            assert page.locator("tr[data-task='stuck']").count() == 0
 
             # Cancel the task that never finishes.
             page.goto(f"{base}tasks/stuck")
@@ -154,11 +207,6 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             page.wait_for_selector("#task-state:has-text('CANCELLED')")
             page.wait_for_selector("table.sessions .status.s-CANCELLED")
             screenshot(page, "task-cancelled")
-
-            # Filters live in the URL: a shared link shows the same list.
-            page.goto(f"{base}?state=CANCELLED")
-            page.wait_for_selector("tr[data-task='stuck']")
-            assert page.locator("tr[data-task='talk']").count() == 0
 
             assert run.wait() == 0, "".join(run.output)  # every task ended: the run finishes
         finally:
