@@ -10,6 +10,7 @@ import itertools
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,9 +180,7 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             assert "logprob" in (token.get_attribute("title") or "")
             assert re.search(r"lp[0-4]", token.get_attribute("class") or "")
             assert page.locator(".tokens .turnmark").count() == 2  # two sampled turns
-            assert "Showing token ids" in page.inner_text(".legend")
-            token.hover()
-            screenshot(page, "session-tokens")
+            assert "Showing token ids" in page.inner_text(".legend")  # a --backend run, no --tokenizer
 
             page.click("nav.tabs a:has-text('evaluation')")
             page.wait_for_selector(f"#eval-reward:has-text('{reward}')")
@@ -209,6 +208,65 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             screenshot(page, "task-cancelled")
 
             assert run.wait() == 0, "".join(run.output)  # every task ended: the run finishes
+        finally:
+            run.stop()
+
+
+ASK_TWICE = """
+import os, openai
+client = openai.OpenAI(max_retries=0)
+messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+for _ in range(2):
+    r = client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=messages, max_tokens=24)
+    messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": "Another one, please."}]
+"""
+
+
+def test_the_embedded_engines_token_view_shows_text(tmp_path: Path) -> None:
+    """`polar run` on its embedded engine (the offline tiny policy) hands the engine's tokenizer to the
+    dashboard: the token view shows text without --tokenizer."""
+    need_browser()
+    go = tmp_path / "go"
+    (tmp_path / "ask.py").write_text(ASK_TWICE)
+    wait = f"while [ ! -e {go} ]; do sleep 0.1; done"
+    tasks = {"tasks": [{
+        "task_id": "poem", "instruction": "write a poem", "timeout_seconds": 600,
+        "runtime": {"prepare": [{"type": "upload", "src": "ask.py", "dst": "ask.py"}]},
+        "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} ask.py && {wait}"}},
+        "evaluator": {"strategy": "session_completed"},
+    }]}  # fmt: skip
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump(tasks))
+    with browser_page() as page:
+        run = BackgroundRun(str(tmp_path / "tasks.yaml"), "--out", str(tmp_path / "out"))
+        try:
+            url = run.wait_for_line("dashboard: ", timeout=600)  # the engine loads first
+            base = url.split("#")[0]
+            page.goto(url)
+            page.wait_for_selector("tr[data-task='poem']")
+            page.goto(f"{base}tasks/poem")
+            sid = _open_session(page, base)
+            # Both calls made (two sampled turns), while the session waits: built from the calls so far. The
+            # session page does not follow a running session's calls on its own: reload until they are in.
+            deadline = time.monotonic() + 300  # a bound for a hung test, not a timing assertion
+            while True:
+                page.goto(f"{base}sessions/{sid}?tab=tokens")
+                if page.locator(".tokens .turnmark").count() == 2 or time.monotonic() > deadline:
+                    break
+                page.wait_for_timeout(500)
+            expect(page.locator(".tokens .turnmark")).to_have_count(2)
+            legend = page.inner_text(".legend")
+            assert "Text from tokenizer" in legend and "embedded engine" in legend, legend
+            assert page.locator(".tokens.text").count() >= 1 and page.locator(".tokens.ids").count() == 0
+            # The prompts as the policy saw them (a tiny random policy's answers rarely re-render as sampled,
+            # so the second call may start a trace of its own: its user turn is prompt or masked).
+            prompt = "".join(page.locator(".tokens").first.locator(".tok.prompt").all_inner_texts())
+            assert "Write a short poem about the sea." in prompt
+            assert "Another one, please." in "".join(page.locator(".tokens .tok").all_inner_texts())
+            page.locator(".tokens .tok.trainable").first.hover()
+            screenshot(page, "session-tokens")
+            go.touch()
+            assert run.wait(timeout=300) == 0, "".join(run.output)
         finally:
             run.stop()
 
