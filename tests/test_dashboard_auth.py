@@ -23,6 +23,7 @@ PAGES = [
     "/ui/tasks/secret-task",
     "/ui/frag/tasks/secret-task",
     "/ui/sessions/polar-0123456789",
+    "/ui/compare?s=polar-0123456789&s=polar-9876543210",
     "/ui/training",
     "/ui/search?q=polar",
     "/ui/events",

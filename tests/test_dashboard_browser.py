@@ -6,9 +6,11 @@ No timing assertions: every wait is for text or an element to appear (with a bou
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ import yaml
 from polar.train.metrics import JsonlSink, StepMetrics
 from tests.browser_support import BackgroundRun, browser_page, need_browser, screenshot
 from tests.conftest import SERVED_MODEL
+from tests.fakes.fake_vllm import Reply
 from tests.node_support import CALL_GATEWAY, fake_policy
 
 pytestmark = pytest.mark.browser
@@ -26,7 +29,8 @@ pytestmark = pytest.mark.browser
 def _taskfile(tmp_path: Path, go: Path) -> Path:
     (tmp_path / "call.py").write_text(CALL_GATEWAY)
     # Two model calls, then wait for the test's signal: the sessions stay RUNNING until the test has
-    # seen them so, then finish and are rewarded.
+    # seen them so, then finish and are rewarded: 1 for the sample the policy told "yes" (`_yes_then_no`),
+    # 0 for the other (its command exits 1), so the two have something to compare.
     wait = f"while [ ! -e {go} ]; do sleep 0.1; done"
     tasks = {
         "tasks": [
@@ -38,7 +42,9 @@ def _taskfile(tmp_path: Path, go: Path) -> Path:
                 "runtime": {"prepare": [{"type": "upload", "src": "call.py", "dst": "call.py"}]},
                 "agent": {
                     "harness": "shell",
-                    "settings": {"command": f"{sys.executable} call.py 2 && {wait}"},
+                    "settings": {
+                        "command": f"{sys.executable} call.py 2 > said && {wait} && grep -q yes said"
+                    },
                 },
                 "evaluator": {"strategy": "session_completed"},
             },
@@ -54,6 +60,20 @@ def _taskfile(tmp_path: Path, go: Path) -> Path:
     path = tmp_path / "tasks.yaml"
     path.write_text(yaml.safe_dump(tasks))
     return path
+
+
+def _yes_then_no() -> Any:
+    """A policy that answers the first session to ask "yes" and the next "no", and repeats itself after."""
+    first_calls = itertools.count()
+
+    def reply(body: dict[str, Any]) -> Reply:
+        said = [m.get("content") or "" for m in body["messages"] if m.get("role") == "assistant"]
+        if not said:
+            word = "yes" if next(first_calls) % 2 == 0 else "no"
+            return Reply(content=f"Let me think. The word is {word}.")
+        return Reply(content=f"As I said: {said[0].rsplit(' ', 1)[-1]}")
+
+    return reply
 
 
 def expect(locator: Any) -> Any:
@@ -77,7 +97,7 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
     need_browser()
     go = tmp_path / "go"
     taskfile = _taskfile(tmp_path, go)
-    with fake_policy() as (backend, _), browser_page() as page:
+    with fake_policy(_yes_then_no()) as (backend, _), browser_page() as page:
         run = BackgroundRun(str(taskfile), "--backend", backend, "--model", SERVED_MODEL,
                             "--out", str(tmp_path / "out"), "--capacity", "4")  # fmt: skip
         try:
@@ -109,6 +129,34 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             expect(page.locator("table.sessions .status.s-COMPLETED")).to_have_count(2)
             page.wait_for_selector(".chart .uplot")  # the reward chart
             screenshot(page, "task")
+            reward = page.inner_text(f"tr[data-session='{sid}'] td.reward")
+            assert sorted(page.locator("table.sessions td.reward").all_inner_texts()) == ["0.00", "1.00"]
+
+            # Compare the two samples: tick both, compare; the URL can be shared.
+            ids = [t.strip() for t in page.locator("table.sessions td.sid").all_inner_texts()]
+            for other in ids:
+                page.check(f"#pick-{other}")
+            page.click("#compare")
+            page.wait_for_selector("h1:has-text('Compare 2 sessions')")
+            assert "/ui/compare?" in page.url and all(f"s={i}" in page.url for i in ids)
+            for other in ids:
+                expect(page.locator(f"[data-compare-session='{other}']")).to_have_count(1)
+            assert sorted(page.locator("table.compare td.reward").all_inner_texts()) == ["0.00", "1.00"]
+            # They share the user's message and part ways at the policy's first answer.
+            page.wait_for_selector("#first-divergence .cmp-index:has-text('1')")
+            assert (
+                page.locator("#first-divergence .msg.role-assistant:has-text('The word is yes')").count() == 1
+            )
+            assert (
+                page.locator("#first-divergence .msg.role-assistant:has-text('The word is no')").count() == 1
+            )
+            answers = page.inner_text("#answer-diffs")
+            assert "As I said: yes" in answers and "As I said: no" in answers
+            screenshot(page, "compare")
+            page.evaluate(
+                "window.scrollBy(0, document.getElementById('divergence').getBoundingClientRect().top - 8)"
+            )
+            screenshot(page, "compare-conversation")
 
             page.goto(f"{base}sessions/{sid}")
             page.wait_for_selector(".timeline .lane:has-text('run')")
@@ -132,12 +180,10 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             assert "logprob" in (token.get_attribute("title") or "")
             assert re.search(r"lp[0-4]", token.get_attribute("class") or "")
             assert page.locator(".tokens .turnmark").count() == 2  # two sampled turns
-            assert "Showing token ids" in page.inner_text(".legend")
-            token.hover()
-            screenshot(page, "session-tokens")
+            assert "Showing token ids" in page.inner_text(".legend")  # a --backend run, no --tokenizer
 
             page.click("nav.tabs a:has-text('evaluation')")
-            page.wait_for_selector("#eval-reward:has-text('1.00')")
+            page.wait_for_selector(f"#eval-reward:has-text('{reward}')")
             page.click("nav.tabs a:has-text('raw')")
             page.wait_for_selector(f"pre.raw:has-text('{sid}')")
 
@@ -145,6 +191,12 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             page.fill("header input[name=q]", sid[:14])
             page.press("header input[name=q]", "Enter")
             page.wait_for_selector(f"h1:has-text('{sid}')")
+
+            # Filters live in the URL: a shared link shows the same list. (Before the cancel below: once
+            # the last task ends, the run exits and its dashboard with it.)
+            page.goto(f"{base}?state=DONE")
+            page.wait_for_selector("tr[data-task='talk']")
+            assert page.locator("tr[data-task='stuck']").count() == 0
 
             # Cancel the task that never finishes.
             page.goto(f"{base}tasks/stuck")
@@ -155,12 +207,66 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             page.wait_for_selector("table.sessions .status.s-CANCELLED")
             screenshot(page, "task-cancelled")
 
-            # Filters live in the URL: a shared link shows the same list.
-            page.goto(f"{base}?state=CANCELLED")
-            page.wait_for_selector("tr[data-task='stuck']")
-            assert page.locator("tr[data-task='talk']").count() == 0
-
             assert run.wait() == 0, "".join(run.output)  # every task ended: the run finishes
+        finally:
+            run.stop()
+
+
+ASK_TWICE = """
+import os, openai
+client = openai.OpenAI(max_retries=0)
+messages = [{"role": "user", "content": "Write a short poem about the sea."}]
+for _ in range(2):
+    r = client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=messages, max_tokens=24)
+    messages += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": "Another one, please."}]
+"""
+
+
+def test_the_embedded_engines_token_view_shows_text(tmp_path: Path) -> None:
+    """`polar run` on its embedded engine (the offline tiny policy) hands the engine's tokenizer to the
+    dashboard: the token view shows text without --tokenizer."""
+    need_browser()
+    go = tmp_path / "go"
+    (tmp_path / "ask.py").write_text(ASK_TWICE)
+    wait = f"while [ ! -e {go} ]; do sleep 0.1; done"
+    tasks = {"tasks": [{
+        "task_id": "poem", "instruction": "write a poem", "timeout_seconds": 600,
+        "runtime": {"prepare": [{"type": "upload", "src": "ask.py", "dst": "ask.py"}]},
+        "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} ask.py && {wait}"}},
+        "evaluator": {"strategy": "session_completed"},
+    }]}  # fmt: skip
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump(tasks))
+    with browser_page() as page:
+        run = BackgroundRun(str(tmp_path / "tasks.yaml"), "--out", str(tmp_path / "out"))
+        try:
+            url = run.wait_for_line("dashboard: ", timeout=600)  # the engine loads first
+            base = url.split("#")[0]
+            page.goto(url)
+            page.wait_for_selector("tr[data-task='poem']")
+            page.goto(f"{base}tasks/poem")
+            sid = _open_session(page, base)
+            # Both calls made (two sampled turns), while the session waits: built from the calls so far. The
+            # session page does not follow a running session's calls on its own: reload until they are in.
+            deadline = time.monotonic() + 300  # a bound for a hung test, not a timing assertion
+            while True:
+                page.goto(f"{base}sessions/{sid}?tab=tokens")
+                if page.locator(".tokens .turnmark").count() == 2 or time.monotonic() > deadline:
+                    break
+                page.wait_for_timeout(500)
+            expect(page.locator(".tokens .turnmark")).to_have_count(2)
+            legend = page.inner_text(".legend")
+            assert "Text from tokenizer" in legend and "embedded engine" in legend, legend
+            assert page.locator(".tokens.text").count() >= 1 and page.locator(".tokens.ids").count() == 0
+            # The prompts as the policy saw them (a tiny random policy's answers rarely re-render as sampled,
+            # so the second call may start a trace of its own: its user turn is prompt or masked).
+            prompt = "".join(page.locator(".tokens").first.locator(".tok.prompt").all_inner_texts())
+            assert "Write a short poem about the sea." in prompt
+            assert "Another one, please." in "".join(page.locator(".tokens .tok").all_inner_texts())
+            page.locator(".tokens .tok.trainable").first.hover()
+            screenshot(page, "session-tokens")
+            go.touch()
+            assert run.wait(timeout=300) == 0, "".join(run.output)
         finally:
             run.stop()
 
@@ -172,7 +278,8 @@ def test_a_training_runs_curves(tmp_path: Path) -> None:
     for step in range(1, 9):
         sink.log(
             StepMetrics(
-                step=step, policy_version=step, reward_mean=0.2 + 0.08 * step, pass_rate=0.1 * step,
+                step=step, policy_version=step, reward_mean=0.2 + 0.08 * step, reward_std=0.3 - 0.02 * step,
+                pass_rate=0.1 * step,
                 groups=2, samples=16, zero_variance_groups=step % 2, dropped_stale_groups=int(step == 4),
                 staleness_mean=0.5, staleness_max=1, traces=17, tokens=48000 + 100 * step,
                 trainable_tokens=6000 + 50 * step, loss=-0.01 * step, grad_norm=0.8, clip_fraction=0.0, kl=0.0,
@@ -197,8 +304,13 @@ def test_a_training_runs_curves(tmp_path: Path) -> None:
         with browser_page() as page:
             page.goto(url)
             page.wait_for_selector("#last-step:has-text('8')")
-            expect(page.locator(".chart .uplot")).to_have_count(6)
+            expect(page.locator(".chart .uplot")).to_have_count(7)
             assert "0.840" in page.inner_text("#last-reward_mean")
+            assert "± 0.140" in page.inner_text("#last-reward_std")
+            reward = page.locator(".chart:has(.u-title:text-is('reward'))")
+            for label in ("reward_mean", "mean + std", "mean - std"):  # the mean and its ± std band
+                assert reward.locator(f".u-legend .u-label:text-is('{label}')").count() == 1, label
+            assert page.locator("text=have no reward_std").count() == 0
             for title in ("reward", "pass rate", "staleness drops", "tokens per step", "policy version"):
                 assert page.locator(f".u-title:text-is('{title}')").count() == 1, title
             screenshot(page, "training")

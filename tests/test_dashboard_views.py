@@ -108,3 +108,14 @@ def test_a_training_run_with_a_torn_last_line(tmp_path: Path) -> None:
     assert [c["title"] for c in run.charts()] == ["reward", "pass rate", "policy version"]
     assert training.read_run(tmp_path / "nope" / "deeper").error is not None
     assert training.read_run(tmp_path / "nope").steps == []  # no step yet: not an error
+
+
+def test_the_reward_chart_draws_mean_plus_minus_std_as_a_band(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step":1,"reward_mean":0.5,"reward_std":0.5}\n{"step":2,"reward_mean":0.75,"reward_std":null}\n'
+    )
+    reward = training.read_run(tmp_path).charts()[0]
+    assert reward["title"] == "reward" and reward["band"] == ["mean + std", "mean - std"]
+    assert reward["series"] == {
+        "reward_mean": [0.5, 0.75], "mean + std": [1.0, None], "mean - std": [0.0, None],
+    }  # fmt: skip

@@ -38,6 +38,17 @@ def test_grpo_uses_group_mean_and_sample_std() -> None:
     assert stats.mean_reward == 0.5 and stats.pass_rate == 0.5
 
 
+def test_reward_std_is_the_population_std_of_the_batchs_unmasked_rewards() -> None:
+    # Two groups, one without variance: the batch's spread, not a group's (GRPO's sample std is 0.577 here).
+    _, stats = group_advantages([("a", 1.0), ("a", 0.0), ("b", 1.0), ("b", 1.0)], "grpo")
+    assert stats.mean_reward == 0.75 and stats.reward_std == pytest.approx(math.sqrt(0.75 * 0.25))
+    masked = Trajectory(traces=[trace(0.0)], metadata={"task_id": "t", "reward": 0.0, "masked": True})
+    _, stats = trajectory_advantages([session("t", 1.0), masked, session("t", 0.5)])
+    assert stats.reward_std == pytest.approx(0.25)  # the masked 0 is left out: rewards 1.0 and 0.5
+    _, same = group_advantages([("a", 0.5), ("a", 0.5)])
+    assert same.reward_std == 0.0
+
+
 def test_rloo_leaves_each_sample_out_of_its_baseline() -> None:
     adv, _ = group_advantages([("a", 1.0), ("a", 0.0), ("a", 0.5)], "rloo")
     # 1 - (0 + 0.5)/2, 0 - (1 + 0.5)/2, 0.5 - (1 + 0)/2
@@ -170,3 +181,4 @@ def test_sessions_without_group_or_reward_are_rejected() -> None:
 def test_empty_input_gives_empty_stats() -> None:
     out, stats = trajectory_advantages([])
     assert out == [] and stats.groups == 0 and stats.mean_reward == 0.0 and stats.pass_rate == 0.0
+    assert stats.reward_std == 0.0

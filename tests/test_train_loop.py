@@ -165,9 +165,16 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
         (1, 1, 0),
         (2, 2, 1),
     ]
-    assert {"reward_mean", "pass_rate", "tokens", "staleness_mean", "clip_fraction", "kl", "loss"} <= set(
-        lines[0]
-    )
+    assert {
+        "reward_mean",
+        "reward_std",
+        "pass_rate",
+        "tokens",
+        "staleness_mean",
+        "clip_fraction",
+        "kl",
+        "loss",
+    } <= set(lines[0])
     assert lines[0]["rollout_wait_s"] >= 0 and lines[0]["train_s"] > 0 and lines[0]["sync_s"] > 0
     assert lines[0]["sync_drained"] == 1.0 and lines[0]["masked"] == 0.0
     # The last step is checkpointed: the trainer's weights, loadable as a checkpoint.

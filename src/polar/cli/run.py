@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,6 +286,11 @@ def _serve_and_run(
                 engine, engine_server = stack.enter_context(embedded_engine(policy))
             backend_urls, backend_kind, model = (engine_server.url,), "vllm", engine.name
             click.echo(f"policy {engine.name} served by the embedded engine at {engine_server.url}")
+            if dashboard is not None and dashboard.decode is None:  # the token view shows the policy's text
+                from polar.dashboard.tokens import decoder
+
+                name = f"{engine.name} (the embedded engine's)"
+                dashboard = dataclasses.replace(dashboard, tokenizer=name, decode=decoder(engine.tokenizer))
         click.echo(f"running {plan.to_run} sessions, {capacity} at a time")
         asyncio.run(
             _run(
@@ -353,7 +359,8 @@ def run(
     \b
     Examples (offline, built-in agent, embedded engine):
       polar run examples/tasks.yaml --out polar-run
-      polar run examples/tasks.yaml --tokenizer Qwen/Qwen3-0.6B   # the token view shows text, not ids
+      polar run tasks.yaml --backend URL --tokenizer Qwen/Qwen3-0.6B   # token view as text, not ids
+    (On the embedded engine the token view shows text without --tokenizer: it uses the engine's.)
     """
     setup_logging(log_level, json=log_json)
     dashboard = dashboard_options(tokenizer)

@@ -8,6 +8,8 @@ its URL (filters, tab, trace), so a link shows the same thing to whoever else lo
     GET  /ui/tasks/{id}             a task: its sessions, reward chart, cancel
     GET  /ui/sessions/{id}?tab=...  a session: timeline, conversation, completions, trajectory, tokens,
                                     evaluation, raw
+    GET  /ui/compare?s=ID&s=ID      sessions side by side: outcome, timings, tokens, the conversations
+                                    aligned (where they first differ), the diff of their answers
     GET  /ui/training               curves of a `polar train` run (--train OUT)
     GET  /ui/search?q=...           a session by id (or its first characters)
     GET  /ui/events                 SSE: `changed` when the server's state did
@@ -34,11 +36,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from polar.auth import token_matches
-from polar.dashboard import queries, training, views
+from polar.dashboard import compare, queries, training, views
 from polar.dashboard.auth import DEFAULT_TTL_S, Caller, Logins, clear_cookie_header, cookie_header, cookie_of
 from polar.dashboard.guard import Guard, Refused
 from polar.dashboard.nodes import Fetched, NodeReader
 from polar.dashboard.tokens import Decode, side_call_ids, trace_tokens
+from polar.rollout.protocol import SessionStatus
 
 TABS = ["timeline", "conversation", "completions", "trajectory", "tokens", "evaluation", "raw"]
 STATES = ["ACTIVE", "DONE", "CANCELLED"]
@@ -80,6 +83,7 @@ class Dashboard:
                 Route("/ui/frag/tasks/{task_id:path}", self.task_fragment, methods=["GET"]),
                 Route("/ui/tasks/{task_id:path}", self.task, methods=["GET"]),
                 Route("/ui/sessions/{session_id}", self.session, methods=["GET"]),
+                Route("/ui/compare", self.compare_view, methods=["GET"]),
                 Route("/ui/training", self.training, methods=["GET"]),
                 Route("/ui/search", self.search, methods=["GET"]),
                 Route("/ui/events", self.events, methods=["GET"]),
@@ -211,8 +215,12 @@ class Dashboard:
             "series": {"reward": [s.reward for s in sessions]},
             "points": True,
         }
+        rewarded = sorted((s for s in sessions if s.reward is not None), key=lambda s: s.reward or 0.0)
+        pair = None
+        if len(rewarded) >= 2 and rewarded[0].reward != rewarded[-1].reward:
+            pair = (rewarded[-1].session_id, rewarded[0].session_id)
         return {"task_id": task_id, "row": row, "sessions": sessions, "counts": svc.store.counts(task_id),
-                "chart": chart}  # fmt: skip
+                "chart": chart, "pair": pair}  # fmt: skip
 
     async def task(self, request: Request) -> Response:
         ctx = self._task_ctx(request.path_params["task_id"])
@@ -248,13 +256,8 @@ class Dashboard:
         ctx: dict[str, Any] = {"d": detail, "tab": tab, "tabs": TABS, "node": node, "notes": []}
         result = detail.result or {}
         trajectory = result.get("trajectory")
-        if trajectory is None and node is not None and tab in ("conversation", "trajectory", "tokens"):
-            fetched = await self.reader.trajectory(node.url, sid)
-            trajectory = fetched.data
-            if fetched.error:
-                ctx["notes"].append(f"live trajectory from node {node.node_id}: {fetched.error}")
-            else:
-                ctx["notes"].append("not finished: the trajectory is built from the calls so far")
+        if tab in ("conversation", "trajectory", "tokens"):
+            trajectory = await self._trajectory(detail, node, ctx["notes"])
         records: list[dict[str, Any]] = []
         if tab in ("completions", "tokens", "conversation"):
             if node is None:
@@ -283,6 +286,42 @@ class Dashboard:
         elif tab == "evaluation":
             ctx["evaluation"] = views.pretty(result.get("metadata", {}).get("evaluation"))
         return self.render(request, "session.html", **ctx)
+
+    async def _trajectory(self, detail: queries.SessionDetail, node: Any, notes: list[str]) -> Any:
+        """The result's trajectory, or (a session not finished) the one its node builds from the calls so far."""
+        trajectory = (detail.result or {}).get("trajectory")
+        if trajectory is not None or node is None:
+            return trajectory
+        fetched = await self.reader.trajectory(node.url, detail.summary.session_id)
+        if fetched.error:
+            notes.append(f"live trajectory from node {node.node_id}: {fetched.error}")
+        else:
+            notes.append("not finished: the trajectory is built from the calls so far")
+        return fetched.data
+
+    async def compare_view(self, request: Request) -> Response:
+        ids = list(dict.fromkeys(s.strip() for s in request.query_params.getlist("s") if s.strip()))
+        if not compare.MIN_SESSIONS <= len(ids) <= compare.MAX_SESSIONS:
+            why = (
+                f"pick {compare.MIN_SESSIONS} to {compare.MAX_SESSIONS} sessions to compare (got {len(ids)})"
+            )
+            return self.render(request, "compare.html", 400, problem=why, ids=ids)
+        svc = self._svc()
+        details = {sid: queries.session(svc.store, sid) for sid in ids}
+        missing = [sid for sid, d in details.items() if d is None]
+        if missing:
+            return self.render(request, "missing.html", 404, what="session " + ", ".join(missing))
+        sides, notes = [], []
+        for sid in ids:
+            detail = details[sid]
+            assert detail is not None
+            node = svc.store.node(detail.summary.node_id) if detail.summary.node_id else None
+            own: list[str] = []
+            trajectory = await self._trajectory(detail, node, own)
+            notes += [f"{sid}: {n}" for n in own]
+            sides.append(compare.side(detail, trajectory))
+        live = any(not SessionStatus(s.detail.summary.status).terminal for s in sides)
+        return self.render(request, "compare.html", c=compare.compare(sides), ids=ids, notes=notes, live=live)
 
     async def search(self, request: Request) -> Response:
         q = request.query_params.get("q", "").strip()

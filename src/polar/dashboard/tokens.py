@@ -7,6 +7,7 @@ and a trace that does not continue its predecessor says why (`started_by`: a cha
 
 Token *text* needs the policy's tokenizer, which polar does not otherwise load on the server: with
 `--tokenizer NAME_OR_DIR` (transformers' AutoTokenizer, offline) tokens are shown as text; without, as ids.
+`polar run` on its embedded engine passes that engine's tokenizer on its own.
 """
 
 from __future__ import annotations
@@ -70,10 +71,15 @@ def load_tokenizer(name_or_dir: str) -> Decode:
     """A decoder for token ids, from a local directory or the Hugging Face cache (never the network)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(name_or_dir, local_files_only=True)
+    return decoder(AutoTokenizer.from_pretrained(name_or_dir, local_files_only=True))
+
+
+def decoder(tokenizer: Any) -> Decode:
+    """Each id as its own text, with a loaded tokenizer (`polar run` passes its embedded engine's).
+    Decoding reads the tokenizer only, so sharing it with the engine that encodes with it is safe."""
 
     def decode(ids: Sequence[int]) -> list[str]:
-        return [str(tok.decode([i])) for i in ids]
+        return [str(tokenizer.decode([i])) for i in ids]
 
     return decode
 

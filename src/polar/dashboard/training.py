@@ -15,9 +15,10 @@ import orjson
 
 # The charts, in page order: (title, keys on one chart).
 CHARTS: list[tuple[str, tuple[str, ...]]] = [
-    ("reward", ("reward_mean", "reward_std")),
+    ("reward", ("reward_mean", "reward_std")),  # drawn as mean with a ± std band (`_reward_band`)
     ("pass rate", ("pass_rate",)),
     ("staleness drops", ("dropped_stale_groups", "zero_variance_groups")),
+    ("staleness (policy versions)", ("staleness_mean", "staleness_max")),
     ("tokens per step", ("tokens", "trainable_tokens")),
     ("policy version", ("policy_version",)),
     ("loss and KL", ("loss", "kl")),
@@ -37,13 +38,38 @@ class TrainingRun:
         out = []
         for title, keys in CHARTS:
             present = [k for k in keys if k in self.series]
-            if present:
-                out.append({"title": title, "x": self.steps, "series": {k: self.series[k] for k in present}})
+            if not present:
+                continue
+            chart: dict[str, Any] = {
+                "title": title,
+                "x": self.steps,
+                "series": {k: self.series[k] for k in present},
+            }
+            if title == "reward":
+                _reward_band(chart)
+            out.append(chart)
         return out
 
     @property
     def last(self) -> dict[str, float | None]:
         return {k: v[-1] for k, v in self.series.items() if v}
+
+
+def _reward_band(chart: dict[str, Any]) -> None:
+    """mean ± std as two dashed lines with the band between them filled (uPlot `bands`), instead of the
+    std as a line of its own on the reward's scale, where it reads as a second reward."""
+    series = chart["series"]
+    if "reward_mean" not in series or "reward_std" not in series:
+        return
+    std = series.pop("reward_std")
+    mean = series["reward_mean"]
+    series["mean + std"] = [_add(m, s, 1) for m, s in zip(mean, std, strict=True)]
+    series["mean - std"] = [_add(m, s, -1) for m, s in zip(mean, std, strict=True)]
+    chart["band"] = ["mean + std", "mean - std"]
+
+
+def _add(mean: float | None, std: float | None, sign: int) -> float | None:
+    return None if mean is None or std is None else mean + sign * std
 
 
 def metrics_file(out: Path) -> Path:

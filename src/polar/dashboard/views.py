@@ -48,9 +48,14 @@ def pretty(value: Any) -> str:
 
 def diff_lines(before: Any, after: Any) -> list[tuple[str, str]]:
     """A unified diff of two JSON bodies as (css class, line): "add", "del", "hunk" or "" (context)."""
-    a, b = pretty(before).splitlines(), pretty(after).splitlines()
+    return text_diff(pretty(before), pretty(after), "harness request", "upstream request")
+
+
+def text_diff(before: str, after: str, name_a: str, name_b: str) -> list[tuple[str, str]]:
+    """A unified diff of two texts as (css class, line); empty when they are equal."""
     out = []
-    for line in difflib.unified_diff(a, b, "harness request", "upstream request", n=3, lineterm=""):
+    a, b = before.splitlines(), after.splitlines()
+    for line in difflib.unified_diff(a, b, name_a, name_b, n=3, lineterm=""):
         if line.startswith(("+++", "---")):
             cls = "file"
         elif line.startswith("@@"):

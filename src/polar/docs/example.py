@@ -154,6 +154,7 @@ METRIC_VALUES: dict[str, float] = {
     "step": 12,
     "policy_version": 12,
     "reward_mean": 0.4375,
+    "reward_std": 0.4961,
     "pass_rate": 0.4375,
     "groups": 2,
     "samples": 16,

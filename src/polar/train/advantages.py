@@ -45,6 +45,7 @@ class GroupStats:
     samples: int  # unmasked trajectories (or rows)
     masked: int  # masked trajectories, left out of everything
     mean_reward: float  # over unmasked samples; 0.0 when there are none
+    reward_std: float  # population std (n in the denominator) over the same samples; 0.0 when there are none
     pass_rate: float  # fraction of unmasked samples that passed; 0.0 when there are none
 
 
@@ -113,13 +114,17 @@ def _stats(
     rewards: Sequence[float], passed: Sequence[bool], groups: set[str], zero: list[str], masked: int
 ) -> GroupStats:
     n = len(rewards)
+    mean = sum(rewards) / n if n else 0.0
     return GroupStats(
         groups=len(groups),
         zero_variance_groups=len(zero),
         zero_variance_group_ids=tuple(sorted(zero)),
         samples=n,
         masked=masked,
-        mean_reward=sum(rewards) / n if n else 0.0,
+        mean_reward=mean,
+        # Of the whole batch, not per group: how spread the rewards a step learned from were (the
+        # per-group std that GRPO divides by is the sample std; this one describes the batch itself).
+        reward_std=math.sqrt(sum((r - mean) ** 2 for r in rewards) / n) if n else 0.0,
         pass_rate=sum(passed) / n if n else 0.0,
     )
 

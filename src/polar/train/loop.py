@@ -227,6 +227,7 @@ class TrainLoop:
             step=step,
             policy_version=self.version,
             reward_mean=stats.mean_reward,
+            reward_std=stats.reward_std,
             pass_rate=stats.pass_rate,
             groups=len(batch),
             samples=stats.samples,

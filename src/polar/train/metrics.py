@@ -41,6 +41,11 @@ METRICS: dict[str, Metric] = {
     "reward_mean": Metric(
         "reward", "mean reward over the batch's unmasked trajectories (the evaluator's scale, e.g. 0..1)"
     ),
+    "reward_std": Metric(
+        "reward",
+        "population standard deviation (n in the denominator) of the rewards `reward_mean` averages; "
+        "0 when every trajectory got the same reward",
+    ),
     "pass_rate": Metric(
         "fraction 0..1",
         "share of unmasked trajectories that passed: the evaluation's `passed`, else reward >= `pass_threshold`",
@@ -109,6 +114,7 @@ class StepMetrics:
     step: int  # 1-based optimizer step
     policy_version: int  # the version the step produced (synced to the policy server)
     reward_mean: float
+    reward_std: float  # population std of the same rewards
     pass_rate: float
     groups: int
     samples: int  # trajectories in the batch (unmasked)
@@ -211,7 +217,7 @@ class ConsoleSink:
 
     def log(self, m: StepMetrics) -> None:
         self.console.print(
-            f"step {m.step:>4}  v{m.policy_version}  reward {m.reward_mean:.3f}  pass {m.pass_rate:.2f}  "
+            f"step {m.step:>4}  v{m.policy_version}  reward {m.reward_mean:.3f} ± {m.reward_std:.3f}  pass {m.pass_rate:.2f}  "
             f"loss {m.loss:+.4f}  clip {m.clip_fraction:.3f}  kl {m.kl:.4f}  tokens {m.tokens}  "
             f"stale {m.staleness_mean:.1f} (dropped {m.dropped_stale_groups})  "
             f"wait {m.rollout_wait_s:.1f}s train {m.train_s:.1f}s sync {m.sync_s:.1f}s"

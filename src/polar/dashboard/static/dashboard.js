@@ -10,6 +10,7 @@
     const spec = JSON.parse(el.dataset.chart);
     const names = Object.keys(spec.series);
     const points = Boolean(spec.points);
+    const band = spec.band || [];  // two series names: the band between them is filled
     const opts = {
       title: spec.title,
       width: Math.max(320, el.clientWidth || 600),
@@ -18,6 +19,9 @@
       // Sample indices and steps are whole numbers: no tick between them.
       axes: [{incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]}, {size: 64}],
       series: [{label: spec.xlabel || (points ? "sample" : "step")}].concat(names.map(function (name, i) {
+        if (band.indexOf(name) >= 0) {  // the edges of a band (mean ± std): thin, dashed, the mean's colour
+          return {label: name, stroke: COLORS[0], width: 1, dash: [4, 4], points: {show: false}};
+        }
         return {
           label: name,
           stroke: COLORS[i % COLORS.length],
@@ -26,6 +30,9 @@
         };
       })),
     };
+    if (band.length === 2) {
+      opts.bands = [{series: [names.indexOf(band[0]) + 1, names.indexOf(band[1]) + 1], fill: "rgba(37, 99, 235, 0.12)"}];
+    }
     const data = [spec.x].concat(names.map(function (n) { return spec.series[n]; }));
     new uPlot(opts, data, el);
   }
