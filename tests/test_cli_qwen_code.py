@@ -19,6 +19,7 @@ from polar.harness.presets import qwen_code
 from polar.rollout.protocol import SessionStatus
 from polar.store.records import FLAG_MAX_TOKENS_CLAMPED, CompletionRecord
 from polar.trajectory import audit, build
+from polar.trajectory.retries import DEAD_BRANCH, RETRY, tag_retries
 from tests.fakes.chatml import FakeTokenizer
 from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import (
@@ -135,6 +136,28 @@ async def test_qwen_code_escalation_beyond_the_context_is_cut_to_fit(tmp_path: P
     refused = [b for b in run.fake.requests if b["max_tokens"] == 64000]
     assert len(refused) == len(run.records) - 1
     assert all(r.trainable for r in run.records)
+
+
+async def test_qwen_code_retry_after_a_cut_answer_leaves_a_dead_branch_dropped_from_the_trace(
+    tmp_path: Path,
+) -> None:
+    """0.15.10's resend after `finish_reason=length` is a real retry: the cut answer was recorded but never
+    entered the conversation. It is tagged `dead_branch` (its resend `retry`), and `dead_branches: drop`
+    builds the session as one trace without it (today's build, "train", makes two)."""
+    replies = iter([Reply(content="This answer is cut o", finish_reason="length"), Reply(content="Done.")])
+    run = await run_preset(tmp_path, "qwen_code", {}, lambda body: next(replies), expect=None)
+    assert run.result.reason is None, run.result.reason
+    cut, again = run.records
+    assert again.upstream_request["messages"] == cut.upstream_request["messages"]
+    tagged = tag_retries(run.records)
+    assert [r.tags for r in tagged] == [(DEAD_BRANCH,), (RETRY,)]
+    assert len(build(run.records, strategy="prefix_merging").traces) == 2
+    for policy, traces in (("drop", 1), ("mask", 2)):
+        trajectory = build(run.records, strategy="prefix_merging", dead_branches=policy)
+        assert len(trajectory.traces) == traces and audit(trajectory, run.records).ok
+        assert trajectory.traces[-1].metadata["completion_ids"] == [again.completion_id]
+    masked = build(run.records, strategy="prefix_merging", dead_branches="mask").traces[0]
+    assert masked.metadata["completion_ids"] == [cut.completion_id] and not any(masked.loss_mask)
 
 
 def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:
