@@ -94,10 +94,12 @@ async def run_preset(
     check: str = "cat hello.txt",
     backend_status: int | None = None,
     image: str | None = None,
+    backend_faults: dict[str, Any] | None = None,
 ) -> PresetRun:
     """Run `harness` with `settings` on a node; the evaluator runs `check` and compares its output with
     `expect` exactly (None: the session only has to complete). `backend_status` makes the policy's server
-    fail every call with that HTTP status; `image` is the container image of a docker/podman backend."""
+    fail every call with that HTTP status; `image` is the container image of a docker/podman backend;
+    `backend_faults` are the fake's other settings (`FakeInferenceServer.set`, e.g. `max_model_len`)."""
     task = shell_task(
         "unused",
         instruction=instruction,
@@ -115,6 +117,7 @@ async def run_preset(
     )
     with fake_policy(script) as (url, fake):
         fake.status = backend_status  # every call fails with this status when set
+        fake.set(**(backend_faults or {}))
         recorders: list[Recorder] = []
 
         def record(app: Any) -> Recorder:

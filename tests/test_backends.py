@@ -476,6 +476,12 @@ async def test_context_overflow_openai(servers: Any) -> None:
             4000,
             4096,
         ),
+        (  # vLLM 0.32 and the polar engine: an output budget above the whole context
+            "max_tokens=64000 cannot be greater than max_model_len=32768. Please request fewer output tokens. "
+            "(parameter=max_tokens, value=64000)",
+            None,
+            32768,
+        ),
     ],
 )
 def test_context_overflow_wordings(message: str, prompt: int | None, maximum: int) -> None:

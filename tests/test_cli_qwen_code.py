@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
+from polar.gateway.fit import requested_flag
 from polar.harness import HarnessContext, cli_common, get_harness
 from polar.harness.presets import qwen_code
 from polar.rollout.protocol import SessionStatus
-from polar.store.records import CompletionRecord
+from polar.store.records import FLAG_MAX_TOKENS_CLAMPED, CompletionRecord
 from polar.trajectory import audit, build
+from polar.trajectory.retries import DEAD_BRANCH, RETRY, tag_retries
+from tests.fakes.chatml import FakeTokenizer
 from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import (
     captured_record,
@@ -112,6 +115,49 @@ async def test_qwen_code_escalates_max_tokens_after_a_cut_answer(tmp_path: Path)
     said = resume.request["messages"][-1]["content"][0]["text"]
     assert said.startswith("Output token limit hit.")
     assert all(r.finish_reason == "length" and r.trainable for r in run.records)
+
+
+async def test_qwen_code_escalation_beyond_the_context_is_cut_to_fit(tmp_path: Path) -> None:
+    """A server whose context is under 64000 tokens refuses the escalated call (vLLM 0.32: "max_tokens=64000
+    cannot be greater than max_model_len"); the gateway sends it again with what fits, so the session goes
+    on instead of ending on a 400, and the record says it was cut and from what."""
+    cut = Reply(content="This answer is cut o", finish_reason="length")
+    limit = 63_999  # about 16k of it is the prompt, at 4 bytes a token (Qwen's real tokenizer is close)
+    faults = {"max_model_len": limit, "context_checks": "0.32", "tokenizer": FakeTokenizer(4)}
+    run = await run_preset(tmp_path, "qwen_code", {}, lambda body: cut, expect=None, backend_faults=faults)
+    assert run.result.reason is None, run.result.reason
+    first, again = run.records[:2]
+    assert [r.request["max_tokens"] for r in (first, again)] == [8000, 64000]
+    assert FLAG_MAX_TOKENS_CLAMPED not in first.flags and first.upstream_request["max_tokens"] == 8000
+    assert again.prompt_ids is not None
+    assert again.upstream_request["max_tokens"] == limit - len(again.prompt_ids)
+    assert FLAG_MAX_TOKENS_CLAMPED in again.flags and requested_flag(64000) in again.flags
+    # Every escalated call was refused once by the server and sent again; the harness saw no 400.
+    refused = [b for b in run.fake.requests if b["max_tokens"] == 64000]
+    assert len(refused) == len(run.records) - 1
+    assert all(r.trainable for r in run.records)
+
+
+async def test_qwen_code_retry_after_a_cut_answer_leaves_a_dead_branch_dropped_from_the_trace(
+    tmp_path: Path,
+) -> None:
+    """0.15.10's resend after `finish_reason=length` is a real retry: the cut answer was recorded but never
+    entered the conversation. It is tagged `dead_branch` (its resend `retry`), and `dead_branches: drop`
+    builds the session as one trace without it (today's build, "train", makes two)."""
+    replies = iter([Reply(content="This answer is cut o", finish_reason="length"), Reply(content="Done.")])
+    run = await run_preset(tmp_path, "qwen_code", {}, lambda body: next(replies), expect=None)
+    assert run.result.reason is None, run.result.reason
+    cut, again = run.records
+    assert again.upstream_request["messages"] == cut.upstream_request["messages"]
+    tagged = tag_retries(run.records)
+    assert [r.tags for r in tagged] == [(DEAD_BRANCH,), (RETRY,)]
+    assert len(build(run.records, strategy="prefix_merging").traces) == 2
+    for policy, traces in (("drop", 1), ("mask", 2)):
+        trajectory = build(run.records, strategy="prefix_merging", dead_branches=policy)
+        assert len(trajectory.traces) == traces and audit(trajectory, run.records).ok
+        assert trajectory.traces[-1].metadata["completion_ids"] == [again.completion_id]
+    masked = build(run.records, strategy="prefix_merging", dead_branches="mask").traces[0]
+    assert masked.metadata["completion_ids"] == [cut.completion_id] and not any(masked.loss_mask)
 
 
 def _record(request: dict[str, Any], tools: bool) -> CompletionRecord:

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from polar.store.records import FLAG_NO_LOGPROBS, FLAG_NO_PROMPT_IDS, FLAG_NOT_TRAINABLE, CompletionRecord
-from polar.trajectory import Trajectory, audit, build
+from polar.trajectory import BuildError, Trajectory, audit, build
+from polar.trajectory.retries import DEAD_BRANCH, RETRY, find_dead_branches, tag_retries
 
 EOT = 2
 
@@ -233,3 +234,49 @@ def test_records_are_taken_in_seq_order() -> None:
 def test_empty_session(strategy: str) -> None:
     t = checked([], strategy)
     assert t.traces == [] and t.metadata["calls"] == 0 and t.metadata["coverage"] == 1.0
+
+
+# -- retries' dead branches (polar.trajectory.retries) ------------------------------------------------------
+
+A1_CUT = [20, 21]  # cut by `length`: the harness drops it and sends the same prompt again
+
+
+def retried() -> list[CompletionRecord]:
+    """c0's answer is used; c1 is cut and dropped, c2 resends c1's prompt, c3 continues c2."""
+    a2b = [24, EOT]
+    return [
+        rec(0, P1, A1),
+        rec(1, P2, A1_CUT, finish="length"),
+        rec(2, P2, a2b),
+        rec(3, P2 + a2b + U1, A2),
+    ]
+
+
+def test_a_retried_call_is_a_dead_branch_trained_masked_or_dropped() -> None:
+    records = retried()
+    assert find_dead_branches(records) == {"c1": "c2"}
+    assert [r.tags for r in tag_retries(records)] == [(), (DEAD_BRANCH,), (RETRY,), ()]
+    t = checked(records)  # "train": today's build, the retry starts a trace of its own
+    assert chains(t) == [["c0", "c1"], ["c2", "c3"]]
+    t = checked(records, dead_branches="mask")
+    assert chains(t) == [["c0", "c1"], ["c2", "c3"]]
+    assert t.traces[0].loss_mask[-len(A1_CUT) :] == [0, 0]
+    t = checked(records, dead_branches="drop")
+    assert chains(t) == [["c0", "c2", "c3"]]
+    assert t.metadata["skipped"] == {"dead_branch": 1} and t.metadata["options"]["dead_branches"] == "drop"
+    with pytest.raises(BuildError, match="dead_branches must be one of train, mask, drop"):
+        build(records, "prefix_merging", dead_branches="keep")
+
+
+def test_which_of_identical_prompts_is_dead() -> None:
+    a1b = [23, EOT]
+    # The harness kept the first answer: the retry is the dead one.
+    assert find_dead_branches([rec(0, P1, A1), rec(1, P1, a1b), rec(2, P2, A2)]) == {"c1": "c0"}
+    # Nothing continues either (the session ended): the last answer is the one the harness kept.
+    assert find_dead_branches([rec(0, P1, A1), rec(1, P1, a1b)]) == {"c0": "c1"}
+    # The same answer twice: the later one counts as used.
+    assert find_dead_branches([rec(0, P1, A1), rec(1, P1, A1), rec(2, P2, A2)]) == {"c0": "c1"}
+    # No prompt seen twice: nothing is dead, whatever was not continued.
+    assert find_dead_branches([rec(0, P1, A1), rec(1, P2, A2)]) == {}
+    t = checked([rec(0, P1, A1), rec(1, P1, a1b), rec(2, P2, A2)], "per_request", dead_branches="drop")
+    assert chains(t) == [["c0"], ["c2"]]

@@ -326,3 +326,35 @@ def test_sampled_logprobs_match_the_trainers_forward_pass(
         worst = max(worst, max(abs(a - b) for a, b in zip(mine, rec.response_logprobs, strict=True)))
     # bf16 serving vs an fp32 forward pass: the logits differ by bf16 rounding (~3 significant digits).
     assert worst < 0.05, worst
+
+
+def test_max_tokens_beyond_the_context_is_refused_as_the_fake_says_and_cut_by_the_gateway(
+    gw: Gateway, vllm_server: VLLMServer, http: httpx.Client
+) -> None:
+    """vLLM 0.32's own refusal of a `max_tokens` above `max_model_len`, word for word what the fake's
+    `context_checks="0.32"` answers; through the gateway the same call is sent again with what fits."""
+    from polar.gateway.fit import requested_flag
+    from polar.store.records import FLAG_MAX_TOKENS_CLAMPED
+    from tests.fakes.wire import vllm_032_context_check
+
+    limit = int(http.get(f"{vllm_server.url}/v1/models").json()["data"][0]["max_model_len"])
+    asked = limit + 1000
+    body = {"model": vllm_server.name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": asked}
+    r = http.post(f"{vllm_server.url}/v1/chat/completions", json=body)
+    assert r.status_code == 400
+    n = len(vllm_tokenize(http, vllm_server, body))
+    said, _ = vllm_032_context_check(limit, n, asked, "max_tokens")
+    assert r.json()["error"]["message"] == said
+    # A prompt plus max_tokens over the context is no error on 0.32: vLLM samples with what fits.
+    fits, room = vllm_032_context_check(limit, n, limit, "max_tokens")
+    assert fits is None and room == limit - n
+    sid = gw.new_session()
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=sid, max_retries=0)
+    answer = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=asked, temperature=0
+    )
+    assert answer.choices[0].message.content is not None
+    (rec,) = gw.completions(sid)
+    assert FLAG_MAX_TOKENS_CLAMPED in rec.flags and requested_flag(asked) in rec.flags
+    assert rec.upstream_request["max_tokens"] == limit - len(rec.prompt_ids or [])
+    check_against_vllm(http, vllm_server, rec)

@@ -8,7 +8,8 @@ the wire shape of its `kind`. Test double only: nothing under src/ may import it
 Faults are constructor keywords and plain attributes, switchable while it runs (`fake.status = 503`):
 `status` (every call answers this status with the kind's error body), `delay_s`, `garbage` (a non-JSON 200),
 `no_token_ids` (no token fields at all), `max_model_len` (longer prompts get the server's exact overflow
-400), `fail_first_n` (the first N calls answer `fail_status`, default 502), `transform` (a callable that may
+400: vLLM 0.11's checks, or with `context_checks="0.32"` vLLM 0.32's, which refuse only `max_tokens` above the
+context or a prompt that fills it, and cut `max_tokens` to what fits otherwise), `fail_first_n` (the first N calls answer `fail_status`, default 502), `transform` (a callable that may
 rewrite each successful chat body before it is sent: for corrupting one field precisely).
 `policy_version` is reported like our embedded engine does (vLLM kind) or as SGLang's weight_version.
 
@@ -43,7 +44,7 @@ from polar.gateway.backends.openai import TOKEN_CHECK_MESSAGES
 from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, text_of
 from tests.fakes.prefix_cache import PrefixCache
 from tests.fakes.stream import StreamFaults, StreamWriter, stream_body
-from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message
+from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message, vllm_032_context_check
 
 KINDS = ("vllm", "sglang", "openai")
 _DEV_ROUTES = frozenset(
@@ -91,6 +92,7 @@ class FakeInferenceServer:
         garbage: bool = False,
         no_token_ids: bool = False,
         max_model_len: int | None = None,
+        context_checks: str = "0.11",
         fail_first_n: int = 0,
         fail_status: int = 502,
         transform: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
@@ -115,6 +117,7 @@ class FakeInferenceServer:
         self.garbage = garbage
         self.no_token_ids = no_token_ids
         self.max_model_len = max_model_len
+        self.context_checks = context_checks
         self.fail_first_n = fail_first_n
         self.fail_status = fail_status
         self.transform = transform
@@ -368,7 +371,12 @@ class FakeInferenceServer:
         prompt = self._prompt_ids(body)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         limit = self.max_model_len
-        if limit is not None and (len(prompt) > limit or (max_tokens and len(prompt) + max_tokens > limit)):
+        if limit is not None and self.kind == "vllm" and self.context_checks == "0.32":
+            param = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+            refused, max_tokens = vllm_032_context_check(limit, len(prompt), max_tokens, param)
+            if refused is not None:
+                raise HTTPError(400, refused, "BadRequestError")
+        elif limit is not None and (len(prompt) > limit or (max_tokens and len(prompt) + max_tokens > limit)):
             raise HTTPError(400, overflow_message(self.kind, limit, len(prompt), max_tokens))
         self._seq += 1
         sampled = self._sample(body, prompt, max_tokens)

@@ -58,6 +58,34 @@ def overflow_message(kind: str, max_model_len: int, prompt_len: int, max_tokens:
     )
 
 
+def vllm_032_context_check(
+    max_model_len: int, prompt_len: int, max_tokens: int | None, param: str
+) -> tuple[str | None, int]:
+    """vLLM 0.32's own checks (renderers/params.py `TokenizeParams`, v1/engine/input_processor.py, and
+    `get_max_tokens` in entrypoints/serve/utils/api_utils.py): (the 400's message or None, the max_tokens it
+    samples with). Unlike 0.11 it refuses only `max_tokens` above the whole context or a prompt that leaves
+    no room; a prompt plus `max_tokens` over the context is sampled with `max_tokens` cut to what fits."""
+    if max_tokens is not None and max_tokens > max_model_len:
+        return (
+            f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            f"Please request fewer output tokens. (parameter={param}, value={max_tokens})"
+        ), 0
+    if prompt_len > max_model_len:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{prompt_len} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+            f"the length of the input prompt. (parameter=input_tokens, value={prompt_len})"
+        ), 0
+    if prompt_len == max_model_len:
+        return (
+            f"The decoder prompt (length {prompt_len}) plus the number of requested output tokens (at least 1) "
+            f"is longer than the maximum model length of {max_model_len}. Make sure that `max_model_len` is no "
+            "smaller than the number of text tokens (prompt + requested output tokens)."
+        ), 0
+    room = max_model_len - prompt_len
+    return None, room if max_tokens is None else min(max_tokens, room)
+
+
 def _tool_calls(s: Sampled) -> list[dict[str, Any]]:
     return [
         {"id": f"call_{s['seq']}_{j}", "type": "function", "function": {"name": name, "arguments": args}}

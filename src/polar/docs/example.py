@@ -27,6 +27,7 @@ from polar.runtime.base import ExecResult
 from polar.store.records import CompletionRecord
 from polar.train.metrics import METRICS, StepMetrics
 from polar.trajectory import build
+from polar.trajectory.retries import DEAD_BRANCH, tag_retries
 
 TASK = Task.model_validate(
     {
@@ -123,9 +124,17 @@ def example() -> Example:
         marks=dict(STAGE_STARTS),
     )
     records, side_calls = apply_policy(RECORDS, TASK.agent.side_calls)
+    records = tag_retries(records)
     built = build(records, TASK.builder, **TASK.builder_options)
     # As lifecycle.build_trajectory does: the session's metadata joins the build's.
-    meta = {**built.metadata, **session_metadata(session), "session_id": SESSION_ID, "side_calls": side_calls}
+    dead = [r.completion_id for r in records if DEAD_BRANCH in r.tags]
+    meta = {
+        **built.metadata,
+        **session_metadata(session),
+        "session_id": SESSION_ID,
+        "side_calls": side_calls,
+        "dead_branches": dead,
+    }
     trajectory = built.model_copy(update={"metadata": meta})
     agent = ExecResult(exit_code=0, stdout="", stderr="", duration_s=38.6)
     ctx = EvalContext(TASK, SESSION_ID, runtime=None, fresh=None, agent=agent, trajectory=trajectory)  # type: ignore[arg-type]

@@ -104,7 +104,7 @@ TRAJECTORY_BUILD: tuple[Key, ...] = (
     Key(
         "skipped",
         "object",
-        "calls placed in no trace, by cause (`missing_prompt_ids`, `invalid_prompt_ids`)",
+        "calls placed in no trace, by cause (`missing_prompt_ids`, `invalid_prompt_ids`, `dead_branch`)",
     ),
     Key("prompt_tokens", "int", "prompt tokens captured over all calls"),
     Key("sampled_tokens", "int", "trainable sampled tokens captured: the denominator of `coverage`"),
@@ -121,7 +121,11 @@ TRAJECTORY_BUILD: tuple[Key, ...] = (
     ),
     Key("trainer_tokens", "int", "prompt + response tokens over all traces: what a trainer processes"),
     Key("eot_id", "int | null", "the end-of-turn token used at drifted boundaries (inferred when not given)"),
-    Key("options", "object", "the builder's options (`on_drift`, `eot_id`, `train_without_logprobs`)"),
+    Key(
+        "options",
+        "object",
+        "the builder's options (`on_drift`, `eot_id`, `train_without_logprobs`, `dead_branches`)",
+    ),
 )
 
 # What the node adds to `Trajectory.metadata` before the evaluation (`lifecycle.build_trajectory`).
@@ -130,6 +134,12 @@ TRAJECTORY_NODE: tuple[Key, ...] = (
     Key("group_id", "str", "the GRPO group (see above)"),
     Key("sample_index", "int", "the session's sample index"),
     Key("side_calls", "object", "the side-call policy and the calls it applied to (table below)"),
+    Key(
+        "dead_branches",
+        "list[str]",
+        "completion ids of answers a harness retried and never used (tagged `dead_branch`; their retries "
+        "`retry`); `builder_options.dead_branches` trains (default), masks or drops them",
+    ),
 )
 
 # What the reward rules add to `Trajectory.metadata` (`polar.rollout.rewards.assign_rewards`).

@@ -33,6 +33,7 @@ from polar.gateway.backends.stream import StreamAccumulator
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.gateway.dialects.base import Dialect, StreamEncoder, StreamFormat
 from polar.gateway.errors import GatewayError, invalid
+from polar.gateway.fit import fit_max_tokens
 from polar.gateway.keys import session_key
 from polar.gateway.metrics import AUTHENTICATION, GatewayMetrics
 from polar.gateway.quirks import apply_quirks
@@ -62,12 +63,14 @@ CLOSE = {"connection": "close"}
 
 @dataclass(frozen=True, slots=True)
 class Placed:
-    """Where a call goes: the backend, the exact body sent to it, the harness's tags, the quirks applied."""
+    """Where a call goes: the backend, the exact body sent to it, the harness's tags, the quirks applied,
+    and flags its record gets for what the gateway changed on the way (`polar.gateway.fit`)."""
 
     backend: Backend
     upstream: dict[str, Any]
     tags: tuple[str, ...]
     quirks: tuple[str, ...]
+    flags: tuple[str, ...] = ()
 
 
 @dataclass
@@ -412,15 +415,37 @@ class Proxy:
         call.policy_version = self.gate.policy_version
         try:
             t_up = time.perf_counter()
-            if self.pool is not None and placed.backend is self.pool:
-                comp = await self.pool.complete(placed.upstream, call.state.ids_memo, call.state.session_id)
-            else:
-                comp = await placed.backend.complete(placed.upstream, self._memo(call, placed))
+            try:
+                comp = await self._complete(call, placed)
+            except GatewayError as err:
+                placed = await self._fitted(call, placed, err)
+                comp = await self._complete(call, placed)
             upstream_ms = (time.perf_counter() - t_up) * 1000.0
         finally:
             self.gate.leave()
         await self._commit(call, placed, comp, upstream_ms)
         return comp
+
+    async def _complete(self, call: Call, placed: Placed) -> Completion:
+        if self.pool is not None and placed.backend is self.pool:
+            return await self.pool.complete(placed.upstream, call.state.ids_memo, call.state.session_id)
+        return await placed.backend.complete(placed.upstream, self._memo(call, placed))
+
+    def _stream(self, call: Call, placed: Placed) -> AsyncGenerator[StreamChunk, None]:
+        if self.pool is not None and placed.backend is self.pool:
+            return self.pool.stream(placed.upstream, call.state.ids_memo, call.state.session_id)
+        return placed.backend.stream(placed.upstream, self._memo(call, placed))
+
+    async def _fitted(self, call: Call, placed: Placed, err: GatewayError) -> Placed:
+        """`placed` with its `max_tokens` cut to what the server's context holds, for one more attempt;
+        re-raises `err` when that cannot help (`polar.gateway.fit`)."""
+        assert call.req is not None
+        fit = await fit_max_tokens(placed.backend, call.req, placed.upstream, err)
+        if fit is None:
+            raise err
+        upstream, flags = fit
+        log.info("session %s call %d: %s, sent what fits", call.state.session_id, call.seq, flags[1])
+        return replace(placed, upstream=upstream, flags=(*placed.flags, *flags))
 
     def _memo(self, call: Call, placed: Placed) -> IdsMemo | None:
         """The session's prompt-ids memo for a call to the policy (a side call's model tokenizes otherwise)."""
@@ -436,25 +461,38 @@ class Proxy:
         await self.gate.enter()
         call.policy_version = self.gate.policy_version
         t_up = time.perf_counter()
-        if self.pool is not None and placed.backend is self.pool:
-            chunks = self.pool.stream(placed.upstream, call.state.ids_memo, call.state.session_id)
-        else:
-            chunks = placed.backend.stream(placed.upstream, self._memo(call, placed))
         try:
+            chunks, first = await self._first_chunk(call, placed)
+        except GatewayError as err:
             try:
-                first = await anext(chunks)
-            except StopAsyncIteration:
-                raise GatewayError(
-                    "upstream_error", "inference server ended the stream before any chunk"
-                ) from None
+                placed = await self._fitted(call, placed, err)
+                chunks, first = await self._first_chunk(call, placed)
+            except BaseException:
+                self.gate.leave()
+                raise
         except BaseException:
             self.gate.leave()
-            await chunks.aclose()
             raise
         flight = Flight(self, call, chunks)
         relay = self._relay(call, placed, encoder, chunks, first, t_up, flight)
         media = JSON if fmt == "json-array" else "text/event-stream"
         return RelayResponse(relay, flight, media_type=media, headers=SSE_HEADERS)
+
+    async def _first_chunk(
+        self, call: Call, placed: Placed
+    ) -> tuple[AsyncGenerator[StreamChunk, None], StreamChunk]:
+        """Start the upstream stream; its first chunk, or its failure (the stream closed)."""
+        chunks = self._stream(call, placed)
+        try:
+            return chunks, await anext(chunks)
+        except StopAsyncIteration:
+            await chunks.aclose()
+            raise GatewayError(
+                "upstream_error", "inference server ended the stream before any chunk"
+            ) from None
+        except BaseException:
+            await chunks.aclose()
+            raise
 
     async def _relay(
         self,
@@ -527,6 +565,8 @@ class Proxy:
         record = replace(
             record, upstream_latency_ms=round(upstream_ms, 3), gateway_overhead_ms=round(overhead_ms, 3)
         )
+        if placed.flags:
+            record = replace(record, flags=(*record.flags, *placed.flags))
         if record.policy_version is None and backend is self.backend:
             record = replace(record, policy_version=call.policy_version)
         if backend is not self.backend:

@@ -171,7 +171,8 @@ class Task(_Model):
     )
     builder_options: dict[str, Any] = Field(
         default_factory=dict,
-        description="Keyword options of the builder: on_drift (split | merge), eot_id, train_without_logprobs.",
+        description="Keyword options of the builder: on_drift (split | merge), eot_id, train_without_logprobs, "
+        "dead_branches (train | mask | drop: answers a harness retried and never used).",
     )
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig, description="See evaluator.")
     callback_url: str | None = Field(

@@ -22,6 +22,10 @@ FLAG_TOOL_PARSE_ERROR = "tool_call_parse_error"
 # A streamed answer whose sampled ids do not add up to the server's own `usage.completion_tokens` (a chunk
 # was lost, or the server skipped chunks whose text its parsers held back).
 FLAG_TOKEN_COUNT_MISMATCH = "token_count_mismatch"
+# The harness asked for more output tokens than the server's context had room for after the prompt; the
+# gateway sent what fits instead of answering the server's 400 (`polar.gateway.fit`). A second flag,
+# `max_tokens_requested:N`, keeps what was asked; `upstream_request` holds what was sent.
+FLAG_MAX_TOKENS_CLAMPED = "max_tokens_clamped"
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,7 +75,11 @@ def _drift(prev: Call, nxt: Call, eot: int | None, merged: bool) -> DriftTurn | 
 class _Auditor:
     def __init__(self, trajectory: Trajectory, records: Sequence[CompletionRecord]) -> None:
         options = trajectory.metadata.get("options") or {}
-        self.prepared = prepare(records, bool(options.get("train_without_logprobs", False)))
+        self.prepared = prepare(
+            records,
+            bool(options.get("train_without_logprobs", False)),
+            str(options.get("dead_branches") or "train"),
+        )
         self.calls = {c.record.completion_id: c for c in self.prepared.calls}
         self.eot = trajectory.metadata.get("eot_id")
         self.errors: list[str] = []

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from polar.store.records import FLAG_NO_LOGPROBS, FLAG_NOT_TRAINABLE, CompletionRecord
+from polar.trajectory.errors import BuildError
+from polar.trajectory.retries import DEAD_BRANCH, POLICIES, find_dead_branches
 from polar.trajectory.tokens import n_tokens, pack
 
 # Flags `train_without_logprobs` may look past: exactly the ones the gateway sets for missing logprobs.
@@ -80,9 +82,18 @@ class Prepared:
     prompt_tokens: int  # prompt tokens captured, over all calls
 
 
-def prepare(records: Sequence[CompletionRecord], train_without_logprobs: bool) -> Prepared:
+def prepare(
+    records: Sequence[CompletionRecord], train_without_logprobs: bool, dead_branches: str = "train"
+) -> Prepared:
     """Pack every record's tokens, in call order. A record without usable prompt ids cannot be placed in a
-    token sequence; it is counted under `skipped` (its sampled tokens were never trainable)."""
+    token sequence; it is counted under `skipped` (its sampled tokens were never trainable). Retries' dead
+    branches are masked or dropped (`skipped["dead_branch"]`) per `dead_branches` (`polar.trajectory.retries`)."""
+    if dead_branches not in POLICIES:
+        raise BuildError(
+            f"dead_branches must be one of {', '.join(POLICIES)}, not {dead_branches!r}",
+            param="dead_branches",
+        )
+    dead = find_dead_branches(records) if dead_branches != "train" else {}
     calls: list[Call] = []
     skipped: Counter[str] = Counter()
     sampled = untrainable = prompt_tokens = 0
@@ -91,9 +102,15 @@ def prepare(records: Sequence[CompletionRecord], train_without_logprobs: bool) -
         prompt = pack(r.prompt_ids) if r.prompt_ids is not None else None
         resp = pack(r.response_ids) if r.response_ids is not None else b""
         trainable = prompt is not None and resp is not None and eligible(r, train_without_logprobs)
+        if r.completion_id in dead:
+            untrainable += n_resp
+            if dead_branches == "drop":
+                skipped[DEAD_BRANCH] += 1
+                continue
+            trainable = False
         if trainable:
             sampled += n_resp
-        else:
+        elif r.completion_id not in dead:
             untrainable += n_resp
         if prompt is None:
             skipped["missing_prompt_ids" if r.prompt_ids is None else "invalid_prompt_ids"] += 1

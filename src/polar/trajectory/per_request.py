@@ -13,6 +13,7 @@ from polar.store.records import CompletionRecord
 from polar.trajectory.calls import prepare
 from polar.trajectory.chains import Chain, Turn
 from polar.trajectory.models import Trajectory, TrajectoryStatus
+from polar.trajectory.retries import DeadBranches
 from polar.trajectory.sequences import chain_trace
 from polar.trajectory.stats import compute
 
@@ -22,8 +23,9 @@ def per_request(
     *,
     status: TrajectoryStatus = TrajectoryStatus.COMPLETED,
     train_without_logprobs: bool = False,
+    dead_branches: DeadBranches = "train",
 ) -> Trajectory:
-    prepared = prepare(records, train_without_logprobs)
+    prepared = prepare(records, train_without_logprobs, dead_branches)
     chains = [
         Chain(index=i, turns=[Turn(call)], started_by="per_request") for i, call in enumerate(prepared.calls)
     ]
@@ -34,7 +36,7 @@ def per_request(
         prepared,
         chains,
         traces,
-        options={"train_without_logprobs": train_without_logprobs},
+        options={"train_without_logprobs": train_without_logprobs, "dead_branches": dead_branches},
     )
     session = records[0].session_id if records else None
     return Trajectory(status=status, traces=traces, metadata={"session_id": session, **stats.to_dict()})

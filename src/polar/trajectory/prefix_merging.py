@@ -8,6 +8,8 @@ Options:
 - `eot_id`: the end-of-turn token used to cut interstitials at drifted boundaries; inferred from the
   records when not given (`calls.infer_eot`). Exact boundaries never need it.
 - `train_without_logprobs`: see `calls`.
+- `dead_branches`: "train" (default), "mask" or "drop" the answers a harness retried and never used
+  (`retries`); with "drop" a retried conversation is one trace.
 
 Every captured trainable token lands, trainable, in exactly one trace: `coverage` is 1.0 by construction
 and `audit` proves it against the records.
@@ -23,6 +25,7 @@ from polar.trajectory.calls import infer_eot, prepare
 from polar.trajectory.chains import assemble
 from polar.trajectory.errors import BuildError
 from polar.trajectory.models import Trajectory, TrajectoryStatus
+from polar.trajectory.retries import DeadBranches
 from polar.trajectory.sequences import chain_trace
 from polar.trajectory.stats import compute
 
@@ -36,12 +39,13 @@ def prefix_merging(
     on_drift: OnDrift = "split",
     eot_id: int | None = None,
     train_without_logprobs: bool = False,
+    dead_branches: DeadBranches = "train",
 ) -> Trajectory:
     if on_drift not in ("split", "merge"):
         raise BuildError(f"on_drift must be 'split' or 'merge', not {on_drift!r}", param="on_drift")
     if eot_id is not None and (isinstance(eot_id, bool) or not isinstance(eot_id, int) or eot_id < 0):
         raise BuildError(f"eot_id must be a token id, not {eot_id!r}", param="eot_id")
-    prepared = prepare(records, train_without_logprobs)
+    prepared = prepare(records, train_without_logprobs, dead_branches)
     eot = eot_id if eot_id is not None else infer_eot(c.record for c in prepared.calls)
     assembly = assemble(prepared.calls, eot, merge_drift=on_drift == "merge")
     traces = [chain_trace(c) for c in assembly.chains]
@@ -54,7 +58,12 @@ def prefix_merging(
         drift_turns=assembly.drift_turns,
         drift_merged=assembly.drift_merged,
         eot_id=eot,
-        options={"on_drift": on_drift, "eot_id": eot_id, "train_without_logprobs": train_without_logprobs},
+        options={
+            "on_drift": on_drift,
+            "eot_id": eot_id,
+            "train_without_logprobs": train_without_logprobs,
+            "dead_branches": dead_branches,
+        },
     )
     session = records[0].session_id if records else None
     return Trajectory(status=status, traces=traces, metadata={"session_id": session, **stats.to_dict()})

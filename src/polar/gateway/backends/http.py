@@ -347,12 +347,14 @@ def map_status(status: int, raw: bytes) -> GatewayError:
 #   vLLM renderer: "You passed N input tokens and requested O output tokens. However, the model's context length
 #                   is only M tokens, ..." (and "You passed C input characters ..." before tokenizing)
 #   vLLM engine:   "The decoder prompt (length N) is longer than the maximum model length of M. ..."
+#   vLLM 0.32 (and our engine): "max_tokens=O cannot be greater than max_model_len=M. Please request fewer
+#                  output tokens." (a prompt plus max_tokens over M is no error there: vLLM cuts max_tokens)
 #   SGLang:        "The input (N tokens) is longer than the model's context length (M tokens)."
 #                  "Requested token count exceeds the model's maximum context length of M tokens. You requested a
 #                   total of T tokens: N tokens from the input messages and O tokens for the completion. ..."
 _OVERFLOW = re.compile(
     r"maximum context length|context length is only|longer than the maximum model length"
-    r"|longer than the model's context length",
+    r"|longer than the model's context length|cannot be greater than max_model_len",
     re.IGNORECASE,
 )
 _MAX_PATTERNS = tuple(
@@ -362,6 +364,7 @@ _MAX_PATTERNS = tuple(
         r"context length is only (\d+)",
         r"maximum model length of (\d+)",
         r"model's context length \((\d+) tokens\)",
+        r"max_model_len=(\d+)",
     )
 )
 _PROMPT_PATTERNS = tuple(

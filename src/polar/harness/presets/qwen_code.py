@@ -32,8 +32,9 @@ CONFIGURES = (
 )
 LIMITS = (
     "background agents (memory extraction if re-enabled, dream, title, recap) use the served model, tagged; "
-    "after finish_reason=length 0.15.10 resends the same prompt with max_tokens=64000 (the server's context "
-    "must allow it), then adds 'Output token limit hit' recovery turns"
+    "after finish_reason=length 0.15.10 resends the same prompt with max_tokens=64000 (cut by the gateway to "
+    "what the server's context holds, flagged max_tokens_clamped; the cut answer is tagged dead_branch, "
+    "builder_options.dead_branches masks or drops it), then adds 'Output token limit hit' recovery turns"
 )
 
 # 0.15.10: the main loop's system prompt starts so; a call with tools and another system prompt is a

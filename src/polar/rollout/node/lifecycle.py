@@ -33,6 +33,7 @@ from polar.runtime.local import Keep
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
 from polar.trajectory import Trajectory, TrajectoryStatus, build
+from polar.trajectory.retries import DEAD_BRANCH, tag_retries
 
 ERROR, TIMEOUT = SessionStatus.ERROR, SessionStatus.TIMEOUT
 _GRACE_S = 10.0  # past a runtime's own exec timeout before the node stops waiting for it
@@ -328,6 +329,7 @@ async def build_trajectory(s: NodeSession, env: StageEnv) -> Trajectory:
     task = s.spec.task
     records = _classified(s, await asyncio.to_thread(_records, env.store_path, s.session_id))
     records, side_calls = apply_policy(records, task.agent.side_calls)
+    records = tag_retries(records)  # what `builder_options.dead_branches` masks or drops
     status = TrajectoryStatus.TIMEOUT if s.outcome == TIMEOUT else TrajectoryStatus.COMPLETED
     try:
         trajectory = await asyncio.to_thread(
@@ -340,6 +342,7 @@ async def build_trajectory(s: NodeSession, env: StageEnv) -> Trajectory:
         **session_metadata(s),
         "session_id": s.session_id,
         "side_calls": side_calls,
+        "dead_branches": [r.completion_id for r in records if DEAD_BRANCH in r.tags],
     }
     return trajectory.model_copy(update={"metadata": meta})
 
