@@ -136,6 +136,9 @@ async def test_qwen_code_escalation_beyond_the_context_is_cut_to_fit(tmp_path: P
     refused = [b for b in run.fake.requests if b["max_tokens"] == 64000]
     assert len(refused) == len(run.records) - 1
     assert all(r.trainable for r in run.records)
+    # The ids of the prompt are the whole prompt, as the server counted it (the memo of the session's
+    # previous prompt decodes only the new tail, and must still give every id).
+    assert all(len(r.prompt_ids or ()) == r.usage["prompt_tokens"] for r in run.records)
 
 
 async def test_qwen_code_retry_after_a_cut_answer_leaves_a_dead_branch_dropped_from_the_trace(
