@@ -243,3 +243,20 @@ async def test_an_image_without_node_fails_setup_naming_what_is_missing(
     assert run.result.status == SessionStatus.ERROR
     assert "harness setup failed" in (run.result.reason or "") and "no `node`" in (run.result.reason or "")
     assert run.records == []
+
+
+@pytest.mark.cli
+@needs_npm
+async def test_gemini_calls_without_ids_get_the_policys_arguments_back(tmp_path: Path) -> None:
+    """Pi 0.73.1's Gemini dialect sends each function call back as an object and without the id it was
+    given: the gateway re-serializes it (compact) and names it by position. Matched by tool and value, the
+    text the policy wrote (spaced) is put back, so the main loop is one chain with no drift."""
+    spaced = '{"command": "printf \'hello from pi\\\\n\' > hello.txt"}'
+    run = await run_cli(tmp_path, "pi", TOOL, spaced, EXPECT, settings={"dialect": "gemini"})
+    traj = check_run(run, dialect="gemini", tool=TOOL, paths=ROUTES["gemini"])
+    sent = run.records[-1].request["contents"]
+    calls = [p["functionCall"] for c in sent for p in c.get("parts", []) if "functionCall" in p]
+    assert calls and all("id" not in fc for fc in calls)  # the id the gateway gave is gone
+    call = run.records[-1].upstream_request["messages"][-2]["tool_calls"][0]["function"]
+    assert call["arguments"] == spaced
+    assert len(traj.traces) == 1 and not traj.traces[0].metadata["drift_turns"]

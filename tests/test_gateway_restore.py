@@ -18,8 +18,8 @@ COMPACT = '{"command":"ls -la","timeout":10}'  # what Qwen Code / OpenCode / Pi 
 SHELL = {"type": "function", "function": {"name": "shell", "parameters": {"type": "object"}}}
 
 
-def _req(arguments: str, call_id: str = "c1") -> CanonicalRequest:
-    call = {"id": call_id, "type": "function", "function": {"name": "shell", "arguments": arguments}}
+def _req(arguments: str, call_id: str = "c1", name: str = "shell") -> CanonicalRequest:
+    call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
     return CanonicalRequest(
         model="m",
         messages=[
@@ -38,16 +38,31 @@ def test_only_the_same_json_value_is_restored() -> None:
     for changed in ('{"command":"rm -rf /","timeout":10}', "not json", SPACED):
         req = _req(changed)
         assert memory.restore(req) == (req, 0)  # edited, unparsable, or already exact: left as sent
-    req = _req(COMPACT, call_id="unknown")
+    req = _req(COMPACT, call_id="unknown", name="other_tool")  # neither its id nor its tool is known
     assert memory.restore(req) == (req, 0)
     assert _req(COMPACT).messages[1]["tool_calls"][0]["function"]["arguments"] == COMPACT  # input untouched
 
 
+def test_a_call_whose_id_was_dropped_is_matched_by_tool_and_value() -> None:
+    """Pi's Gemini dialect sends function calls back without the id they were given (the gateway names
+    them `call_<i>_<j>`): the arguments are restored when the session's policy wrote exactly one text for
+    that tool and value, and left as sent when it wrote two (which one this is cannot be known)."""
+    memory = ToolArguments()
+    memory.remember((ToolCall("c1", "shell", SPACED),))
+    restored, n = memory.restore(_req(COMPACT, call_id="call_1_0"))
+    assert n == 1 and restored.messages[1]["tool_calls"][0]["function"]["arguments"] == SPACED
+    memory.remember((ToolCall("c2", "shell", '{"timeout": 10, "command": "ls -la"}'),))  # same value
+    req = _req(COMPACT, call_id="call_1_0")
+    assert memory.restore(req) == (req, 0)
+    assert memory.restore(_req(COMPACT, call_id="c1"))[1] == 1  # by its id it is still known
+
+
 def test_memory_is_bounded() -> None:
     memory = ToolArguments(limit=2)
-    memory.remember(tuple(ToolCall(f"c{i}", "shell", SPACED) for i in range(3)))
-    assert memory.restore(_req(COMPACT, "c0"))[1] == 0
-    assert memory.restore(_req(COMPACT, "c2"))[1] == 1
+    spaced = [f'{{"command": "ls {i}"}}' for i in range(3)]
+    memory.remember(tuple(ToolCall(f"c{i}", "shell", spaced[i]) for i in range(3)))
+    assert memory.restore(_req('{"command":"ls 0"}', "c0"))[1] == 0  # forgotten by id and by value
+    assert memory.restore(_req('{"command":"ls 2"}', "c2"))[1] == 1
 
 
 def _script(body: dict[str, Any]) -> Reply:

@@ -8,6 +8,11 @@ must serialize itself. The next prompt then holds tokens the policy never produc
 arguments text of every call it returned, and when a call comes back under the same id with arguments that
 are the *same JSON value*, it puts the original text back. Anything the harness really changed is left as
 sent.
+
+A call that comes back without the id it was given (Pi's Gemini dialect drops `functionCall.id`; the
+gateway then names it by position) is matched by tool name and JSON value instead, when the session's
+policy wrote exactly one text for that value (two different texts of one value: which one is unknowable,
+so it is left as sent).
 """
 
 from __future__ import annotations
@@ -27,10 +32,19 @@ class ToolArguments:
 
     def __init__(self, limit: int = 4096) -> None:
         self._by_id: OrderedDict[str, str] = OrderedDict()
+        # (tool name, the value as canonical JSON) -> the texts the policy wrote for it (for lost ids)
+        self._by_value: OrderedDict[tuple[str, bytes], set[str]] = OrderedDict()
         self._limit = limit
 
     def remember(self, calls: tuple[ToolCall, ...]) -> None:
         self.remember_text((call.id, call.arguments) for call in calls)
+        for call in calls:
+            key = _value_key(call.name, call.arguments)
+            if key is not None:
+                self._by_value.setdefault(key, set()).add(call.arguments)
+                self._by_value.move_to_end(key)
+        while len(self._by_value) > self._limit:
+            self._by_value.popitem(last=False)
 
     def remember_text(self, calls: Iterable[tuple[str, str]]) -> None:
         """Remember (call id, arguments text) pairs, oldest first (also: a session loaded from the store)."""
@@ -72,6 +86,10 @@ class ToolArguments:
             return None
         sent = call["function"].get("arguments")
         original = self._by_id.get(str(call.get("id")))
+        if original is None and isinstance(sent, str):  # an id the harness dropped: by name and value
+            key = _value_key(call["function"].get("name"), sent)
+            texts = self._by_value.get(key) if key is not None else None
+            original = next(iter(texts)) if texts is not None and len(texts) == 1 else None
         if original is None or not isinstance(sent, str) or sent == original:
             return None
         try:
@@ -79,3 +97,13 @@ class ToolArguments:
         except orjson.JSONDecodeError:
             return None
         return original if same else None
+
+
+def _value_key(name: Any, arguments: str) -> tuple[str, bytes] | None:
+    """(name, canonical JSON of the arguments' value), or None when they are not JSON."""
+    if not isinstance(name, str):
+        return None
+    try:
+        return name, orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONDecodeError:
+        return None
