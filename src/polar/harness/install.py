@@ -4,12 +4,16 @@ A preset pins its CLI's version. The first session on a node installs it (npm fo
 Python harnesses) into `$POLAR_HOME/tools/<kind>/<package>@<version>`; every later session reuses that
 prefix, and sandboxed runtimes see it read-only. Installs go to a temporary folder renamed into place, under
 a file lock, so concurrent sessions never see half an install.
+
+`POLAR_TOOL_VERSIONS` (JSON, package -> version) installs and runs other releases than the pins, with the
+presets unchanged: how `scripts/compat` tries each new release (docs/compatibility.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -26,6 +30,20 @@ def tools_home() -> Path:
     home = os.environ.get("POLAR_HOME")
     base = Path(home) if home else Path.home() / ".cache" / "polar"
     return base / "tools"
+
+
+def version_of(package: str, pinned: str) -> str:
+    """The release of `package` to use: the pin, unless POLAR_TOOL_VERSIONS names another."""
+    raw = os.environ.get("POLAR_TOOL_VERSIONS")
+    if not raw:
+        return pinned
+    try:
+        chosen = json.loads(raw)
+    except json.JSONDecodeError:
+        raise InstallError(f"POLAR_TOOL_VERSIONS is not JSON (package -> version): {raw!r}") from None
+    if not isinstance(chosen, dict) or not all(isinstance(v, str) for v in chosen.values()):
+        raise InstallError(f"POLAR_TOOL_VERSIONS must map package names to version strings: {raw!r}")
+    return str(chosen.get(package, pinned))
 
 
 def _install(kind: str, spec: str, command: list[str], root: Path | None, timeout_s: float) -> Path:
@@ -61,7 +79,7 @@ def _install(kind: str, spec: str, command: list[str], root: Path | None, timeou
 
 def npm_prefix(package: str, version: str, *, root: Path | None = None, timeout_s: float = 900) -> Path:
     """The npm prefix holding `package@version` (its binaries are in `<prefix>/node_modules/.bin`)."""
-    spec = f"{package}@{version}"
+    spec = f"{package}@{version_of(package, version)}"
     command = ["npm", "install", "--prefix", "{prefix}", "--no-audit", "--no-fund", "--omit=dev", spec]
     return _install("npm", spec, command, root, timeout_s)
 
@@ -69,13 +87,13 @@ def npm_prefix(package: str, version: str, *, root: Path | None = None, timeout_
 def npm_bin(package: str, version: str, binary: str, *, root: Path | None = None) -> Path:
     path = npm_prefix(package, version, root=root) / "node_modules" / ".bin" / binary
     if not path.exists():
-        raise InstallError(f"{package}@{version} installed no binary named {binary!r}")
+        raise InstallError(f"{package}@{version_of(package, version)} installed no binary named {binary!r}")
     return path
 
 
 def pip_prefix(package: str, version: str, *, root: Path | None = None, timeout_s: float = 900) -> Path:
     """A `--target` folder holding `package==version` and its dependencies (put it on PYTHONPATH)."""
-    spec = f"{package}=={version}"
+    spec = f"{package}=={version_of(package, version)}"
     command = [sys.executable, "-m", "pip", "install", "-q", "--target", "{prefix}", spec]
     return _install("pip", spec, command, root, timeout_s)
 
