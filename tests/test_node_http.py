@@ -22,7 +22,7 @@ async def test_submit_get_and_single_use(tmp_path: Path) -> None:
         async with running_node(url, tmp_path) as node, control_client(node) as client:
             r = await client.post("/node/sessions", json=_body("sess-http-1"))
             assert r.status_code == 202, r.text
-            assert r.json() == {"session_id": "sess-http-1", "accepted": True}
+            assert r.json() == {"session_id": "sess-http-1", "accepted": True, "duplicate": False}
             again = await client.post("/node/sessions", json=_body("sess-http-1"))
             assert again.status_code == 409
             assert "single-use" in again.json()["error"]["message"]
@@ -155,7 +155,8 @@ async def test_python_api_refusals(tmp_path: Path) -> None:
 
 
 async def test_ids_in_the_store_survive_a_node_restart(tmp_path: Path) -> None:
-    """A node restarted on the same store refuses ids its predecessor took, and answers GET for them."""
+    """A node restarted on the same store refuses ids its predecessor took, and answers GET for them with
+    the outcome its predecessor journaled."""
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path) as node:
             await node.submit(spec(shell_task("true"), "sess-before-restart"))
@@ -165,5 +166,5 @@ async def test_ids_in_the_store_survive_a_node_restart(tmp_path: Path) -> None:
                 await node.submit(spec(shell_task("true"), "sess-before-restart"))
             assert dup.value.status == 409
             state = node.state("sess-before-restart")
-            assert state is not None and state.status == SessionStatus.ERROR
-            assert state.result is not None and "restarted" in (state.result.reason or "")
+            assert state is not None and state.status == SessionStatus.COMPLETED
+            assert state.result is not None and state.result.task_id == "t1"

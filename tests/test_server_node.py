@@ -114,9 +114,10 @@ async def _healthy(client: httpx.AsyncClient) -> bool:
 
 
 async def test_lost_dispatch_answers_never_run_a_session_twice(tmp_path: Path) -> None:
-    """First dispatch: the node accepts but the reply is lost; the server asks the node, learns it has
-    the session and waits for it. Second task: the request never reaches the node; the node answers 404
-    to the probe, and the session is re-dispatched under the same id. Each runs exactly once."""
+    """First dispatch: the node accepts but the reply is lost; the server sends the same dispatch again
+    and the node answers "duplicate" (it has it). Second task: the request and its resend never reach the
+    node; the node answers 404 to the probe (fencing that dispatch), and the session is re-dispatched under
+    the same id. Each runs exactly once."""
     caller = write_caller(tmp_path)
     server = start_server(tmp_path / "server.db")
     try:
@@ -133,7 +134,7 @@ async def test_lost_dispatch_answers_never_run_a_session_twice(tmp_path: Path) -
                     assert (await client.post("/nodes/register", json=reg)).status_code == 200
                     await client.post("/rollout/task/submit", json=_task("lost-reply", f"{PY} {caller}"))
                     view = await eventually(lambda: _done(client, "lost-reply"), "the first task")
-                    relay.drop_requests = 1
+                    relay.drop_requests = 2  # the dispatch and its resend
                     relay.hang_up()
                     await client.post("/rollout/task/submit", json=_task("lost-request", f"{PY} {caller}"))
                     view2 = await eventually(lambda: _done(client, "lost-request"), "the second task")
@@ -145,7 +146,7 @@ async def test_lost_dispatch_answers_never_run_a_session_twice(tmp_path: Path) -
     assert len(fake.requests) == 2  # one model call per session: neither ran twice
     assert relay.lose_answers == 0 and relay.drop_requests == 0
     store = ServerStore(tmp_path / "server.db")
-    # the lost reply was settled by asking (one dispatch); the lost request was dispatched again, same id
+    # the lost reply was settled by the resend (one dispatch); the lost request was dispatched again, same id
     assert store.session(view["sessions"][0]["session_id"]).attempts == 1  # type: ignore[union-attr]
     assert store.session(view2["sessions"][0]["session_id"]).attempts == 2  # type: ignore[union-attr]
     store.close()
