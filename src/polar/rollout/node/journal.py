@@ -177,11 +177,11 @@ class Journal:
             f"SELECT {_COLS} FROM node_outcomes WHERE state IN ('ended', 'returned') ORDER BY updated_at"
         )
 
-    def prune(self, ttl_s: float) -> int:
+    def prune(self, ttl_s: float, now: float | None = None) -> int:
         """Drop tombstones (settled, fenced) older than `ttl_s`; owed outcomes are never dropped."""
+        now = time.time() if now is None else now
         return self._exec(
-            "DELETE FROM node_outcomes WHERE state IN ('settled', 'fenced') AND updated_at < ?",
-            (time.time() - ttl_s,),
+            "DELETE FROM node_outcomes WHERE state IN ('settled', 'fenced') AND updated_at < ?", (now - ttl_s,)
         )
 
     def counts(self) -> dict[str, int]:
