@@ -125,13 +125,15 @@ async def test_node_routes_live_on_the_control_listener_behind_the_token(tmp_pat
         ):
             assert (await client.get("/node/status")).status_code == 401
             assert (await client.post("/node/sessions", json=_body("sess-tok"))).status_code == 401
+            assert (await client.post("/node/drain")).status_code == 401
+            assert not node.draining  # refused before it was read
             wrong = await client.get("/node/status", headers={"authorization": "Bearer nope"})
             assert wrong.status_code == 401 and "wrong control token" in wrong.json()["error"]["message"]
             ok = await client.get("/node/status", headers={"authorization": "Bearer s3cret-s3cret-s3cret"})
             assert ok.status_code == 200
             # The model API (what sandboxes reach) serves no node or session route, token or not.
             auth = {"authorization": "Bearer s3cret-s3cret-s3cret"}
-            for method, path in [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/status"),
+            for method, path in [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/status"), ("POST", "/node/drain"),
                                  ("POST", "/sessions"), ("POST", "/admin/pause"), ("GET", "/metrics")]:  # fmt: skip
                 r = await data.request(method, path, headers=auth, json={})
                 assert r.status_code in (404, 405), (method, path, r.status_code)
