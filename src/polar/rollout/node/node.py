@@ -391,6 +391,7 @@ class Node:
     def start_drain(self, reason: str = "node drained", timeout_s: float | None = None) -> asyncio.Task[None]:
         """Begin draining (idempotent: a second call joins the first); see `drain`."""
         if self._draining is None:
+            self.draining = True  # refused from now on, and said so in the answer to whoever asked
             self._draining = asyncio.create_task(self._drain(reason, timeout_s), name="drain")
         return self._draining
 
