@@ -181,7 +181,8 @@ class Journal:
         """Drop tombstones (settled, fenced) older than `ttl_s`; owed outcomes are never dropped."""
         now = time.time() if now is None else now
         return self._exec(
-            "DELETE FROM node_outcomes WHERE state IN ('settled', 'fenced') AND updated_at < ?", (now - ttl_s,)
+            "DELETE FROM node_outcomes WHERE state IN ('settled', 'fenced') AND updated_at < ?",
+            (now - ttl_s,),
         )
 
     def counts(self) -> dict[str, int]:
