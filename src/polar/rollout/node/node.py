@@ -613,7 +613,10 @@ class Node:
         if self.journal is None or self._silent:
             return
         for e in self.journal.owed():
-            if e.server_url is None or self.reporter.sending(e.session_id) or e.session_id in self._sessions:
+            # To this node's server when it has one (a restarted node reports to where it registers now),
+            # else where the session's dispatch said.
+            server = self.config.server_url or e.server_url
+            if server is None or self.reporter.sending(e.session_id) or e.session_id in self._sessions:
                 continue
             if e.state is State.RETURNED:
                 result = self._returned_result(e.session_id, e.task_id or "", e.reason or "handed back")
@@ -621,7 +624,7 @@ class Node:
                 result = e.result
             else:
                 continue
-            self.reporter.report(e.server_url, result, e.dispatch)
+            self.reporter.report(server, result, e.dispatch)
 
     def _prune(self) -> None:
         """Tombstones past their time, at most once a minute."""
