@@ -47,9 +47,15 @@ def fake_policy(script: Script = None) -> Iterator[tuple[str, FakeInferenceServe
 
 @contextlib.asynccontextmanager
 async def running_node(
-    backend_url: str, tmp_path: Path, *, wrap_model_api: Any = None, **overrides: Any
+    backend_url: str,
+    tmp_path: Path,
+    *,
+    wrap_model_api: Any = None,
+    wrap_control: Any = None,
+    **overrides: Any,
 ) -> AsyncIterator[Node]:
-    """A started node; `wrap_model_api(app)` wraps the ASGI app of its model API listener (a recorder)."""
+    """A started node; `wrap_model_api(app)` wraps the ASGI app of its model API listener (a recorder),
+    `wrap_control(app)` that of its control listener (a fault)."""
     gateway = GatewayConfig(
         backend_url=backend_url,
         served_model=overrides.pop("served_model", SERVED_MODEL),
@@ -64,6 +70,8 @@ async def running_node(
     node = Node(NodeConfig(gateway=gateway, **(defaults | overrides)))
     if wrap_model_api is not None:
         node.data_server.app = wrap_model_api(node.data_server.app)
+    if wrap_control is not None:
+        node.control_server.app = wrap_control(node.control_server.app)
     await node.start()
     try:
         yield node

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -101,3 +102,52 @@ def test_unreachable_backend_without_model_fails_to_start(tmp_path: Path) -> Non
         "polar node: could not list the backend's models "
         "(inference server unreachable at http://127.0.0.1:1); pass --model"
     ]
+
+
+def test_a_node_killed_mid_session_reports_it_after_a_restart_and_never_reruns_it(tmp_path: Path) -> None:
+    """SIGKILL while a session's agent runs: nothing reports it. A `polar node` restarted with the same
+    store and node id finds it admitted-but-unended in its journal and reports it ERROR ("node restarted
+    while the session ran"); the agent is not run again."""
+    runs, gate = tmp_path / "runs", tmp_path / "go"
+    port, control_port = free_port(), free_port()
+    server = start_server(tmp_path / "server.db", audit_interval_s=3600)
+    argv = [sys.executable, "-m", "polar", "node", "--model", SERVED_MODEL, "--port", str(port)]
+    argv += ["--control-port", str(control_port), "--store", str(tmp_path / "node.db")]
+    argv += ["--server", server.url, "--runtime-root", str(tmp_path / "rt"), "--node-id", "phoenix"]
+    argv += ["--heartbeat", "0.1", "--log-level", "warning"]
+    env = {**os.environ, "POLAR_TOKEN": TOKEN}
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        with fake_policy() as (url, _), httpx.Client(base_url=server.url, timeout=10, headers=AUTH) as http:
+
+            def start() -> None:
+                procs.append(subprocess.Popen([*argv, "--backend", url], env=env, text=True))
+
+            def session() -> dict[str, Any]:
+                view: dict[str, Any] = http.get("/rollout/task/killed").json()
+                return view["sessions"][0]  # type: ignore[no-any-return]
+
+            start()
+            wait_until(lambda: http.get("/nodes").json()["nodes"], timeout=30, what="registration")
+            command = f'echo "$POLAR_SESSION_ID" >> {runs}; while [ ! -f {gate} ]; do sleep 0.05; done'
+            task = {"task_id": "killed", "instruction": "x", "agent": {"harness": "shell", "settings": {"command": command}}}  # fmt: skip
+            assert http.post("/rollout/task/submit", json=task).status_code == 201
+            wait_until(
+                lambda: session()["status"] == "RUNNING" or runs.exists(), timeout=30, what="the agent"
+            )
+            procs[0].kill()
+            procs[0].wait()
+            gate.touch()  # were the session run again, it would end at once and append to `runs`
+            start()
+            done = wait_until(lambda: session()["status"] not in ("DISPATCHED", "RUNNING") and session(),
+                              timeout=60, what="the report")  # fmt: skip
+            result = http.get("/rollout/task/killed").json()["results"][0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
+        server.stop()
+    assert done["status"] == "ERROR" and result["reason"].startswith("node restarted while the session ran")
+    assert result["node_id"] == "phoenix"
+    assert runs.read_text().split() == [done["session_id"]]  # the agent ran once

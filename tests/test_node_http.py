@@ -22,7 +22,7 @@ async def test_submit_get_and_single_use(tmp_path: Path) -> None:
         async with running_node(url, tmp_path) as node, control_client(node) as client:
             r = await client.post("/node/sessions", json=_body("sess-http-1"))
             assert r.status_code == 202, r.text
-            assert r.json() == {"session_id": "sess-http-1", "accepted": True}
+            assert r.json() == {"session_id": "sess-http-1", "accepted": True, "duplicate": False}
             again = await client.post("/node/sessions", json=_body("sess-http-1"))
             assert again.status_code == 409
             assert "single-use" in again.json()["error"]["message"]
@@ -125,13 +125,15 @@ async def test_node_routes_live_on_the_control_listener_behind_the_token(tmp_pat
         ):
             assert (await client.get("/node/status")).status_code == 401
             assert (await client.post("/node/sessions", json=_body("sess-tok"))).status_code == 401
+            assert (await client.post("/node/drain")).status_code == 401
+            assert not node.draining  # refused before it was read
             wrong = await client.get("/node/status", headers={"authorization": "Bearer nope"})
             assert wrong.status_code == 401 and "wrong control token" in wrong.json()["error"]["message"]
             ok = await client.get("/node/status", headers={"authorization": "Bearer s3cret-s3cret-s3cret"})
             assert ok.status_code == 200
             # The model API (what sandboxes reach) serves no node or session route, token or not.
             auth = {"authorization": "Bearer s3cret-s3cret-s3cret"}
-            for method, path in [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/status"),
+            for method, path in [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/status"), ("POST", "/node/drain"),
                                  ("POST", "/sessions"), ("POST", "/admin/pause"), ("GET", "/metrics")]:  # fmt: skip
                 r = await data.request(method, path, headers=auth, json={})
                 assert r.status_code in (404, 405), (method, path, r.status_code)
@@ -155,7 +157,8 @@ async def test_python_api_refusals(tmp_path: Path) -> None:
 
 
 async def test_ids_in_the_store_survive_a_node_restart(tmp_path: Path) -> None:
-    """A node restarted on the same store refuses ids its predecessor took, and answers GET for them."""
+    """A node restarted on the same store refuses ids its predecessor took, and answers GET for them with
+    the outcome its predecessor journaled."""
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path) as node:
             await node.submit(spec(shell_task("true"), "sess-before-restart"))
@@ -165,5 +168,5 @@ async def test_ids_in_the_store_survive_a_node_restart(tmp_path: Path) -> None:
                 await node.submit(spec(shell_task("true"), "sess-before-restart"))
             assert dup.value.status == 409
             state = node.state("sess-before-restart")
-            assert state is not None and state.status == SessionStatus.ERROR
-            assert state.result is not None and "restarted" in (state.result.reason or "")
+            assert state is not None and state.status == SessionStatus.COMPLETED
+            assert state.result is not None and state.result.task_id == "t1"

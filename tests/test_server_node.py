@@ -114,9 +114,10 @@ async def _healthy(client: httpx.AsyncClient) -> bool:
 
 
 async def test_lost_dispatch_answers_never_run_a_session_twice(tmp_path: Path) -> None:
-    """First dispatch: the node accepts but the reply is lost; the server asks the node, learns it has
-    the session and waits for it. Second task: the request never reaches the node; the node answers 404
-    to the probe, and the session is re-dispatched under the same id. Each runs exactly once."""
+    """First dispatch: the node accepts but the reply is lost; the server sends the same dispatch again
+    and the node answers "duplicate" (it has it). Second task: the request and its resend never reach the
+    node; the node answers 404 to the probe (fencing that dispatch), and the session is re-dispatched under
+    the same id. Each runs exactly once."""
     caller = write_caller(tmp_path)
     server = start_server(tmp_path / "server.db")
     try:
@@ -133,7 +134,7 @@ async def test_lost_dispatch_answers_never_run_a_session_twice(tmp_path: Path) -
                     assert (await client.post("/nodes/register", json=reg)).status_code == 200
                     await client.post("/rollout/task/submit", json=_task("lost-reply", f"{PY} {caller}"))
                     view = await eventually(lambda: _done(client, "lost-reply"), "the first task")
-                    relay.drop_requests = 1
+                    relay.drop_requests = 2  # the dispatch and its resend
                     relay.hang_up()
                     await client.post("/rollout/task/submit", json=_task("lost-request", f"{PY} {caller}"))
                     view2 = await eventually(lambda: _done(client, "lost-request"), "the second task")
@@ -145,7 +146,7 @@ async def test_lost_dispatch_answers_never_run_a_session_twice(tmp_path: Path) -
     assert len(fake.requests) == 2  # one model call per session: neither ran twice
     assert relay.lose_answers == 0 and relay.drop_requests == 0
     store = ServerStore(tmp_path / "server.db")
-    # the lost reply was settled by asking (one dispatch); the lost request was dispatched again, same id
+    # the lost reply was settled by the resend (one dispatch); the lost request was dispatched again, same id
     assert store.session(view["sessions"][0]["session_id"]).attempts == 1  # type: ignore[union-attr]
     assert store.session(view2["sessions"][0]["session_id"]).attempts == 2  # type: ignore[union-attr]
     store.close()
@@ -302,3 +303,100 @@ async def test_two_nodes_share_by_load_and_priority_decides_the_queue(tmp_path: 
 
 async def _placed_one(client: httpx.AsyncClient, task_id: str) -> bool:
     return (await _view(client, task_id))["sessions"][0]["status"] != "REGISTERED"
+
+
+class HoldDispatches:
+    """Wraps a node's control app: while `holding`, each `POST /node/sessions` is read whole and then held
+    inside the node (its request still in flight there) until `release()`; what the node answers the
+    released ones is recorded. The caller has long given up on them by then."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.holding = True
+        self.held = 0
+        self.answers: list[int] = []
+        self._go = asyncio.Event()
+
+    def release(self) -> None:
+        self.holding = False
+        self._go.set()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if not (
+            self.holding
+            and scope["type"] == "http"
+            and (scope["method"], scope["path"]) == ("POST", "/node/sessions")
+        ):
+            await self.app(scope, receive, send)
+            return
+        messages = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body"):
+                break
+        self.held += 1
+        await self._go.wait()
+        replay = iter(messages)
+
+        async def again() -> Any:
+            return next(replay, {"type": "http.disconnect"})
+
+        async def record(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                self.answers.append(message["status"])
+            with contextlib.suppress(Exception):  # the server hung up long ago
+                await send(message)
+
+        await self.app(scope, again, record)
+
+
+async def test_a_dispatch_still_in_flight_when_the_probe_finds_nothing_never_runs(tmp_path: Path) -> None:
+    """The lost-reply race, reproduced: node a receives the dispatch (and its resend) but answers neither
+    before the server gives up; the server's probe finds nothing on a and requeues the session, which runs
+    on node b. Then a's held requests go on: a fenced that dispatch when it answered the probe, so it refuses
+    both (409) instead of running the session a second time."""
+    runs = tmp_path / "runs"
+    command = f'echo "$POLAR_SESSION_ID" >> {runs}'
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    # a short dispatch timeout (the held requests), and a long cooldown: the requeued session goes to b
+    server = start_server(tmp_path / "server.db", node_timeout_s=0.5, refuse_cooldown_s=600.0)
+    holds: list[HoldDispatches] = []
+
+    def hold(app: Any) -> HoldDispatches:
+        holds.append(HoldDispatches(app))
+        return holds[0]
+
+    try:
+        with fake_policy() as (url, _):
+            common: dict[str, Any] = {"server_url": server.url, "heartbeat_s": 0.05}
+            async with (
+                running_node(url, tmp_path / "a", node_id="a", wrap_control=hold, **common) as a,
+                running_node(url, tmp_path / "b", node_id="b", **common),
+                httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client,
+            ):
+
+                async def both() -> bool:
+                    nodes = (await client.get("/nodes")).json()["nodes"]
+                    return len(nodes) == 2 and all(n["healthy"] for n in nodes)
+
+                await eventually(both, "two healthy nodes")
+                await client.post("/rollout/task/submit", json=_task("race", command))
+                view = await eventually(lambda: _done(client, "race"), "the session to run on b")
+                assert holds[0].held == 2  # the dispatch and its resend, both still inside node a
+                holds[0].release()
+                await until(lambda: len(holds[0].answers) == 2, "node a to answer the held requests")
+                (sid,) = [s["session_id"] for s in view["sessions"]]
+                on_a = a.state(sid)
+                assert a.journal is not None
+                fence = a.journal.get(sid)
+    finally:
+        for h in holds:
+            h.release()
+        server.stop()
+    (res,) = view["results"]
+    assert res["status"] == "COMPLETED" and res["node_id"] == "b"
+    assert holds[0].answers == [409, 409]
+    assert runs.read_text().split() == [sid]  # ran once, on b
+    assert on_a is None and fence is not None and fence.state.value == "fenced"

@@ -168,6 +168,22 @@ class RolloutClient:
         data: list[dict[str, Any]] = (await self._get("/nodes"))["nodes"]
         return data
 
+    async def drain_node(
+        self, node_id: str, *, timeout_s: float | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
+        """`POST /nodes/{id}/drain`: the node takes nothing new, hands back what has not started, lets what
+        runs finish (cancelled after `timeout_s`, if given), then leaves."""
+        body: dict[str, Any] = {"timeout_s": timeout_s}
+        if reason is not None:
+            body["reason"] = reason
+        try:
+            r = await self._http.post(f"{self.url}/nodes/{node_id}/drain", json=body)
+        except httpx.HTTPError as exc:
+            raise RolloutError(f"POST drain {node_id}: {type(exc).__name__}: {exc}") from None
+        _raise_for(r)
+        data: dict[str, Any] = r.json()
+        return data
+
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task group; False if it had already finished."""
         try:

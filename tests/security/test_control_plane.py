@@ -36,6 +36,8 @@ CONTROL_ROUTES = [
     ("POST", "/callbacks/session_result"),
     ("POST", "/nodes/register"),
     ("POST", "/nodes/n1/heartbeat"),
+    ("POST", "/nodes/n1/drain"),
+    ("POST", "/nodes/n1/leave"),
     ("GET", "/nodes"),
     ("GET", "/metrics"),
 ]

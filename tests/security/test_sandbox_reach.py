@@ -47,7 +47,8 @@ def status(method, path, headers):
     except Exception as e:
         return type(e).__name__
 
-routes = [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/status"),
+routes = [("POST", "/node/sessions"), ("GET", "/node/sessions"), ("GET", "/node/status"), ("POST", "/node/drain"),
+          ("POST", "/nodes/n1/drain"), ("POST", "/nodes/n1/leave"),
           ("DELETE", "/node/sessions/" + other), ("POST", "/sessions"), ("GET", "/sessions/" + other),
           ("GET", "/sessions/" + other + "/completions"), ("GET", "/sessions/" + other + "/trajectory"),
           ("POST", "/admin/pause"), ("POST", "/admin/resume"), ("POST", "/admin/resume?policy_version=7"),

@@ -1,4 +1,5 @@
-"""`polar node`: a gateway node (the capturing gateway plus the staged session pools)."""
+"""`polar node`: a gateway node (the capturing gateway plus the staged session pools); `polar node drain`:
+take one out of service gracefully."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 import logging
 import signal
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -19,10 +21,85 @@ from polar.cli.common import (
     resolve_token,
     setup_logging,
     start_servers,
+    token_file_option,
 )
+from polar.cli.submit import SERVER
 
 
-@click.command("node")
+@click.command("drain")
+@click.argument("node_id")
+@click.option("--server", default=SERVER, show_default=True, envvar="POLAR_SERVER", metavar="URL")
+@token_file_option
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Cancel sessions still running after this many seconds (default: let them finish).",
+)
+@click.option(
+    "--reason", default="node drained (polar node drain)", show_default=True, help="Logged and recorded."
+)
+@click.option("--wait/--no-wait", default=True, show_default=True, help="Stay until the node has left.")
+def drain(
+    node_id: str, server: str, token_file: Path | None, timeout_s: float | None, reason: str, wait: bool
+) -> None:
+    """Drain NODE_ID: it takes no new session, hands the sessions whose agent has not started back to the
+    server (which runs them on other nodes, same ids), lets running ones finish and report, then
+    deregisters and its `polar node` process exits. For rolling upgrades and for freeing a machine.
+
+    \b
+    Examples:
+      polar node drain node-gpu3                        # the server at $POLAR_SERVER (or --server)
+      polar node drain node-gpu3 --timeout 900          # cancel what still runs after 15 minutes
+      polar node drain node-gpu3 --no-wait              # ask, and return at once
+      for n in node-a node-b; do polar node drain $n && restart-node $n; done   # one node at a time
+    """
+    from polar.client import RolloutClient, RolloutError
+
+    token = resolve_token(token_file, create=False)
+
+    async def go() -> None:
+        async with RolloutClient(server, token=token, retry_window_s=5) as client:
+            answer = await client.drain_node(node_id, timeout_s=timeout_s, reason=reason)
+            click.echo(f"node {node_id}: draining ({_stages(answer.get('status') or {})})", err=True)
+            last = ""
+            while wait:
+                mine = [n for n in await client.nodes() if n["node_id"] == node_id]
+                if not mine:
+                    click.echo(f"node {node_id}: left", err=True)
+                    return
+                line = _stages(mine[0].get("status") or {})
+                if line != last:
+                    click.echo(f"node {node_id}: draining ({line})", err=True)
+                    last = line
+                await asyncio.sleep(1.0)
+
+    try:
+        asyncio.run(go())
+    except RolloutError as exc:
+        raise click.ClickException(f"{server}: {exc}") from None
+
+
+def _stages(status: dict[str, Any]) -> str:
+    by_stage = status.get("by_stage") or {}
+    if not by_stage:
+        return "no sessions left"
+    return ", ".join(f"{n} {stage}" for stage, n in sorted(by_stage.items()))
+
+
+class _NodeCommand(click.Command):
+    """`polar node [OPTIONS]` serves a node; `polar node drain ...` is its own command under the same name
+    (a click group would make the serving options, `--backend` required among them, apply to `drain`)."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        if args[:1] == ["drain"]:
+            return drain.make_context(f"{info_name} drain", args[1:], parent=parent, **extra)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+
+@click.command("node", cls=_NodeCommand)
 @click.option(
     "--server", "server_url", metavar="URL", help="Rollout server to register with (omit: standalone)."
 )
@@ -105,6 +182,10 @@ def node(
       polar node --server http://127.0.0.1:8300 --backend http://127.0.0.1:8000 --port 8200
       # on another machine than the server: a control listener the server can reach
       POLAR_TOKEN=... polar node --server http://head:8300 --backend http://gpu:8000 --control-host 0.0.0.0
+      polar node drain node-gpu3    # take a node out gracefully (see `polar node drain --help`)
+
+    A node restarted with the same --store and --node-id reports the outcomes its predecessor had not
+    delivered (sessions that were running end ERROR "node restarted"; none runs twice).
     """
     from polar.rollout.node import Node, NodeConfig
 

@@ -1,15 +1,24 @@
 """What the rollout server and gateway nodes say to each other (JSON over HTTP, pydantic at both ends).
 
-Server → node:  POST {node}/node/sessions        SessionSpec         → 202 {"session_id", "accepted": true}
-                GET  {node}/node/sessions/{id}                       → NodeSessionState (or 404: never seen)
+Server → node:  POST {node}/node/sessions        SessionSpec         → 202 {"session_id", "accepted", "duplicate"}
+                GET  {node}/node/sessions/{id}                       → NodeSessionState (or 404: not there)
                 DELETE {node}/node/sessions/{id}                     → cancel (kills the process tree)
                 GET  {node}/node/status                              → NodeStatus
+                POST {node}/node/drain            DrainRequest        → 202 NodeStatus (then the node leaves)
 Node → server:  POST {server}/nodes/register     NodeRegistration    → {"node_id"}
                 POST {server}/nodes/{id}/heartbeat NodeStatus
+                POST {server}/nodes/{id}/leave                       → 409 while sessions are open there
                 POST {server}/callbacks/session_result SessionResult (retried until acknowledged)
 
-A session id is single-use: a node refuses a second dispatch of an id it has seen (409), and the server,
-when a dispatch answer was lost, asks the node (GET) before trying another node.
+A session id is single-use: a node refuses a second dispatch of an id it has seen (409). A dispatch is
+named by its result token, and every answer a node gives about one is final and journaled before it is
+sent: a resend of an accepted dispatch is answered 202 "duplicate" (nothing runs twice), and a refused one
+(429, 503, 422, or a probe answered 404 with the dispatch's token in `x-polar-result-token`) is fenced, so
+a copy still in flight is never admitted after the server requeued the session. The server, when a
+dispatch answer was lost, resends it once, then asks the node (GET with the token) before requeueing.
+
+A result with status REGISTERED is a hand-back: a draining node stopped the session before its agent
+started, and the server puts it back in the queue (same id) instead of ending it.
 
 Every call in both directions carries the deployment's control token (`polar.auth`). A result POST also
 carries the dispatch's own credential in the `x-polar-result-token` header: the server makes one per
@@ -109,6 +118,11 @@ class NodeStatus(_Wire):
     capacity: int = 1
     by_stage: dict[str, int] = Field(default_factory=dict)
     draining: bool = False
+
+
+class DrainRequest(_Wire):
+    reason: str = Field("node drained", max_length=500)
+    timeout_s: float | None = Field(None, gt=0)  # then running sessions are cancelled (None: let them end)
 
 
 class NodeSessionState(_Wire):

@@ -1,12 +1,15 @@
 """The node's HTTP faces: the gateway's model API for harnesses (data listener), and `/node/...` with the
 gateway's control routes for the rollout server (control listener, token required).
 
-    POST   /node/sessions        SessionSpec -> 202 {"session_id", "accepted": true}
+    POST   /node/sessions        SessionSpec -> 202 {"session_id", "accepted": true, "duplicate": bool}
+                                 (duplicate: this dispatch, same result token, was accepted before: a resend)
                                  409 seen before (single use), 429 full, 503 draining, 422 invalid (names the field)
     GET    /node/sessions        {"sessions": [NodeSessionState without results]}
-    GET    /node/sessions/{id}   NodeSessionState (with the result once terminal), 404 never seen
+    GET    /node/sessions/{id}   NodeSessionState (with the result once terminal), 404 not here. With the
+                                 dispatch's x-polar-result-token, a 404 is final: that dispatch is fenced
     DELETE /node/sessions/{id}   cancels (kills the process tree); answers the state once it ended
     GET    /node/status          NodeStatus
+    POST   /node/drain           DrainRequest (optional) -> 202 NodeStatus: the node drains, then leaves
 
 Every control route needs the deployment's control token; a harness's session key opens none of them, and
 the control listener is never reachable from a session's sandbox.
@@ -26,12 +29,13 @@ from polar.gateway.app import GatewayApp, HotPath, control_app, create_app
 from polar.gateway.control import routes as control_routes
 from polar.harness.registry import classifier
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
-from polar.rollout.protocol import SessionSpec
+from polar.rollout.protocol import RESULT_TOKEN_HEADER, DrainRequest, SessionSpec
 
 if TYPE_CHECKING:
     from polar.rollout.node.node import Node
 
 MAX_SPEC_BYTES = 8 << 20
+MAX_DRAIN_BYTES = 64 << 10
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -66,6 +70,7 @@ class NodeApp:
             Route("/node/sessions/{session_id}", self.get_session, methods=["GET"]),
             Route("/node/sessions/{session_id}", self.cancel_session, methods=["DELETE"]),
             Route("/node/status", self.status, methods=["GET"]),
+            Route("/node/drain", self.drain, methods=["POST"]),
         ]
         token = node.config.gateway.control_token
         self.control = control_app(self.gateway.state, token, [*node_routes, *control_routes])
@@ -99,10 +104,10 @@ class NodeApp:
         except ValidationError as exc:
             return _validation_error(exc)
         try:
-            await self.node.submit(spec)
+            new = await self.node.submit(spec)
         except AdmissionError as exc:
             return _error(exc.status, exc.message, exc.field)
-        return _json({"session_id": spec.session_id, "accepted": True}, 202)
+        return _json({"session_id": spec.session_id, "accepted": True, "duplicate": not new}, 202)
 
     async def list_sessions(self, request: Request) -> Response:
         states = [s.model_dump(mode="json", exclude={"result"}) for s in self.node.sessions()]
@@ -110,7 +115,8 @@ class NodeApp:
 
     async def get_session(self, request: Request) -> Response:
         sid = request.path_params["session_id"]
-        state = self.node.state(sid)
+        dispatch = request.headers.get(RESULT_TOKEN_HEADER)
+        state = self.node.probe(sid, dispatch) if dispatch else self.node.state(sid)
         if state is None:
             return _error(404, f"no session {sid} on this node")
         return _json(state)
@@ -125,6 +131,18 @@ class NodeApp:
 
     async def status(self, request: Request) -> Response:
         return _json(self.node.status())
+
+    async def drain(self, request: Request) -> Response:
+        try:
+            body = await read_body(request, MAX_DRAIN_BYTES, self.node.config.gateway.body_timeout_s)
+        except BodyError as exc:
+            return _error(exc.status, f"drain request: {exc.message}")
+        try:
+            req = DrainRequest.model_validate_json(body) if body.strip() else DrainRequest()
+        except ValidationError as exc:
+            return _validation_error(exc)
+        self.node.start_drain(req.reason, req.timeout_s)
+        return _json(self.node.status(), 202)
 
 
 def create_node_app(node: Node) -> NodeApp:

@@ -36,6 +36,9 @@ class NodeConfig:
     report_backoff_s: float = 0.5  # first retry delay; doubles, capped at 30 s
     post_run_timeout_s: float = 120.0  # the harness's post-run hook (log collection)
     keep_results: int = 10_000  # finished results kept whole; older ones keep status and reason only
+    # How long the journal keeps a tombstone (an acknowledged outcome, a refused dispatch), so a dispatch
+    # resent after a lost reply is recognised; unacknowledged outcomes are kept until the server has them.
+    tombstone_ttl_s: float = 7 * 24 * 3600.0
     # Host directories upload prepare actions may copy from (empty: none, so a remote submitter cannot make
     # the node copy its files into a sandbox); `polar run` gives the task file's directory.
     upload_roots: tuple[Path, ...] = ()
@@ -48,6 +51,8 @@ class NodeConfig:
             raise ValueError(f"keep must be nothing, artifacts or all, not {self.keep!r}")
         if self.heartbeat_s <= 0:
             raise ValueError("heartbeat_s must be positive")
+        if self.tombstone_ttl_s <= 0:
+            raise ValueError("tombstone_ttl_s must be positive")
         if self.report_attempts < 1:
             raise ValueError("report_attempts must be at least 1")
         if any(not Path(root).is_absolute() for root in self.upload_roots):

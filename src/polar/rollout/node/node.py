@@ -4,11 +4,17 @@
     await node.start()                 # the gateway and the /node routes on one loopback port
     await node.submit(spec)            # admitted or refused (AdmissionError) at once
     result = await node.wait(spec.session_id)
-    await node.stop()
+    await node.drain()                 # or: finish what runs, hand back what did not start, leave
+    await node.stop()                  # or: cancel what runs
 
 Everything runs on the caller's event loop: the gateway serving the harnesses' calls, and one driver task per
 session that takes a slot of each stage's pool in turn. Harnesses run as subprocesses, trajectories are built
 in a worker thread, so the loop only coordinates.
+
+What the node decides about a session id is written to its journal (`journal`, in the store file) before
+anyone hears it: admitted, refused (a fence), ended with its result, handed back. So a restarted node on the
+same store reports its predecessor's outcomes (and ERROR "node restarted" for what was running), never runs
+an id twice, and answers a dispatch it already accepted, resent after a lost reply, with "already have it".
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from polar.harness.registry import get_harness
 from polar.rollout.node.app import create_node_app
 from polar.rollout.node.config import NodeConfig
 from polar.rollout.node.deadline import Deadline
+from polar.rollout.node.journal import Journal, State
 from polar.rollout.node.lifecycle import (
     StageEnv,
     close_gateway_session,
@@ -85,10 +92,14 @@ class Node:
         self._sessions: dict[str, NodeSession] = {}  # admitted, not finished
         self._results: OrderedDict[str, SessionResult] = OrderedDict()  # finished, newest last
         self._archived: dict[str, SessionResult] = {}  # older finished ones, without their trajectory
-        self._seen: set[str] = set()
+        self._returned: set[str] = set()  # handed back to the server unrun (a drain)
+        self.journal: Journal | None = None  # open while the node is started
         self.draining = False
         self.reporter = Reporter(
-            config.gateway.control_token, config.report_attempts, config.report_backoff_s
+            config.gateway.control_token,
+            config.report_attempts,
+            config.report_backoff_s,
+            on_settled=self._settled,
         )
         self.asgi = create_node_app(self)
         self.metrics = NodeMetrics(self.asgi.gateway.state.metrics_registry, self)  # beside the gateway's
@@ -102,6 +113,8 @@ class Node:
         self._stopping: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._silent = False  # stop(report=False): finished sessions are not reported to the server
+        self._draining: asyncio.Task[None] | None = None
+        self._pruned_at = 0.0
         self.url = ""  # the gateway's model API (what runtimes are pointed at)
         self.control_url = ""  # /node/... and the gateway's control routes, token required
 
@@ -117,6 +130,15 @@ class Node:
         # Containers in the background: asking an engine takes a while, and none of them is in the way.
         self._reaper = asyncio.create_task(_reap_containers(), name="reap-containers")
         await asyncio.to_thread(namespaces.probe)
+        self.journal = Journal(gw.store_path, gw.durability)
+        interrupted = self.journal.interrupted(self.node_id)
+        if interrupted:
+            log.warning(
+                "node %s: %d session(s) were running when the node stopped; they end ERROR (not run again)",
+                self.node_id,
+                len(interrupted),
+            )
+        self.journal.prune(self.config.tombstone_ttl_s)
         await start_all([self.data_server, self.control_server])
         self.url = self.data_server.url
         self.control_url = self.control_server.url
@@ -137,9 +159,15 @@ class Node:
             )
             self._heartbeat = asyncio.create_task(
                 self.reporter.heartbeats(
-                    self.config.server_url, registration, self.status, self.config.heartbeat_s
+                    self.config.server_url,
+                    registration,
+                    self.status,
+                    self.config.heartbeat_s,
+                    on_registered=self._report_owed,
                 )
             )
+        else:
+            await self._report_owed()  # outcomes for sessions' own server_url, if any
         log.info(
             "node %s: model API at %s, control at %s (capacity %d)",
             self.node_id,
@@ -178,6 +206,9 @@ class Node:
         await self.reporter.aclose()
         await stop_all([self.data_server, self.control_server])
         self._env = None  # the gateway's store is closed with it
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
 
     # -- admission ----------------------------------------------------------------------------------------
     def _validate(self, spec: SessionSpec) -> tuple[Any, Any, bool]:
@@ -205,36 +236,75 @@ class Node:
         return harness, evaluator, fresh
 
     def _known(self, session_id: str) -> bool:
-        if session_id in self._seen:
+        """Whether this node (or its store) holds the id: admitted once, it is never admitted again."""
+        entry = self.journal.get(session_id) if self.journal is not None else None
+        if entry is not None and entry.state is not State.FENCED:
             return True
         return self._env is not None and self._env.proxy.sessions.get(session_id) is not None
 
-    async def submit(self, spec: SessionSpec) -> None:
-        """Admit `spec` (raises `AdmissionError`: 409 seen before, 429 full, 503 draining, 422 invalid)."""
-        if self.draining:
-            raise AdmissionError(503, "the node is draining and takes no new sessions")
-        if self._env is None:
+    def _refuse(
+        self, spec: SessionSpec, status: int, message: str, field: str | None = None
+    ) -> AdmissionError:
+        """A refusal is final for this dispatch: fenced first, so that a copy of it still in flight (a
+        resend, a proxy's retry) can never be admitted after the server requeued the session."""
+        if spec.result_token is not None and self.journal is not None:
+            self.journal.fence(spec.session_id, spec.result_token)
+        return AdmissionError(status, message, field)
+
+    async def submit(self, spec: SessionSpec) -> bool:
+        """Admit `spec`: True when admitted now, False when this very dispatch (same `result_token`) was
+        admitted before (a resend after a lost reply: nothing more happens). Raises `AdmissionError`: 409 seen
+        before (or this dispatch was refused before), 429 full, 503 draining, 422 invalid."""
+        sid, token = spec.session_id, spec.result_token
+        if self._env is None or self.journal is None:
             raise AdmissionError(503, "the node is not started")
-        if self._known(spec.session_id):
-            raise AdmissionError(409, f"session {spec.session_id} was seen by this node; ids are single-use")
+        entry = self.journal.get(sid)
+        if entry is not None and entry.same_dispatch(token):
+            if entry.state in (State.ADMITTED, State.ENDED, State.SETTLED):
+                return False  # already have it
+            raise AdmissionError(409, f"this dispatch of {sid} was refused or handed back earlier")
+        if self._known(sid):
+            raise AdmissionError(409, f"session {sid} was seen by this node; ids are single-use")
+        if self.draining:
+            raise self._refuse(spec, 503, "the node is draining and takes no new sessions")
         if len(self._sessions) >= self.config.capacity:
-            raise AdmissionError(429, f"the node is full ({self.config.capacity} sessions)")
-        harness, evaluator, fresh = self._validate(spec)
-        self._seen.add(spec.session_id)
+            raise self._refuse(spec, 429, f"the node is full ({self.config.capacity} sessions)")
+        try:
+            harness, evaluator, fresh = self._validate(spec)
+        except AdmissionError as exc:
+            raise self._refuse(spec, exc.status, exc.message, exc.field) from None
+        self.journal.admit(sid, token, spec.task.task_id, spec.server_url or self.config.server_url)
         deadline = Deadline(spec.task.timeout_seconds)
         s = NodeSession(spec=spec, harness=harness, evaluator=evaluator, deadline=deadline, wants_fresh=fresh)
         self._sessions[spec.session_id] = s
         s.driver = asyncio.create_task(self._drive(s), name=f"session-{spec.session_id}")
         s.driver.add_done_callback(lambda _: self._driver_ended(s))
+        return True
 
     # -- queries ------------------------------------------------------------------------------------------
     def state(self, session_id: str) -> NodeSessionState | None:
+        """What the node has of the session; None: it does not have it (never admitted, or handed back)."""
         s = self._sessions.get(session_id)
         if s is not None:
             return NodeSessionState(session_id=session_id, status=s.status)
         result = self._result(session_id)
         if result is not None:
             return NodeSessionState(session_id=session_id, status=result.status, result=result)
+        if session_id in self._returned:
+            return None
+        entry = self.journal.get(session_id) if self.journal is not None else None
+        if entry is not None and entry.state in (State.ENDED, State.SETTLED) and entry.status is not None:
+            # A previous process's outcome: whole until the server acknowledged it, then status and reason
+            kept = entry.result or SessionResult(
+                session_id=session_id,
+                task_id=entry.task_id or "",
+                node_id=self.node_id,
+                status=entry.status,
+                reason=entry.reason,
+            )
+            return NodeSessionState(session_id=session_id, status=kept.status, result=kept)
+        if entry is not None and entry.state in (State.FENCED, State.RETURNED):
+            return None
         if self._known(session_id):
             # In this node's store but not in memory: a previous process ran it and died with it.
             lost = SessionResult(
@@ -242,10 +312,19 @@ class Node:
                 task_id="",
                 node_id=self.node_id,
                 status=SessionStatus.ERROR,
-                reason="the node restarted while this session ran; its outcome was lost",
+                reason="the node restarted while this session ran; its outcome was lost",  # a pre-journal store
             )
             return NodeSessionState(session_id=session_id, status=lost.status, result=lost)
         return None
+
+    def probe(self, session_id: str, dispatch: str | None) -> NodeSessionState | None:
+        """`state`, asked by the server about its dispatch `dispatch` (its result token). A "never had it" is
+        fenced before it is answered: the server requeues the session on that answer, so that dispatch's
+        request, if still in flight towards this node, must never be admitted after it."""
+        state = self.state(session_id)
+        if state is None and dispatch is not None and self.journal is not None:
+            self.journal.fence(session_id, dispatch)
+        return state
 
     def sessions(self) -> list[NodeSessionState]:
         live = [NodeSessionState(session_id=k, status=s.status) for k, s in self._sessions.items()]
@@ -283,18 +362,98 @@ class Node:
         s = self._sessions.get(session_id)
         if s is None:
             return self.state(session_id)
-        if s.cancel_reason is None:
-            s.cancel_reason = reason
-            # The driver first (synchronously), so that nothing the kill below makes fail (an evaluator's
-            # command, the agent's exit) can finish the session as anything but CANCELLED.
-            if s.driver is not None:
-                s.driver.cancel()
-            for runtime in (s.runtime, _done_runtime(s.fresh)):
-                if runtime is not None:
-                    with contextlib.suppress(Exception):
-                        await runtime.cancel()
+        if self._interrupt(s, reason):
+            await self._kill(s)
         await s.done.wait()
         return self.state(session_id)
+
+    @staticmethod
+    def _interrupt(s: NodeSession, reason: str) -> bool:
+        """Cancel the driver, synchronously: from here on the session cannot reach another stage. False when
+        it was being cancelled already."""
+        if s.cancel_reason is not None:
+            return False
+        s.cancel_reason = reason
+        # The driver first, so that nothing the kill below makes fail (an evaluator's command, the agent's
+        # exit) can finish the session as anything but CANCELLED.
+        if s.driver is not None:
+            s.driver.cancel()
+        return True
+
+    @staticmethod
+    async def _kill(s: NodeSession) -> None:
+        for runtime in (s.runtime, _done_runtime(s.fresh)):
+            if runtime is not None:
+                with contextlib.suppress(Exception):
+                    await runtime.cancel()
+
+    # -- drain --------------------------------------------------------------------------------------------
+    def start_drain(self, reason: str = "node drained", timeout_s: float | None = None) -> asyncio.Task[None]:
+        """Begin draining (idempotent: a second call joins the first); see `drain`."""
+        if self._draining is None:
+            self.draining = True  # refused from now on, and said so in the answer to whoever asked
+            self._draining = asyncio.create_task(self._drain(reason, timeout_s), name="drain")
+        return self._draining
+
+    async def drain(self, reason: str = "node drained", timeout_s: float | None = None) -> None:
+        """Leave gracefully: take no new session; hand every session whose agent has not started back to
+        the server (its runtime stopped; the server runs it elsewhere, same id); let running ones finish and
+        report (after `timeout_s`, if given, they are cancelled); then tell the server the node is gone and
+        stop. Returns once the node has stopped."""
+        await asyncio.shield(self.start_drain(reason, timeout_s))
+
+    async def _drain(self, reason: str, timeout_s: float | None) -> None:
+        self.draining = True
+        self.reporter.beat_now()  # the server stops placing sessions here now, not a heartbeat later
+        back = f"handed back unrun: {reason}"
+        unstarted = [s for s in self._sessions.values() if SessionStatus.RUNNING.value not in s.marks]
+        for s in unstarted:
+            s.handed_back = back
+        picked = [s for s in unstarted if self._interrupt(s, back)]  # all before any await
+        log.info(
+            "node %s draining (%s): %d session(s) handed back, %d left to finish",
+            self.node_id,
+            reason,
+            len(picked),
+            len(self._sessions) - len(picked),
+        )
+        await asyncio.gather(*(self._kill(s) for s in picked))
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.gather(*(s.done.wait() for s in list(self._sessions.values())))
+        except TimeoutError:
+            why = f"{reason}: the drain's {timeout_s:g} s were up"
+            await asyncio.gather(*(self.cancel(sid, why) for sid in list(self._sessions)))
+        await self.reporter.flush()
+        await self._leave()
+        await self.stop(reason)
+
+    async def _leave(self) -> None:
+        """Deregister: the server agrees once it has every outcome of this node (409 until then)."""
+        server = self.config.server_url
+        if server is None:
+            return
+        if self._heartbeat is not None:  # a heartbeat after leaving would register the node again
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+            self._heartbeat = None
+        delay = self.config.report_backoff_s
+        for _ in range(self.config.report_attempts):
+            why = await self.reporter.leave(server, self.node_id)
+            if why is None:
+                log.info("node %s left %s", self.node_id, server)
+                return
+            log.info("node %s: the server is not ready to let it leave (%s)", self.node_id, why)
+            await self._report_owed()
+            await self.reporter.flush()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+        log.warning(
+            "node %s stops without the server's leave; outcomes it still owes stay in %s and are reported "
+            "when a node starts on that store",
+            self.node_id,
+            self.config.gateway.store_path,
+        )
 
     # -- one session --------------------------------------------------------------------------------------
     async def _within_deadline(self, s: NodeSession, what: str, wait: Any) -> None:
@@ -388,6 +547,9 @@ class Node:
         reward = None
         if trajectory is not None and not trajectory.metadata.get("masked", False):
             reward = trajectory.metadata.get("reward")
+        if s.handed_back is not None and SessionStatus.RUNNING.value not in s.marks:
+            self._hand_back(s, s.handed_back)
+            return
         result = SessionResult(
             session_id=s.session_id,
             task_id=s.spec.task.task_id,
@@ -402,14 +564,74 @@ class Node:
         s.status = s.outcome
         s.result = result
         self.metrics.ended(s.outcome)
+        server = s.spec.server_url or self.config.server_url
+        report = server is not None and not self._silent
+        if self.journal is not None:  # on disk before anyone hears of it
+            self.journal.end(result, owed=report)
         self._results[s.session_id] = result
         self._sessions.pop(s.session_id, None)
         self._trim()
         s.done.set()
         log.info("session %s %s%s", s.session_id, result.status.value, f": {s.reason}" if s.reason else "")
-        server = s.spec.server_url or self.config.server_url
-        if server is not None and not self._silent:
+        if report:
+            assert server is not None
             self.reporter.report(server, result, s.spec.result_token)
+        self._prune()
+
+    def _hand_back(self, s: NodeSession, reason: str) -> None:
+        """A session stopped before its agent ran (a drain): the server gets it back to run elsewhere, as a
+        report with status REGISTERED, and this node answers "not here" for it from now on."""
+        server = s.spec.server_url or self.config.server_url
+        report = server is not None and not self._silent
+        if self.journal is not None:
+            self.journal.hand_back(s.session_id, reason, owed=report)
+        s.status = SessionStatus.REGISTERED
+        self._returned.add(s.session_id)
+        self._sessions.pop(s.session_id, None)
+        s.done.set()
+        log.info("session %s handed back to the server: %s", s.session_id, reason)
+        if report:
+            assert server is not None
+            returned = self._returned_result(s.session_id, s.spec.task.task_id, reason)
+            self.reporter.report(server, returned, s.spec.result_token)
+
+    def _returned_result(self, session_id: str, task_id: str, reason: str) -> SessionResult:
+        return SessionResult(
+            session_id=session_id,
+            task_id=task_id,
+            node_id=self.node_id,
+            status=SessionStatus.REGISTERED,
+            reason=reason,
+        )
+
+    def _settled(self, session_id: str) -> None:
+        if self.journal is not None:
+            self.journal.settle(session_id)
+
+    async def _report_owed(self) -> None:
+        """Send again every outcome the server has not acknowledged (a restart, a re-registration)."""
+        if self.journal is None or self._silent:
+            return
+        for e in self.journal.owed():
+            # To this node's server when it has one (a restarted node reports to where it registers now),
+            # else where the session's dispatch said.
+            server = self.config.server_url or e.server_url
+            if server is None or self.reporter.sending(e.session_id) or e.session_id in self._sessions:
+                continue
+            if e.state is State.RETURNED:
+                result = self._returned_result(e.session_id, e.task_id or "", e.reason or "handed back")
+            elif e.result is not None:
+                result = e.result
+            else:
+                continue
+            self.reporter.report(server, result, e.dispatch)
+
+    def _prune(self) -> None:
+        """Tombstones past their time, at most once a minute."""
+        now = time.monotonic()
+        if self.journal is not None and now - self._pruned_at > 60.0:
+            self._pruned_at = now
+            self.journal.prune(self.config.tombstone_ttl_s)
 
     def _trim(self) -> None:
         """Old results keep their status and reason but drop the trajectory (memory stays bounded)."""

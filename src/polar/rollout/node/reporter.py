@@ -2,8 +2,10 @@
 
 A finished session's result is POSTed to the server until it is acknowledged (connection errors, 5xx, 408,
 425 and 429 are retried, `attempts` tries in all, with a doubling backoff capped at 30 s; any other 4xx means
-the server refuses this result and retrying cannot help). The result stays on the node either way, so a
-server that missed it can still GET it. Registration retries the same way, without end (see `polar.retry`).
+the server refuses this result and retrying cannot help). Either answer *settles* it (`on_settled`: the
+node's journal drops the payload); a result that got neither stays owed in the journal, is sent again when
+the node registers again or restarts, and a server that missed it can still GET it. Registration retries
+the same way, without end (see `polar.retry`).
 
 Every call carries the deployment's control token; a result also carries the credential the server gave
 with that session's dispatch (`SessionSpec.result_token`), so only the node a session was dispatched to can
@@ -13,8 +15,9 @@ report it. A server that refuses the token is logged loudly and retried: a node 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 from tenacity import RetryCallState, retry_if_exception_type, retry_if_result
@@ -37,22 +40,44 @@ def _transient(r: httpx.Response) -> bool:
 
 class Reporter:
     def __init__(
-        self, token: str, attempts: int = 8, backoff_s: float = 0.5, timeout_s: float = 30.0
+        self,
+        token: str,
+        attempts: int = 8,
+        backoff_s: float = 0.5,
+        timeout_s: float = 30.0,
+        on_settled: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.attempts = attempts
         self.backoff_s = backoff_s
+        self.on_settled = on_settled  # the server acknowledged a result, or refused it for good
         self._client = httpx.AsyncClient(timeout=timeout_s, headers=bearer(token))
         self._tasks: set[asyncio.Task[bool]] = set()
+        self._sending: set[str] = set()  # session ids with a delivery in flight
+        self._beat = asyncio.Event()  # set: send the next heartbeat now (the node started draining)
         self.delivered: dict[str, bool] = {}  # session id -> acknowledged (False: gave up)
         self.reports = {"delivered": 0, "failed": 0}  # results acknowledged / given up on (metrics)
         self.heartbeat_failures = 0  # heartbeats that reached no server (metrics)
 
     def report(self, server_url: str, result: SessionResult, result_token: str | None) -> asyncio.Task[bool]:
         """Deliver `result` in the background; the task's value says whether the server acknowledged."""
+        self._sending.add(result.session_id)
         task = asyncio.create_task(self.post_result(server_url, result, result_token))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def done(t: asyncio.Task[bool]) -> None:
+            self._tasks.discard(t)
+            self._sending.discard(result.session_id)
+
+        task.add_done_callback(done)
         return task
+
+    def sending(self, session_id: str) -> bool:
+        return session_id in self._sending
+
+    async def flush(self) -> None:
+        """Until every delivery started so far has been acknowledged, refused or given up on."""
+        while self._tasks:
+            await asyncio.gather(*set(self._tasks), return_exceptions=True)
 
     async def post_result(self, server_url: str, result: SessionResult, result_token: str | None) -> bool:
         url = f"{server_url.rstrip('/')}/callbacks/session_result"
@@ -75,8 +100,11 @@ class Reporter:
             if r.is_success:
                 self.delivered[result.session_id] = True
                 self.reports["delivered"] += 1
+                self.on_settled(result.session_id)
                 return True
             last = f"HTTP {r.status_code}: {r.text[:200]}"
+            if not _transient(r):  # refused for good (unknown session, another dispatch's): never resent
+                self.on_settled(result.session_id)
         log.warning("result of session %s not delivered to %s: %s", result.session_id, url, last)
         self.delivered[result.session_id] = False
         self.reports["failed"] += 1
@@ -133,17 +161,24 @@ class Reporter:
         registration: NodeRegistration,
         status: Callable[[], NodeStatus],
         interval_s: float,
+        on_registered: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """Register, then send the node's status every `interval_s`; re-register when the server has
-        forgotten this node (it restarted), and keep trying through outages. Runs until cancelled."""
+        """Register, then send the node's status every `interval_s` (at once after `beat_now`); re-register
+        when the server has forgotten this node (it restarted), and keep trying through outages. After each
+        registration `on_registered` runs (the node resends the outcomes it still owes). Runs until
+        cancelled."""
         try:
             node_id = await self.register(server_url, registration)
         except RuntimeError as exc:  # refused (4xx): nothing to retry; the node still serves standalone
             log.error("%s", exc)
             return
+        if on_registered is not None:
+            await on_registered()
         base = server_url.rstrip("/")
         while True:
-            await asyncio.sleep(interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat.wait(), interval_s)
+            self._beat.clear()
             try:
                 r = await self._client.post(
                     f"{base}/nodes/{node_id}/heartbeat",
@@ -152,12 +187,26 @@ class Reporter:
                 )
                 if r.status_code in (401, 404):  # forgotten (a restart) or a token changed: register again
                     node_id = await self.register(server_url, registration)
+                    if on_registered is not None:
+                        await on_registered()
             except RuntimeError as exc:
                 log.error("%s", exc)
                 return
             except httpx.HTTPError as exc:
                 self.heartbeat_failures += 1
                 log.warning("heartbeat to %s failed: %s", server_url, exc)
+
+    def beat_now(self) -> None:
+        self._beat.set()
+
+    async def leave(self, server_url: str, node_id: str) -> str | None:
+        """Tell the server this node is gone for good (after a drain). None when it agreed; else why not:
+        409 while the server still counts sessions on this node (their outcomes are still on the way)."""
+        try:
+            r = await self._client.post(f"{server_url.rstrip('/')}/nodes/{node_id}/leave")
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None if r.is_success or r.status_code == 404 else f"HTTP {r.status_code}: {_message(r)}"
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
         """Give pending deliveries `timeout_s` to finish, then drop them and close the client."""

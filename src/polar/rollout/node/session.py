@@ -47,6 +47,7 @@ class NodeSession:
     trajectory: Trajectory | None = None  # as built, before rewards (masked if the session fails later)
     final: Trajectory | None = None  # with fail-closed rewards, once POSTRUN finished
     cancel_reason: str | None = None
+    handed_back: str | None = None  # why a drain gives it back to the server unrun (set before the cancel)
     driver: asyncio.Task[None] | None = None
     result: SessionResult | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)

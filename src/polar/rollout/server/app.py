@@ -9,8 +9,10 @@ Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} ->
             GET    /rollout/status           tasks by state, sessions by status, node capacity
             GET    /events                   SSE (?kinds=a,b to filter)
 Operators:  GET    /metrics                  Prometheus (docs/prometheus.md)
+            POST   /nodes/{id}/drain         DrainRequest (optional) -> 202: the node drains, then leaves
 Browsers:   GET    /ui/...                   the dashboard (`polar.dashboard`: its own login, same token)
-Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result
+Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result,
+            POST   /nodes/{id}/leave (409 while sessions are open on it)
             GET    /nodes
 Anyone:     GET    /health
 
@@ -38,7 +40,13 @@ from polar.auth import RequireToken
 from polar.dashboard import Dashboard, DashboardOptions, FrontDoor
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
 from polar.metrics import metrics_endpoint
-from polar.rollout.protocol import RESULT_TOKEN_HEADER, NodeRegistration, NodeStatus, SessionResult
+from polar.rollout.protocol import (
+    RESULT_TOKEN_HEADER,
+    DrainRequest,
+    NodeRegistration,
+    NodeStatus,
+    SessionResult,
+)
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.events import sse_stream
 from polar.rollout.server.metrics import server_registry
@@ -320,6 +328,40 @@ async def heartbeat(request: Request) -> Response:
 
 
 @route
+async def drain_node(request: Request) -> Response:
+    """Operators (`polar node drain ID`): the server stops placing sessions there at once and forwards."""
+    node_id = request.path_params["node_id"]
+    try:
+        raw = await read_body(request, 64 << 10, _svc(request).config.body_timeout_s)
+        data = orjson.loads(raw) if raw.strip() else {}
+    except BodyError as exc:
+        raise HTTPError(exc.status, f"drain request: {exc.message}") from None
+    except orjson.JSONDecodeError as exc:
+        raise HTTPError(400, f"drain request: {json_error(exc)}") from None
+    drain = _model(DrainRequest, data)
+    try:
+        status = await _svc(request).drain_node(node_id, drain)
+    except KeyError:
+        raise HTTPError(404, f"no node {node_id}", "node_id") from None
+    except RuntimeError as exc:
+        raise HTTPError(502, str(exc), type_="node_error") from None
+    return _json(
+        {"node_id": node_id, "draining": status.draining, "status": status.model_dump(mode="json")}, 202
+    )
+
+
+@route
+async def leave_node(request: Request) -> Response:
+    node_id = request.path_params["node_id"]
+    open_ = _svc(request).leave_node(node_id)
+    if open_ is None:
+        raise HTTPError(404, f"no node {node_id}", "node_id")
+    if open_:
+        raise HTTPError(409, f"node {node_id} still has {open_} open session(s) here", "node_id")
+    return _json({"node_id": node_id, "left": True})
+
+
+@route
 async def list_nodes(request: Request) -> Response:
     svc = _svc(request)
     now = time.time()
@@ -394,6 +436,8 @@ def create_app(config: ServerConfig, dashboard: DashboardOptions | None = None) 
         Route("/callbacks/session_result", session_result, methods=["POST"]),
         Route("/nodes/register", register_node, methods=["POST"]),
         Route("/nodes/{node_id}/heartbeat", heartbeat, methods=["POST"]),
+        Route("/nodes/{node_id}/drain", drain_node, methods=["POST"]),
+        Route("/nodes/{node_id}/leave", leave_node, methods=["POST"]),
         Route("/nodes", list_nodes, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),  # Prometheus (polar.rollout.server.metrics)
     ]

@@ -147,7 +147,18 @@ class Dispatcher:
                 result_token=result_token,
             )
             outcome, error = await self.link.dispatch(node.url, spec)
+            if outcome is DispatchOutcome.UNKNOWN:
+                # The answer was lost. Resending the same dispatch is safe (a node answers a dispatch it
+                # already accepted with "duplicate", and one it refused stays refused) and usually settles
+                # it at once; the node is cooled down so that, if it stays unsettled, the session requeued
+                # after the probe goes elsewhere.
+                self._cooldown[node.node_id] = time.time() + self.config.refuse_cooldown_s
+                log.info(
+                    "dispatch of %s to %s unsettled (%s); sending it again", s.session_id, node.node_id, error
+                )
+                outcome, error = await self.link.dispatch(node.url, spec)
             if outcome is DispatchOutcome.ACCEPTED:
+                self._cooldown.pop(node.node_id, None)
                 self.auth_errors.pop(node.node_id, None)
                 self.store.confirm(s.session_id, node.node_id)
                 self.store.touch_node(node.node_id)
@@ -176,7 +187,9 @@ class Dispatcher:
 
     async def _probe(self, s: SessionRow, node: NodeView) -> None:
         try:
-            answer = await self.link.probe(node.url, s.session_id)
+            # Unconfirmed: a dispatch whose answer was lost. The probe names it, so a 404 is final (fenced).
+            token = None if s.confirmed else self.store.dispatch_token(s.session_id)
+            answer = await self.link.probe(node.url, s.session_id, token)
             self._probed_at[s.session_id] = time.time()
             if not answer.reachable:
                 return  # the loss clock (last_contact) decides when to give up

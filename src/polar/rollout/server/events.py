@@ -5,7 +5,7 @@ ones (and is told how many), so a stalled dashboard never holds memory or slows 
 state is read from `GET /rollout/task/{id}`.
 
 Kinds: task_submitted, task_done, session_dispatched, session_stage, session_requeued, session_result,
-node_registered, node_lost, callback_failed (and `dropped`, to a subscriber that fell behind).
+node_registered, node_draining, node_left, node_lost, callback_failed (and `dropped`, to a subscriber that fell behind).
 """
 
 from __future__ import annotations

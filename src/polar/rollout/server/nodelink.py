@@ -14,7 +14,13 @@ import httpx
 from pydantic import ValidationError
 
 from polar.auth import bearer
-from polar.rollout.protocol import NodeSessionState, SessionSpec
+from polar.rollout.protocol import (
+    RESULT_TOKEN_HEADER,
+    DrainRequest,
+    NodeSessionState,
+    NodeStatus,
+    SessionSpec,
+)
 from polar.rollout.server.scheduler import DispatchOutcome, classify_dispatch
 
 
@@ -60,9 +66,12 @@ class NodeLink:
         outcome = classify_dispatch(r.status_code)
         return outcome, None if outcome is DispatchOutcome.ACCEPTED else _error_text(r)
 
-    async def probe(self, node_url: str, session_id: str) -> ProbeAnswer:
+    async def probe(self, node_url: str, session_id: str, dispatch: str | None = None) -> ProbeAnswer:
+        """Ask the node about a session. With `dispatch` (the dispatch's result token) a 404 is final: the
+        node fences that dispatch before answering, so it can never admit it later."""
+        headers = {RESULT_TOKEN_HEADER: dispatch} if dispatch else {}
         try:
-            r = await self._client.get(f"{node_url}/node/sessions/{session_id}")
+            r = await self._client.get(f"{node_url}/node/sessions/{session_id}", headers=headers)
         except httpx.HTTPError as exc:
             return ProbeAnswer(False, None, f"{type(exc).__name__}: {exc}")
         if r.status_code == 404:
@@ -73,6 +82,23 @@ class NodeLink:
             return ProbeAnswer(True, NodeSessionState.model_validate_json(r.content))
         except ValidationError as exc:
             return ProbeAnswer(False, None, f"unreadable session state: {exc.errors()[0]['msg']}")
+
+    async def drain(self, node_url: str, request: DrainRequest) -> tuple[NodeStatus | None, str | None]:
+        """Ask the node to drain: its status (draining) or why it did not answer so."""
+        try:
+            r = await self._client.post(
+                f"{node_url}/node/drain",
+                content=request.model_dump_json(),
+                headers={"content-type": "application/json"},
+            )
+        except httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        if r.status_code != 202:
+            return None, _error_text(r)
+        try:
+            return NodeStatus.model_validate_json(r.content), None
+        except ValidationError as exc:
+            return None, f"unreadable node status: {exc.errors()[0]['msg']}"
 
     async def cancel(self, node_url: str, session_id: str) -> str | None:
         """Ask the node to cancel; the error text, or None when it answered (404 included: nothing to do)."""

@@ -12,14 +12,13 @@ becomes unhealthy and gets no new sessions. Its open sessions are *probed* (`GET
   - the node does not answer: we wait. Once it has answered nothing at all for `node_lost_after_s`, it is
     gone for good and its open sessions end as ERROR "node lost". They are not re-run elsewhere, because
     the node may have run them (and may still be running them) without us knowing.
-The same probe settles a dispatch whose answer was lost: the session stays bound to the node it was sent to
-until the node confirms or denies having it. Sessions on healthy nodes are also probed every
+A dispatch whose answer was lost is sent once more (the node answers a dispatch it already accepted with
+"duplicate"); if that is lost too, the same probe settles it: the session stays bound to the node until
+the node confirms or denies having it. That probe carries the dispatch's result token, and the node fences
+the dispatch before it answers 404, so a request still in flight inside the node can never be admitted
+after the session was requeued (docs/nodes.md). Sessions on healthy nodes are also probed every
 `audit_interval_s`, and all of a node's sessions when it registers again (it restarted) or when the server
 starts: a node gives up delivering a result after a few retries, and these probes collect what it kept.
-
-Residual race, documented rather than hidden: if a dispatch's answer is lost *and* the request is still in
-flight inside the node when the probe's 404 arrives, the session could be admitted there after being
-re-queued. The probe waits for the dispatch call to end (its timeout) first, which makes this unlikely.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from polar.rollout.protocol import NodeStatus, SessionResult, SessionStatus
+from polar.rollout.protocol import DrainRequest, NodeStatus, SessionResult, SessionStatus
 from polar.rollout.server.callbacks import CallbackDeliverer
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.dispatch import Dispatcher
@@ -265,6 +265,8 @@ class RolloutService:
         if not result.status.terminal:
             if row.status.terminal:
                 return "duplicate"
+            if result.status is SessionStatus.REGISTERED:
+                return self._handed_back(row, result)
             self.store.set_stage(result.session_id, result.status)
             self.events.publish("session_stage", session_id=row.session_id, status=result.status.value)
             return "progress"
@@ -308,6 +310,43 @@ class RolloutService:
 
     def node_views(self, now: float | None = None) -> list[NodeView]:
         return self.dispatcher.node_views(now)
+
+    def _handed_back(self, row: SessionRow, result: SessionResult) -> str:
+        """A draining node gave the session back before its agent started: queued again, same id (it never
+        ran), and the dispatch does not count as an attempt."""
+        node_id = result.node_id or row.node_id
+        if node_id is None or not self.store.release(row.session_id, node_id, refund=True):
+            return "duplicate"  # already released (a probe's 404 came first) or ended
+        self.dispatcher.forget(row.session_id)
+        log.info("node %s handed back %s: %s", node_id, row.session_id, result.reason)
+        self.events.publish(
+            "session_requeued", session_id=row.session_id, node_id=node_id, reason=result.reason
+        )
+        self.wake()
+        return "requeued"
+
+    async def drain_node(self, node_id: str, request: DrainRequest) -> NodeStatus:
+        """Stop placing sessions on the node now and ask it to drain (KeyError: no such node; RuntimeError:
+        the node did not answer, and is placed on again once it heartbeats as not draining)."""
+        node = self.store.node(node_id)
+        if node is None:
+            raise KeyError(node_id)
+        self.store.set_draining(node_id)
+        status, error = await self.link.drain(node.url, request)
+        if status is None:
+            raise RuntimeError(f"node {node_id} at {node.url} did not take the drain: {error}")
+        self.events.publish("node_draining", node_id=node_id, reason=request.reason)
+        return status
+
+    def leave_node(self, node_id: str) -> int | None:
+        """A drained node leaving: the count of sessions still open on it (0: it is forgotten), None if
+        unknown."""
+        open_ = self.store.remove_node(node_id)
+        if open_ == 0:
+            self.dispatcher.node_registered(node_id)  # drop its cooldown
+            self.events.publish("node_left", node_id=node_id)
+            log.info("node %s left", node_id)
+        return open_
 
     def _fail(self, s: SessionRow, reason: str) -> None:
         """End a session as ERROR with `reason`, decided by the server (no trajectory, no reward)."""

@@ -336,15 +336,23 @@ class ServerStore:
                 (session_id, node_id),
             )
 
-    def release(self, session_id: str, node_id: str) -> None:
-        """The node certainly does not have the session: it goes back to the queue, same id."""
+    def release(self, session_id: str, node_id: str, *, refund: bool = False) -> bool:
+        """The node certainly does not have the session: it goes back to the queue, same id. `refund`: the
+        dispatch does not count against `max_dispatch_attempts` (a draining node handed it back)."""
         marks = ", ".join("?" * len(OPEN))
         with self._tx() as c:
-            c.execute(
+            cur = c.execute(
                 "UPDATE sessions SET node_id = NULL, confirmed = 0, dispatched_at = NULL, status = 'REGISTERED', "
-                f"result_token = NULL WHERE session_id = ? AND node_id = ? AND status IN ({marks})",
-                (session_id, node_id, *OPEN),
+                f"result_token = NULL, attempts = MAX(0, attempts - ?) WHERE session_id = ? AND node_id = ? "
+                f"AND status IN ({marks})",
+                (int(refund), session_id, node_id, *OPEN),
             )
+            return cur.rowcount == 1
+
+    def dispatch_token(self, session_id: str) -> str | None:
+        """The credential of the session's current dispatch (sent with a probe, which the node fences)."""
+        rows = self._all("SELECT result_token FROM sessions WHERE session_id = ?", (session_id,))
+        return rows[0][0] if rows else None
 
     def unconfirm(self, node_id: str | None = None) -> int:
         """Make open sessions (of one node, or all) unsettled, so each is asked about once more."""
@@ -452,6 +460,24 @@ class ServerStore:
                 (now, now, orjson.dumps(status), capacity, int(draining), node_id),
             )
             return cur.rowcount == 1
+
+    def set_draining(self, node_id: str) -> bool:
+        with self._tx() as c:
+            return c.execute("UPDATE nodes SET draining = 1 WHERE node_id = ?", (node_id,)).rowcount == 1
+
+    def remove_node(self, node_id: str) -> int | None:
+        """A drained node leaves: forgotten, unless sessions are still open on it (their count is returned
+        and the node stays). None: no such node. Its sessions' history keeps its id."""
+        marks = ", ".join("?" * len(OPEN))
+        with self._tx() as c:
+            if c.execute("SELECT 1 FROM nodes WHERE node_id = ?", (node_id,)).fetchone() is None:
+                return None
+            (n,) = c.execute(
+                f"SELECT COUNT(*) FROM sessions WHERE node_id = ? AND status IN ({marks})", (node_id, *OPEN)
+            ).fetchone()
+            if n == 0:
+                c.execute("DELETE FROM nodes WHERE node_id = ?", (node_id,))
+            return int(n)
 
     def touch_node(self, node_id: str) -> None:
         with self._tx() as c:
