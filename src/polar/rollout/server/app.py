@@ -23,6 +23,7 @@ session's dispatch (`x-polar-result-token`), i.e. from the node it was dispatche
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -236,6 +237,12 @@ def _float_param(request: Request, name: str, default: float, lo: float, hi: flo
     return value
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (the request's body is already read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 @route
 async def results(request: Request) -> Response:
     """Long poll: `?task=A&task=B&after=N&wait=S[&limit=L]` answers finished sessions past sequence N as
@@ -251,7 +258,16 @@ async def results(request: Request) -> Response:
     wait = _float_param(request, "wait", 0, 0, 300)
     # Results carry whole trajectories (megabytes each): pages stay small, the cursor fetches the rest.
     limit = int(_float_param(request, "limit", 64, 1, 1000))
-    rows = await svc.wait_results(task_ids, after, wait, limit)
+    poll = asyncio.ensure_future(svc.wait_results(task_ids, after, wait, limit))
+    gone = asyncio.ensure_future(_disconnected(request))
+    await asyncio.wait({poll, gone}, return_when=asyncio.FIRST_COMPLETED)
+    gone.cancel()
+    if not poll.done():
+        # The client went away (a trainer or `polar run` interrupted): the poll ends now instead of holding
+        # the server's shutdown for up to `wait` seconds. Nothing is consumed: results stay at their cursor.
+        poll.cancel()
+        return Response(status_code=204)
+    rows = poll.result()
     states = {t: (r.state if (r := svc.store.task(t)) else "UNKNOWN") for t in task_ids}
     return _json(
         {
