@@ -334,3 +334,31 @@ async def test_a_container_that_cannot_start_leaves_nothing(engine: str, tmp_pat
         await rt.start()
     assert not rt.session_dir.exists()
     assert rt.name not in await asyncio.to_thread(containers_of, engine, f"{SESSION_LABEL}=sess/1")
+
+
+async def test_the_images_dotfiles_seed_the_session_home(engine: str, tmp_path: Path) -> None:
+    """HOME is the session's home (/polar/home), not the image user's: the image's dotfiles are copied into
+    it at start, so a login shell sets up what the image sets up (SWE-bench images activate their conda
+    environment from /root's dotfiles). A dotfile the session already has is never overwritten."""
+    from polar.runtime.images import build_image
+
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {IMAGE}\nRUN printf 'export POLAR_FROM_IMAGE=yes\\n' > /root/.profile\n"
+    )
+    tag = f"polar-test-dotfiles:{os.getpid()}"
+    build_image(engine, tag, context)
+    try:
+        rt = runtime(engine, tmp_path / "rt", image=tag)
+        rt.home.mkdir(parents=True)
+        (rt.home / ".bashrc").write_text("# the session's own\n")
+        await rt.start()
+        try:
+            r = await rt.exec("echo $HOME $POLAR_FROM_IMAGE")  # a string: `bash -lc`, a login shell
+            assert r.stdout.split() == ["/polar/home", "yes"], (r.stdout, r.stderr)
+            assert (rt.home / ".bashrc").read_text() == "# the session's own\n"
+        finally:
+            await rt.stop()
+    finally:
+        subprocess.run([engine, "rmi", "-f", tag], capture_output=True, timeout=120)

@@ -34,6 +34,13 @@ from polar.runtime.procs import GroupTracker, group_alive, run_process, signal_g
 
 ENGINE_TIMEOUT_S = 600.0  # `docker run` may pull an image first
 INSIDE = Path("/polar")  # where every container sees its session directory
+# The image's own dotfiles (of its user's home: /root) copied into the session home, which is HOME for every
+# command: SWE-bench images activate their conda environment in /root/.bashrc (sourced by /root/.profile),
+# and a harness's `bash -lc` with HOME elsewhere would run the tests with the wrong Python. Files only, never
+# over one the session has.
+SEED_HOME = (
+    'for f in "$HOME"/.[!.]*; do [ -f "$f" ] && [ ! -e "$1/${f##*/}" ] && cp -p "$f" "$1/"; done; exit 0'
+)
 
 
 class ContainerRuntime(LocalRuntime):
@@ -140,6 +147,9 @@ class ContainerRuntime(LocalRuntime):
         try:
             if not shared:  # a workdir inside the image, e.g. /testbed: there before the first command
                 await self.engine(self.exec_argv(["mkdir", "-p", str(self.workdir)], Path("/"), {}))
+            await self.engine(
+                self.exec_argv(["sh", "-c", SEED_HOME, "sh", self.runtime_path(self.home)], Path("/"), {})
+            )
             if self._gateway is not None:
                 await self._bridge_gateway()
         except RuntimeFailure:
