@@ -63,23 +63,67 @@ CLIS = [
 ]
 
 
-def policy(cli: CLI, steps: int) -> Callable[[dict[str, Any]], Any]:
+# Scenarios beyond the plain tool loop, where the CLI has the feature (`--scenario`):
+#   fault: the policy's third call fails once with a 502 (the CLI's own retry must carry the session on);
+#   compaction: a small context window makes the CLI compact its history (codex, pi);
+#   subagent: the policy has the CLI start a subagent first (claude_code's Explore agent).
+SCENARIOS = ("loop", "fault", "compaction", "subagent")
+# Windows just above each CLI's own prompt (the fake policy counts a byte a token), so the growing history
+# fills them within the session.
+COMPACTING = {"codex": (("context_window", 40000),), "pi": (("context_window", 8000),)}
+SUBAGENT = {"claude_code": ("Agent", '{"description":"look around","prompt":"List the files here.",'
+                                     '"subagent_type":"Explore"}')}  # fmt: skip
+CLAUDE_MAIN = (
+    "You are an interactive agent"  # Claude Code's main-loop system prompt (subagents have their own)
+)
+
+
+def supports(cli: CLI, scenario: str) -> bool:
+    return scenario in ("loop", "fault") or cli.harness in {
+        "compaction": COMPACTING,
+        "subagent": SUBAGENT,
+    }.get(scenario, {})
+
+
+def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, Any]], Any]:
     """The scripted policy: one shell command per turn until `steps` tool results came back (two at once
-    at the middle turn where the CLI runs parallel calls), then the end."""
-    from tests.fakes.fake_vllm import Reply
+    at the middle turn where the CLI runs parallel calls), then the end; plus the scenario's twist."""
+    from tests.fakes.fake_vllm import HTTPError, Reply
+
+    calls = 0
+    issued = 0  # commands asked for so far: a compacted history no longer shows them
 
     def script(body: dict[str, Any]) -> Reply:
+        nonlocal calls, issued
+        calls += 1
+        if scenario == "fault" and calls == 3:
+            raise HTTPError(502, "bench: this call fails once")
         tools = [t["function"]["name"] for t in body.get("tools") or []]
+        messages = body["messages"]
         if cli.tool not in tools:
             return Reply(content="Noted.")  # a side call (title, summary, small model)
-        done = sum(1 for m in body["messages"] if m.get("role") == "tool")
+        if scenario == "subagent" and CLAUDE_MAIN not in str(messages[0].get("content")):
+            return Reply(content="Only steps.txt may be here.")  # the subagent's own loop: done at once
+        if (
+            scenario == "subagent"
+            and cli.harness in SUBAGENT
+            and not any(m.get("role") == "tool" for m in messages)
+        ):
+            return Reply(content="Looking around first.", tool_calls=[SUBAGENT[cli.harness]])
+        done = issued
         if done >= steps:
             if cli.final is not None and done == steps:
+                issued += 1
                 return Reply(content="Submitting.", tool_calls=[(cli.tool, cli.args(cli.final))])
             return Reply(content=f"Done: {steps} steps are in steps.txt.")
         n = 2 if cli.parallel and done == steps // 2 and done + 1 < steps else 1
-        calls = [(cli.tool, cli.args(f"echo step {done + k} >> steps.txt")) for k in range(n)]
-        return Reply(content=f"Step {done}.", tool_calls=calls)
+        calls_ = [(cli.tool, cli.args(f"echo step {done + k} >> steps.txt")) for k in range(n)]
+        issued += n
+        # Long enough that a small context window fills within the session (compaction).
+        text = f"Step {done}." + (
+            " Keeping notes on the progress so far." * 40 if scenario == "compaction" else ""
+        )
+        return Reply(content=text, tool_calls=calls_)
 
     return script
 
@@ -87,6 +131,7 @@ def policy(cli: CLI, steps: int) -> Callable[[dict[str, Any]], Any]:
 @dataclass
 class Row:
     harness: str
+    scenario: str
     status: str
     calls: int
     side: int
@@ -105,17 +150,19 @@ class Row:
         ratio = self.per_request / self.merged if self.merged else 0.0
         breaks = ", ".join(f"{k} {v}" for k, v in sorted(self.breaks.items())) or "none"
         return (
-            f"| {self.harness} | {self.status} | {self.steps_done} | {self.calls} | {self.side} | "
+            f"| {self.harness} | {self.scenario} | {self.status} | {self.steps_done} | {self.calls} | {self.side} | "
             f"{self.per_request} | {self.merged} | {ratio:.2f}x | {breaks} | {self.drift} | "
             f"{self.coverage:.3f} | {'ok' if self.audit_ok else 'FAIL'} | {self.tokens_per_request} / "
             f"{self.tokens_merged} | {self.seconds:.0f} |"
         )
 
 
-async def run_one(cli: CLI, steps: int, tmp: Path) -> Row:
+async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop") -> Row:
     from tests.node_support import fake_policy, running_node, shell_task, spec
 
-    settings = dict(cli.settings)
+    settings = dict(cli.settings) | (
+        dict(COMPACTING.get(cli.harness, ())) if scenario == "compaction" else {}
+    )
     task = shell_task(
         "unused",
         instruction=f"Append the lines 'step 0' to 'step {steps - 1}' to steps.txt, one command per line.",
@@ -126,7 +173,7 @@ async def run_one(cli: CLI, steps: int, tmp: Path) -> Row:
     )
     sid = f"depth-{cli.harness}"
     started = time.perf_counter()
-    with fake_policy(policy(cli, steps)) as (url, _):
+    with fake_policy(policy(cli, steps, scenario)) as (url, _):
         async with running_node(url, tmp, keep="all") as node:
             await node.submit(spec(task, sid))
             result = await node.wait(sid)
@@ -146,6 +193,7 @@ async def run_one(cli: CLI, steps: int, tmp: Path) -> Row:
             done = len(path.read_text().splitlines())
     return Row(
         cli.harness,
+        scenario,
         result.status.value,
         len(records),
         len(side),
@@ -168,20 +216,24 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=30, help="tool calls the policy asks for")
     parser.add_argument("--only", nargs="*", help="presets to run (default: all seven)")
+    parser.add_argument(
+        "--scenario", nargs="*", choices=SCENARIOS, default=["loop"], help="default: loop; all: every one"
+    )
     args = parser.parse_args()
     chosen = [c for c in CLIS if not args.only or c.harness in args.only]
     rows = []
-    for cli in chosen:
-        with tempfile.TemporaryDirectory(prefix=f"polar-depth-{cli.harness}-") as tmp:
-            row = asyncio.run(run_one(cli, args.steps, Path(tmp)))
-        print(row.line(), flush=True)
-        rows.append(row)
+    for scenario in args.scenario:
+        for cli in (c for c in chosen if supports(c, scenario)):
+            with tempfile.TemporaryDirectory(prefix=f"polar-depth-{cli.harness}-") as tmp:
+                row = asyncio.run(run_one(cli, args.steps, Path(tmp), scenario))
+            print(row.line(), flush=True)
+            rows.append(row)
     print(
         f"\n{args.steps} steps asked; main-loop records only in the trace columns (side calls are their own traces)"
     )
-    print("| CLI | status | steps done | calls | side calls | traces per_request | traces merged | merge ratio |"
+    print("| CLI | scenario | status | steps done | calls | side calls | traces per_request | traces merged | merge ratio |"
           " chain breaks | drift | coverage | audit | trainer tokens per_request / merged | seconds |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|")
     for row in rows:
         print(row.line())
 

@@ -224,11 +224,15 @@ def test_calls_without_ids_get_deterministic_ids_and_responses_match_by_name_in_
         ]
     }
     first = parse(body).messages
-    assert [c["id"] for c in first[1]["tool_calls"]] == ["call_1_1", "call_1_2", "call_1_3"]
+    assert [c["id"] for c in first[1]["tool_calls"]] == [
+        "unnamed_call_1_1",
+        "unnamed_call_1_2",
+        "unnamed_call_1_3",
+    ]
     assert first[2:] == [
-        {"role": "tool", "tool_call_id": "call_1_3", "content": "x.py"},
-        {"role": "tool", "tool_call_id": "call_1_1", "content": "A"},
-        {"role": "tool", "tool_call_id": "call_1_2", "content": "Error: no such file"},
+        {"role": "tool", "tool_call_id": "unnamed_call_1_3", "content": "x.py"},
+        {"role": "tool", "tool_call_id": "unnamed_call_1_1", "content": "A"},
+        {"role": "tool", "tool_call_id": "unnamed_call_1_2", "content": "Error: no such file"},
         {"role": "user", "content": [{"type": "text", "text": "thanks"}]},
     ]
     assert parse(copy.deepcopy(body)).messages == first  # same history, same ids

@@ -45,14 +45,17 @@ def test_only_the_same_json_value_is_restored() -> None:
 
 def test_a_call_whose_id_was_dropped_is_matched_by_tool_and_value() -> None:
     """Pi's Gemini dialect sends function calls back without the id they were given (the gateway names
-    them `call_<i>_<j>`): the arguments are restored when the session's policy wrote exactly one text for
-    that tool and value, and left as sent when it wrote two (which one this is cannot be known)."""
+    them `unnamed_call_<i>_<j>`): the arguments are restored when the session's policy wrote exactly one text
+    for that tool and value, and left as sent when it wrote two (which one this is cannot be known). A call
+    under an id of the harness's own is never matched by value."""
     memory = ToolArguments()
     memory.remember((ToolCall("c1", "shell", SPACED),))
-    restored, n = memory.restore(_req(COMPACT, call_id="call_1_0"))
+    renamed = _req(COMPACT, call_id="harness_7")
+    assert memory.restore(renamed) == (renamed, 0)
+    restored, n = memory.restore(_req(COMPACT, call_id="unnamed_call_1_0"))
     assert n == 1 and restored.messages[1]["tool_calls"][0]["function"]["arguments"] == SPACED
     memory.remember((ToolCall("c2", "shell", '{"timeout": 10, "command": "ls -la"}'),))  # same value
-    req = _req(COMPACT, call_id="call_1_0")
+    req = _req(COMPACT, call_id="unnamed_call_1_0")
     assert memory.restore(req) == (req, 0)
     assert memory.restore(_req(COMPACT, call_id="c1"))[1] == 1  # by its id it is still known
 

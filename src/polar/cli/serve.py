@@ -89,8 +89,8 @@ def serve(
     token (Authorization: Bearer): POLAR_TOKEN, --token-file, or ~/.config/polar/token, which is written on
     first start when none is set; nodes and `polar submit` on this machine then find it.
 
-    The dashboard is served under /ui (same listener, same token): the printed `dashboard:` URL logs a
-    browser in once (see docs/dashboard.md). Bind --host to an address only operators reach: the control
+    The dashboard is served under /ui (same listener, same token): open the logged `dashboard:` URL and
+    paste the control token once (see docs/dashboard.md). Bind --host to an address only operators reach: the control
     routes are there too.
 
     \b
@@ -100,7 +100,6 @@ def serve(
       polar submit examples/tasks.yaml --wait
       polar serve --train polar-train --tokenizer ./my-policy   # + training curves, token text
     """
-    from polar.dashboard import dashboard_url
     from polar.rollout.server import ServerConfig, create_app
     from polar.rollout.server.callbacks import RetryPolicy
     from polar.serving import EmbeddedServer
@@ -142,7 +141,13 @@ def serve(
     def started() -> None:
         log = logging.getLogger("polar")
         log.info("rollout server at %s (bearer token required); state: %s", server.url, db_path.resolve())
-        click.echo(f"dashboard: {dashboard_url(server.url, config.token)}", err=True)
+        # A server's output ends up in log collectors: the link carries no token here (`polar run`'s, on
+        # an operator's own terminal, does); the login page takes the token pasted once.
+        log.info(
+            "dashboard: %s/ui/ (log in with the control token: POLAR_TOKEN, --token-file or "
+            "~/.config/polar/token)",
+            server.url.rstrip("/"),
+        )
 
     # The port is bound before the server opens its database; a port in use, a database that cannot be
     # opened: one line, exit status 2.

@@ -36,6 +36,11 @@ class CanonicalRequest:
     render: dict[str, Any] = field(default_factory=dict)
 
 
+# The id the gateway gives a tool call that came back without one (Gemini's `functionCall.id` is optional, and
+# Pi's Gemini dialect drops it): `polar.gateway.restore` may then match the call by name and value instead.
+UNNAMED_CALL_PREFIX = "unnamed_call_"
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One structured tool call the policy made; `arguments` is the JSON text the model produced."""

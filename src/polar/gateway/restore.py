@@ -9,10 +9,11 @@ arguments text of every call it returned, and when a call comes back under the s
 are the *same JSON value*, it puts the original text back. Anything the harness really changed is left as
 sent.
 
-A call that comes back without the id it was given (Pi's Gemini dialect drops `functionCall.id`; the
-gateway then names it by position) is matched by tool name and JSON value instead, when the session's
-policy wrote exactly one text for that value (two different texts of one value: which one is unknowable,
-so it is left as sent).
+A call that comes back without any id (Pi's Gemini dialect drops `functionCall.id`; the gateway then
+names it `unnamed_call_<i>_<j>`) is matched by tool name and JSON value instead, when the session's policy
+wrote exactly one text for that value (two different texts of one value: which one is unknowable, so it
+is left as sent). A call under an id the harness chose itself is never matched by value: it may be
+another call.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from polar.gateway.canonical import CanonicalRequest, ToolCall
+from polar.gateway.canonical import UNNAMED_CALL_PREFIX, CanonicalRequest, ToolCall
 
 
 class ToolArguments:
@@ -86,7 +87,8 @@ class ToolArguments:
             return None
         sent = call["function"].get("arguments")
         original = self._by_id.get(str(call.get("id")))
-        if original is None and isinstance(sent, str):  # an id the harness dropped: by name and value
+        unnamed = str(call.get("id")).startswith(UNNAMED_CALL_PREFIX)
+        if original is None and unnamed and isinstance(sent, str):  # no id came back: by name and value
             key = _value_key(call["function"].get("name"), sent)
             texts = self._by_value.get(key) if key is not None else None
             original = next(iter(texts)) if texts is not None and len(texts) == 1 else None

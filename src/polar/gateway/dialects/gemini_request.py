@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from polar.gateway.canonical import CanonicalRequest
+from polar.gateway.canonical import UNNAMED_CALL_PREFIX, CanonicalRequest
 from polar.gateway.dialects import gemini_schema as g
 from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
@@ -133,7 +133,7 @@ class _Turns:
             if restored is None and (signature := part.get("thought_signature")):
                 restored = _restore(self.codec, signature)
             if (fc := part.get("function_call")) is not None:
-                call_id = fc.get("id") or f"call_{i}_{j}"
+                call_id = fc.get("id") or f"{UNNAMED_CALL_PREFIX}{i}_{j}"
                 self.known.add(call_id)
                 self.pending.setdefault(fc["name"], deque()).append(call_id)
                 fn = {"name": fc["name"], "arguments": tool_arguments(fc.get("args") or {})}
