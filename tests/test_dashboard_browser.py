@@ -111,6 +111,8 @@ def test_watch_a_run_open_a_session_and_cancel_a_task(tmp_path: Path) -> None:
             page.wait_for_selector("#live.on")  # the event stream is connected
             page.wait_for_selector(".box.node.ok")  # the node is healthy, with its backend
             assert backend in page.inner_text(".topo")
+            # The stage pools' sizes, as the node reports them in its heartbeats.
+            page.wait_for_selector(".box.node .workers:has-text('workers: init')")
             page.wait_for_selector("tr[data-task='talk'] .status.s-RUNNING")
             screenshot(page, "overview")
 

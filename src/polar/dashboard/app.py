@@ -176,6 +176,7 @@ class Dashboard:
                     "healthy": bool(view and view.healthy and not n.lost),
                     "load": view.load if view else 0,
                     "by_stage": (n.status or {}).get("by_stage", {}),
+                    "workers": (n.status or {}).get("workers", {}),
                     "backend": backend.get("url"),
                     "backend_kind": backend.get("kind"),
                     "model": (answer.data or {}).get("model"),

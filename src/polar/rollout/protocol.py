@@ -118,6 +118,8 @@ class NodeStatus(_Wire):
     capacity: int = 1
     by_stage: dict[str, int] = Field(default_factory=dict)
     draining: bool = False
+    # The stage pools' sizes (init, run, post workers; the READY buffer): what the dashboard's topology shows.
+    workers: dict[str, int] = Field(default_factory=dict)
 
 
 class DrainRequest(_Wire):

@@ -345,6 +345,12 @@ class Node:
             capacity=self.config.capacity,
             by_stage=by_stage,
             draining=self.draining,
+            workers={
+                "init": self.config.init_workers,
+                "run": self.config.run_workers,
+                "post": self.config.post_workers,
+                "ready_buffer": self.config.ready_buffer,
+            },
         )
 
     async def wait(self, session_id: str) -> SessionResult:
