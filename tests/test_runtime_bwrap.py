@@ -17,6 +17,7 @@ import pytest
 from polar.runtime import RuntimeFailure, RuntimeSpec, make_runtime
 from polar.runtime.bwrap import BwrapRuntime
 from tests.conftest import Gateway
+from tests.node_support import pids_under
 from tests.test_runtime_local import _wait_gone
 
 pytestmark = pytest.mark.skipif(
@@ -99,21 +100,9 @@ async def test_timeout_kills_the_sandbox_including_setsid_daemons(rt: BwrapRunti
 
 
 def _sleepers(rt: BwrapRuntime) -> list[int]:
-    """Host pids of `sleep 100` processes whose cwd is this runtime's workdir (compared by inode: inside the
+    """Host pids of `sleep 100` processes working in this runtime's workdir (found by inode: inside the
     sandbox the directory has another path)."""
-    found = []
-    workdir = rt.workdir.stat()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes()
-            cwd = (proc / "cwd").stat()
-        except OSError:
-            continue
-        if cmd == b"sleep\x00100\x00" and (cwd.st_dev, cwd.st_ino) == (workdir.st_dev, workdir.st_ino):
-            found.append(int(proc.name))
-    return found
+    return pids_under(rt.workdir, "sleep", "100")
 
 
 async def test_cancel_during_exec(rt: BwrapRuntime) -> None:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Unpack
 
-from polar.runtime.base import RuntimeFailure, RuntimeSpec
+from polar.runtime.base import RuntimeSpec
 from polar.runtime.local import LocalRuntime, RuntimeOptions
 from polar.runtime.namespaces import FWD
 
@@ -46,19 +46,13 @@ class BwrapRuntime(LocalRuntime):
 
     async def _isolate(self) -> None:
         # bwrap makes its own namespaces (and brings the loopback up itself)
-        for path in self.spec.read_only_paths:
-            if not Path(path).is_absolute() or not Path(path).exists():
-                raise RuntimeFailure(f"read_only_paths: {path!r} is not an existing absolute path")
+        self._check_read_only_paths()
 
     def runtime_path(self, path: Path) -> str:
         path = Path(path)
         if path.is_relative_to(self.session_dir):
             return str(SANDBOX_SESSION / path.relative_to(self.session_dir))
         return str(path)
-
-    def _env(self, env: dict[str, str] | None) -> dict[str, str]:
-        base = super()._env(None) | {"HOME": self.runtime_path(self.home)}
-        return base | self.spec.env | (env or {})
 
     def bwrap_argv(self, argv: list[str], cwd: Path) -> list[str]:
         """The full bwrap command line for `argv` run in `cwd` (a host path, as the sandbox sees it)."""

@@ -131,10 +131,7 @@ class ContainerRuntime(LocalRuntime):
             return
         # An absolute workdir lives in the image, not in the session directory
         shared = (self.workdir,) if self.workdir.is_relative_to(self.session_dir) else ()
-        for path in self.spec.read_only_paths:
-            # docker's `-v` would create a missing host path (as an empty root-owned directory)
-            if not Path(path).is_absolute() or not Path(path).exists():
-                raise RuntimeFailure(f"read_only_paths: {path!r} is not an existing absolute path")
+        self._check_read_only_paths()
         self._make_dirs(self.home, self.artifacts, self.control, *shared, exist_ok=True)
         try:
             await self.engine(self.start_argv())

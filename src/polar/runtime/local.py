@@ -141,6 +141,13 @@ class LocalRuntime:
         """`path` as commands in the runtime see it: the host's own (containers mount it elsewhere)."""
         return str(path)
 
+    def _check_read_only_paths(self) -> None:
+        """What a sandbox mounts read-only must exist (bwrap refuses a missing one; docker's `-v` would create
+        it as an empty root-owned directory): refused before anything starts."""
+        for path in self.spec.read_only_paths:
+            if not Path(path).is_absolute() or not Path(path).exists():
+                raise RuntimeFailure(f"read_only_paths: {path!r} is not an existing absolute path")
+
     async def _isolate(self) -> None:
         """Decide the namespaces (refusing a network it cannot confine); bwrap makes its own."""
         self._ns = await asyncio.to_thread(namespaces.for_network, self.spec.network)
@@ -197,7 +204,7 @@ class LocalRuntime:
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
         base = {k: os.environ[k] for k in _INHERITED if k in os.environ}
-        base["HOME"] = str(self.home)
+        base["HOME"] = self.runtime_path(self.home)
         return base | self.spec.env | (env or {})
 
     def _cwd(self, cwd: str | None) -> Path:

@@ -221,12 +221,13 @@ class Trainer:
     def step(self, samples: Sequence[Sample]) -> StepResult:
         """Accumulate the batch's gradient over micro-batches, clip, and take one AdamW step. Data-parallel
         (rank 0): the batch is split over the ranks, which step on their shards together (`serve`)."""
+        denominator = self._denominator(samples)
         if self.world is None:
-            return self._step(samples, self._denominator(samples))
+            return self._step(samples, denominator)
         plan = distributed.shard([s.length for s in samples], self.world.size)
         shards = [[samples[i] for i in idx] for idx in plan]
-        distributed.broadcast(("step", shards, self._denominator(samples)))
-        return self._step(shards[0], self._denominator(samples))
+        distributed.broadcast(("step", shards, denominator))
+        return self._step(shards[0], denominator)
 
     def serve(self) -> None:
         """A rank other than 0: take part in every step rank 0 starts, until it says stop (`close`)."""
