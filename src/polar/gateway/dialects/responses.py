@@ -14,9 +14,10 @@ from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import responses_schema as s
 from polar.gateway.dialects.base import SSEOnly, StreamFormat
 from polar.gateway.dialects.openai_wire import OPENAI_STYLE, settle_tool_choice, upstream_effort
-from polar.gateway.dialects.responses_input import convert_history, convert_tool_choice, convert_tools
+from polar.gateway.dialects.responses_input import convert_history
 from polar.gateway.dialects.responses_render import error_body, render_response
 from polar.gateway.dialects.responses_stream import ResponsesEventWriter, ResponsesStreamEncoder, synthesize
+from polar.gateway.dialects.responses_tools import convert_tool_choice, convert_tools
 from polar.gateway.dialects.validation import validate
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
@@ -40,9 +41,10 @@ class ResponsesDialect(SSEOnly):
         req = validate(s.REQUEST, body, OPENAI_STYLE)
         _refuse_server_state(req)
 
-        tools, custom, dropped, function_names = convert_tools(req.get("tools"))
+        converted = convert_tools(req.get("tools"))
+        tools = converted.tools
         tool_choice = settle_tool_choice(
-            convert_tool_choice(req.get("tool_choice"), custom | function_names), bool(tools)
+            convert_tool_choice(req.get("tool_choice"), converted.callable), bool(tools)
         )
 
         messages: list[dict[str, Any]] = []
@@ -77,8 +79,9 @@ class ResponsesDialect(SSEOnly):
         store = req.get("store")
         render: dict[str, Any] = {
             "model": req["model"],
-            "custom_tools": custom,
-            "dropped_tools": dropped,
+            "custom_tools": converted.custom,
+            "namespaced_tools": converted.namespaced,
+            "dropped_tools": converted.dropped,
             "include_encrypted": INCLUDE_ENCRYPTED in (req.get("include") or ()),
             "tools": body.get("tools") or [],
             "tool_choice": body.get("tool_choice") or "auto",

@@ -1,8 +1,9 @@
-"""Responses input -> Chat: tools, tool choice and the item history.
+"""Responses input -> Chat: the item history (the tools are `responses_tools`).
 
 Consecutive assistant items (reasoning, message, function_call, custom_tool_call) form ONE assistant
 message, as the policy produced them in one completion, so the chat template renders what the model
-actually sampled. Reasoning is restored verbatim from the `encrypted_content` we issued.
+actually sampled. Reasoning is restored verbatim from the `encrypted_content` we issued. A call to a
+namespace member (it carries `namespace`) is named as its tool went upstream (`responses_tools.flat_name`).
 """
 
 from __future__ import annotations
@@ -10,78 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polar.gateway.dialects.tool_schema import check_tool_schema
+from polar.gateway.dialects.responses_tools import flat_name
 from polar.gateway.dialects.wire import SignatureCache
-from polar.gateway.errors import invalid
 from polar.gateway.signatures import ReasoningCodec
-
-
-def convert_tools(
-    specs: list[Any] | None,
-) -> tuple[list[dict[str, Any]], frozenset[str], list[str], frozenset[str]]:
-    """Chat function tools, the names of custom tools, the names of dropped hosted tools, function names."""
-    tools: list[dict[str, Any]] = []
-    custom: set[str] = set()
-    functions: set[str] = set()
-    dropped: list[str] = []
-    for i, t in enumerate(specs or ()):
-        kind = t["type"]
-        if kind == "function":
-            fn: dict[str, Any] = {"name": t["name"]}
-            if t.get("description") is not None:
-                fn["description"] = t["description"]
-            params = t.get("parameters")
-            if params is not None:
-                check_tool_schema(params, f"tools[{i}]", t["name"], "parameters")
-            fn["parameters"] = params if params is not None else {"type": "object", "properties": {}}
-            tools.append({"type": "function", "function": fn})
-            functions.add(t["name"])
-        elif kind == "custom":
-            tools.append(_custom_as_function(t))
-            custom.add(t["name"])
-        else:
-            # Hosted tools (web_search, file_search, ...) run on OpenAI's side; the policy cannot call them.
-            dropped.append(t.get("name") or kind)
-    return tools, frozenset(custom), dropped, frozenset(functions)
-
-
-def _custom_as_function(t: Any) -> dict[str, Any]:
-    """A free-form (custom) tool as a function with one string argument `input`.
-
-    Codex declares `apply_patch` this way, with a Lark grammar; the grammar goes into the argument's
-    description so a policy trained through chat templates can see the format it must follow.
-    """
-    desc = "The raw input for this tool."
-    fmt = t.get("format") or {}
-    if fmt.get("type") == "grammar" and fmt.get("definition"):
-        syntax = fmt.get("syntax", "")
-        desc = f"The raw input for this tool. It must match this {syntax} grammar:\n{fmt['definition']}"
-    fn: dict[str, Any] = {"name": t["name"]}
-    if t.get("description") is not None:
-        fn["description"] = t["description"]
-    fn["parameters"] = {
-        "type": "object",
-        "properties": {"input": {"type": "string", "description": desc}},
-        "required": ["input"],
-        "additionalProperties": False,
-    }
-    return {"type": "function", "function": fn}
-
-
-def convert_tool_choice(choice: Any, callable_names: frozenset[str]) -> Any:
-    if choice is None or isinstance(choice, str):
-        return choice
-    if choice["type"] in ("function", "custom"):
-        name = choice.get("name")
-        if not name:
-            raise invalid("Missing required parameter: 'tool_choice.name'.", "tool_choice.name")
-        if name not in callable_names:
-            raise invalid(
-                f"Invalid value for 'tool_choice.name': {name!r} is not one of the request's tools.",
-                "tool_choice.name",
-            )
-        return {"type": "function", "function": {"name": name}}
-    raise invalid(f"Unsupported value for 'tool_choice.type': {choice['type']!r}.", "tool_choice.type")
 
 
 def convert_history(items: list[Any], codec: ReasoningCodec) -> list[dict[str, Any]]:
@@ -112,12 +44,13 @@ def convert_history(items: list[Any], codec: ReasoningCodec) -> list[dict[str, A
             turn["content"] = text if turn["content"] is None else turn["content"] + text
         elif kind == "function_call":
             turn = turn or open_turn()
-            turn.setdefault("tool_calls", []).append(_call(item["call_id"], item["name"], item["arguments"]))
+            name = _called(item)
+            turn.setdefault("tool_calls", []).append(_call(item["call_id"], name, item["arguments"]))
         elif kind == "custom_tool_call":
             turn = turn or open_turn()
             # Same text `json.dumps` gives (and Qwen-style models write): `{"input": "..."}`.
             arguments = json.dumps({"input": item["input"]}, ensure_ascii=False)
-            turn.setdefault("tool_calls", []).append(_call(item["call_id"], item["name"], arguments))
+            turn.setdefault("tool_calls", []).append(_call(item["call_id"], _called(item), arguments))
         elif kind == "message":
             turn = None
             # `developer` (Codex's permissions and instructions) is `system` to a chat template.
@@ -131,6 +64,12 @@ def convert_history(items: list[Any], codec: ReasoningCodec) -> list[dict[str, A
         if msg["content"] is None and "tool_calls" not in msg:
             msg["content"] = ""
     return out
+
+
+def _called(item: Any) -> str:
+    """The Chat name of the tool a call item called."""
+    namespace = item.get("namespace")
+    return flat_name(namespace, item["name"]) if namespace else item["name"]
 
 
 def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Output order follows OpenAI's: reasoning, message, then one item per tool call. Reasoning is always sent as
 one summary part holding the full text (Codex shows it, and resends it when it has nothing better), and,
 when the client includes `reasoning.encrypted_content`, also as our codec token, which restores it verbatim
-on the next turn. Tool calls to Responses custom tools become `custom_tool_call` items carrying `input`.
+on the next turn. Tool calls to Responses custom tools become `custom_tool_call` items carrying `input`; a
+call to a namespace member (`responses_tools`) carries its `namespace` and its name within it.
 """
 
 from __future__ import annotations
@@ -66,6 +67,18 @@ def custom_input(arguments: str) -> str:
     return arguments
 
 
+def call_item(req: CanonicalRequest, kind: str, item_id: str, call_id: str, name: str) -> dict[str, Any]:
+    """The head of a call item (no `arguments`/`input` yet) to the tool the policy called by its Chat name:
+    a namespace member's item names the namespace and the member, as OpenAI's server does."""
+    item: dict[str, Any] = {"id": item_id, "type": kind, "status": "completed", "call_id": call_id}
+    member = (req.render.get("namespaced_tools") or {}).get(name)
+    if member is None:
+        item["name"] = name
+    else:
+        item["namespace"], item["name"] = member
+    return item
+
+
 def output_items(req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> list[OutputItem]:
     base = base_id(comp)
     truncated = comp.finish_reason in _INCOMPLETE_REASON
@@ -93,24 +106,12 @@ def output_items(req: CanonicalRequest, comp: Completion, codec: ReasoningCodec)
     for i, tc in enumerate(comp.tool_calls):
         if tc.name in custom:
             value = custom_input(tc.arguments)
-            call = {
-                "id": f"ctc_{base}_{i}",
-                "type": "custom_tool_call",
-                "status": "completed",
-                "call_id": tc.id,
-                "name": tc.name,
-                "input": value,
-            }
+            call = call_item(req, "custom_tool_call", f"ctc_{base}_{i}", tc.id, tc.name)
+            call["input"] = value
             items.append(OutputItem("custom_tool_call", call, value))
         else:
-            call = {
-                "id": f"fc_{base}_{i}",
-                "type": "function_call",
-                "status": "completed",
-                "call_id": tc.id,
-                "name": tc.name,
-                "arguments": tc.arguments,
-            }
+            call = call_item(req, "function_call", f"fc_{base}_{i}", tc.id, tc.name)
+            call["arguments"] = tc.arguments
             items.append(OutputItem("function_call", call, tc.arguments))
     return items
 

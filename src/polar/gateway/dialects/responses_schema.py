@@ -59,6 +59,7 @@ class FunctionCallItem(TypedDict):
     call_id: str
     name: str
     arguments: str
+    namespace: NotRequired[str | None]  # a member of a `namespace` tool: `name` is its name within it
 
 
 class FunctionCallOutputItem(TypedDict):
@@ -90,6 +91,7 @@ class CustomToolCallItem(TypedDict):
     call_id: str
     name: str
     input: str
+    namespace: NotRequired[str | None]
 
 
 class CustomToolCallOutputItem(TypedDict):
@@ -125,6 +127,19 @@ class CustomTool(TypedDict):
     format: NotRequired[dict[str, Any] | None]
 
 
+NamespaceMember = Annotated[FunctionTool | CustomTool, Field(discriminator="type")]
+
+
+class NamespaceTool(TypedDict):
+    """A group of function and custom tools the model calls as `namespace` + `name` (Codex 0.171.0 sends
+    its sub-agent tools as `multi_agent_v1`); the openai SDK's `NamespaceTool`."""
+
+    type: Literal["namespace"]
+    name: Annotated[str, Field(min_length=1)]
+    description: NotRequired[str | None]
+    tools: list[NamespaceMember]
+
+
 class HostedTool(TypedDict):
     """A tool OpenAI runs itself (web_search, file_search, code_interpreter, ...): the policy cannot."""
 
@@ -134,12 +149,13 @@ class HostedTool(TypedDict):
 
 def _tool_type(value: Any) -> str:
     t = value.get("type") if isinstance(value, dict) else None
-    return t if t in ("function", "custom") else "hosted"
+    return t if t in ("function", "custom", "namespace") else "hosted"
 
 
 ToolSpec = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[CustomTool, Tag("custom")]
+    | Annotated[NamespaceTool, Tag("namespace")]
     | Annotated[HostedTool, Tag("hosted")],
     Discriminator(_tool_type),
 ]
@@ -148,6 +164,7 @@ ToolSpec = Annotated[
 class ToolChoiceObject(TypedDict):
     type: str
     name: NotRequired[str | None]
+    namespace: NotRequired[str | None]
 
 
 class ReasoningConfig(TypedDict, total=False):

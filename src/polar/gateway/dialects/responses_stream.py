@@ -25,6 +25,7 @@ from polar.gateway.dialects.openai_wire import split_text, unix_now
 from polar.gateway.dialects.responses_render import (
     OutputItem,
     base_id,
+    call_item,
     custom_input,
     error_body,
     final_status,
@@ -307,24 +308,10 @@ class ResponsesStreamEncoder:
         self._tool_index = tc.index
         name = tc.name or ""
         if name in self._custom:
-            item = {
-                "id": f"ctc_{self._base}_{tc.index}",
-                "type": "custom_tool_call",
-                "status": "in_progress",
-                "call_id": tc.call_id,
-                "name": name,
-                "input": "",
-            }
-            return self._begin("custom_tool_call", item)
-        item = {
-            "id": f"fc_{self._base}_{tc.index}",
-            "type": "function_call",
-            "status": "in_progress",
-            "call_id": tc.call_id,
-            "name": name,
-            "arguments": "",
-        }
-        return self._begin("function_call", item)
+            item = call_item(self._req, "custom_tool_call", f"ctc_{self._base}_{tc.index}", tc.call_id, name)
+            return self._begin("custom_tool_call", {**item, "status": "in_progress", "input": ""})
+        item = call_item(self._req, "function_call", f"fc_{self._base}_{tc.index}", tc.call_id, name)
+        return self._begin("function_call", {**item, "status": "in_progress", "arguments": ""})
 
     def _end(self, truncated: bool = False) -> bytes:
         """The `.done` events of the open item, which joins the finished ones."""

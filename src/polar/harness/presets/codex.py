@@ -5,7 +5,7 @@
 Codex 0.171.0 speaks only OpenAI Responses to a custom provider: `OPENAI_BASE_URL` is ignored and
 `wire_api = "chat"` is refused, so the preset writes `$CODEX_HOME/config.toml` (in the session's home) with
 a `polar` provider whose key is read from `POLAR_SESSION_ID`. Every model Codex uses (the main loop,
-sub-agents, compaction) goes through that one provider. Settings: `binary` (an installed `codex` to use
+sub-agents, compaction) goes through that one provider, so a sub-agent's calls land in the session too. Settings: `binary` (an installed `codex` to use
 instead of the pinned npm package), `context_window` (Codex has no metadata for our model names and
 otherwise falls back to its defaults, which decide when it compacts), `reasoning_effort` (sent as
 `reasoning.effort`; without it Codex asks only for a reasoning summary), `max_retries` (the provider's
@@ -49,8 +49,8 @@ CONFIGURES = (
     "POLAR_SESSION_ID) and the model; analytics, plugins, web search, OTel export and update checks off"
 )
 LIMITS = (
-    "Codex's sub-agent tools come as a Responses `namespace` tool, which the gateway drops, so the policy "
-    "cannot spawn sub-agents"
+    "sub-agents (the `multi_agent_v1` namespace tools, called upstream as `multi_agent_v1__spawn_agent` & co) "
+    "run in the same session and are tagged `side_call`, `subagent`; a sub-agent cannot spawn its own"
 )
 
 PROVIDER = "polar"
@@ -60,6 +60,11 @@ LAST_MESSAGE = "codex-last-message.md"
 SESSIONS_COPY = "codex-sessions"
 # Codex 0.171.0 compacts a long history by asking the model for a hand-off summary with this prompt.
 COMPACTION_MARKER = "CONTEXT CHECKPOINT COMPACTION"
+# 0.171.0 sends a sub-agent's calls (spawned with `multi_agent_v1.spawn_agent`) under the parent's provider,
+# hence the same session key, with this key in the body's `client_metadata` (and as an HTTP header):
+# `collab_spawn`, where the parent thread's calls have none. Its `x-codex-turn-metadata` says the same
+# (`"thread_source": "subagent"`, `parent_thread_id`).
+SUBAGENT_KEY = "x-openai-subagent"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # Codex 0.171.0's model_reasoning_effort
 _SETTINGS = ("binary", "context_window", "reasoning_effort", "max_retries")
 
@@ -184,9 +189,15 @@ class CodexHarness:
         return {"transcripts": transcripts, "last_message": LAST_MESSAGE}
 
     def classify(self, record: CompletionRecord) -> tuple[str, ...]:
+        """A compaction (its summary prompt is the request's last message), a sub-agent's call (its
+        `client_metadata` names it), a call without tools; the main loop otherwise."""
         messages = record.upstream_request.get("messages") or []
         if messages and any(COMPACTION_MARKER in t for t in texts(messages[-1].get("content"))):
-            return ("side_call", "compaction")  # the summary prompt is the request's last message
+            return ("side_call", "compaction")
+        request = record.request if isinstance(record.request, dict) else {}
+        metadata = request.get("client_metadata")
+        if isinstance(metadata, dict) and metadata.get(SUBAGENT_KEY):
+            return ("side_call", "subagent")
         return () if record.tools else ("side_call",)
 
 
