@@ -3,8 +3,10 @@ in bubblewrap with no network but the gateway, against the scripted fake policy 
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -16,6 +18,8 @@ from polar.rollout.protocol import SessionStatus
 from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
+from polar.trajectory import Trajectory, audit
+from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import (
     check_run,
     jsonl_lines,
@@ -23,6 +27,7 @@ from tests.preset_run_support import (
     needs_npm,
     needs_strace,
     run_cli,
+    run_preset,
     streamed,
     tool_script,
     traced_against_gateway,
@@ -142,6 +147,72 @@ async def test_a_failing_policy_server_ends_the_session_as_error(tmp_path: Path)
     assert "inference backend failed" in (run.result.reason or "")
 
 
+SUBTASK = "SUBTASK: write sub.txt."
+SPAWN = "multi_agent_v1__spawn_agent"  # Codex's `spawn_agent` in its `multi_agent_v1` namespace, flattened
+WAIT = "multi_agent_v1__wait_agent"
+
+
+def delegating_script(body: dict[str, Any]) -> Reply:
+    """The policy: spawn a sub-agent for SUBTASK, wait for it, write hello.txt itself, then answer. The
+    sub-agent (the call whose user message is SUBTASK) writes sub.txt and answers."""
+    messages = body["messages"]
+    outputs = [m["content"] for m in messages if m["role"] == "tool"]
+    if any(m["role"] == "user" and SUBTASK in str(m["content"]) for m in messages):
+        if not outputs:
+            return Reply("On it.", tool_calls=[(TOOL, '{"cmd":"printf sub > sub.txt"}')])
+        return Reply("sub.txt is written.")
+    if not outputs:
+        return Reply("Delegating sub.txt.", tool_calls=[(SPAWN, json.dumps({"message": SUBTASK}))])
+    if len(outputs) == 1:
+        # What spawn_agent returned: Codex ran the call (a call it cannot route: "unsupported call: ...").
+        agent = json.loads(outputs[0])["agent_id"]
+        return Reply("Waiting for it.", tool_calls=[(WAIT, json.dumps({"targets": [agent]}))])
+    if len(outputs) == 2:
+        return Reply("Now hello.txt.", tool_calls=[(TOOL, '{"cmd":"printf main > hello.txt"}')])
+    return Reply("Done.")
+
+
+@pytest.mark.cli
+@needs_npm
+async def test_codex_spawns_a_sub_agent_through_the_namespaced_tool(tmp_path: Path) -> None:
+    """The policy calls `multi_agent_v1__spawn_agent`; Codex 0.171.0 gets it back as `spawn_agent` in its
+    namespace (as a flat name it answers "unsupported call"), runs the sub-agent, whose calls reach the
+    gateway under the same session key, are recorded in the session and tagged `subagent`; the main loop
+    stays one trace around them."""
+    run = await run_preset(
+        tmp_path, "codex", {}, delegating_script, expect="mainsub", check="cat hello.txt sub.txt"
+    )
+    assert run.result.status == SessionStatus.COMPLETED and run.result.reward == 1.0, run.result.reason
+    posts = [s for s in run.seen if s.method == "POST"]
+    assert len(run.records) == len(posts) == len(run.fake.requests) == 6
+    assert {s.headers.get("authorization") for s in posts} == {"Bearer sess-cli"}
+    # The sub-agent names itself in a header and in the body's client_metadata, which the record keeps.
+    assert [s.headers.get("x-openai-subagent") for s in posts].count("collab_spawn") == 2
+    tags = [run.preset.classify(r) for r in run.records]
+    sub = [r for r, t in zip(run.records, tags, strict=True) if t == ("side_call", "subagent")]
+    main = [r for r, t in zip(run.records, tags, strict=True) if not t]
+    assert len(sub) == 2 and len(main) == 4
+    assert all(SUBTASK in json.dumps(r.request["input"]) for r in sub)
+    # The namespaced tool went up flat, came back to Codex with its namespace, and Codex echoed it so.
+    assert SPAWN in [t["function"]["name"] for t in main[0].tools or []]
+    assert main[0].response_message["tool_calls"][0]["function"]["name"] == SPAWN
+    echoed = [i for i in main[-1].request["input"] if i.get("type") == "function_call"]
+    assert [(i.get("namespace"), i["name"]) for i in echoed] == [
+        ("multi_agent_v1", "spawn_agent"),
+        ("multi_agent_v1", "wait_agent"),
+        (None, TOOL),
+    ]
+    waited = [i["output"] for i in main[-2].request["input"] if i.get("type") == "function_call_output"]
+    assert "sub.txt is written." in waited[-1]  # wait_agent returned the sub-agent's final answer
+    # The node's trajectory: the sub-agent listed among the side calls; the main loop one trace.
+    traj = Trajectory.model_validate(run.result.trajectory)
+    assert set(traj.metadata["side_calls"]["completion_ids"]) == {r.completion_id for r in sub}
+    main_ids = {r.completion_id for r in main}
+    (trace,) = [t for t in traj.traces if set(t.metadata.get("completion_ids", [])) & main_ids]
+    assert set(trace.metadata["completion_ids"]) == main_ids
+    assert audit(traj, run.records).ok
+
+
 class CodexOnline(codex.CodexHarness):
     """The preset without its switches for other traffic (analytics, plugins, web search, update check)."""
 
@@ -225,21 +296,25 @@ def test_command_needs_setup_first(tmp_path: Path) -> None:
         get_harness("codex").command(ctx(tmp_path))
 
 
-def _record(tools: list[dict[str, object]] | None, last: str) -> CompletionRecord:
+def _record(tools: list[dict[str, object]] | None, last: str, request: Any = None) -> CompletionRecord:
     messages = [{"role": "developer", "content": "be good"}, {"role": "user", "content": last}]
     return CompletionRecord(
-        "s", 0, "c", "responses", 0.0, {}, {"messages": messages}, [1], [2], [-0.1], "stop",
+        "s", 0, "c", "responses", 0.0, request or {}, {"messages": messages}, [1], [2], [-0.1], "stop",
         {"role": "assistant", "content": "x"}, tools, {}, "m", "m",
     )  # fmt: skip
 
 
-def test_classify_tags_compaction_and_tool_less_calls() -> None:
+def test_classify_tags_compaction_sub_agents_and_tool_less_calls() -> None:
     harness = get_harness("codex")
     tool = [{"type": "function", "function": {"name": TOOL, "parameters": {}}}]
     assert harness.classify(_record(tool, "fix the bug")) == ()
     assert harness.classify(_record(None, "fix the bug")) == ("side_call",)
     prompt = "You are performing a CONTEXT CHECKPOINT COMPACTION. Create a handoff summary"
     assert harness.classify(_record(tool, prompt)) == ("side_call", "compaction")
+    spawned = {"client_metadata": {"x-openai-subagent": "collab_spawn", "x-codex-parent-thread-id": "t"}}
+    assert harness.classify(_record(tool, "SUBTASK", spawned)) == ("side_call", "subagent")
+    for other in ({"client_metadata": {"session_id": "t"}}, {"client_metadata": "x"}, ["not a body"]):
+        assert harness.classify(_record(tool, "fix the bug", other)) == ()
 
 
 async def test_setup_that_cannot_write_fails_naming_the_file(tmp_path: Path) -> None:
