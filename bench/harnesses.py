@@ -66,16 +66,29 @@ CLIS = [
 # Scenarios beyond the plain tool loop, where the CLI has the feature (`--scenario`):
 #   fault: the policy's third call fails once with a 502 (the CLI's own retry must carry the session on);
 #   compaction: a small context window makes the CLI compact its history (codex, pi);
-#   subagent: the policy has the CLI start a subagent first (claude_code's Explore agent).
+#   subagent: the policy has the CLI start a subagent first (claude_code's Explore agent, a codex sub-agent
+#   through its `multi_agent_v1` namespace tools), which answers at once; the main loop goes on meanwhile.
 SCENARIOS = ("loop", "fault", "compaction", "subagent")
 # Windows just above each CLI's own prompt (the fake policy counts a byte a token), so the growing history
 # fills them within the session.
-COMPACTING = {"codex": (("context_window", 40000),), "pi": (("context_window", 8000),)}
-SUBAGENT = {"claude_code": ("Agent", '{"description":"look around","prompt":"List the files here.",'
-                                     '"subagent_type":"Explore"}')}  # fmt: skip
+COMPACTING = {"codex": (("context_window", 53000),), "pi": (("context_window", 8000),)}
+SUBAGENT_TASK = "List the files here."
+SUBAGENT = {
+    "claude_code": ("Agent", _compact({"description": "look around", "prompt": SUBAGENT_TASK,
+                                       "subagent_type": "Explore"})),
+    "codex": ("multi_agent_v1__spawn_agent", _compact({"message": SUBAGENT_TASK})),
+}  # fmt: skip
 CLAUDE_MAIN = (
     "You are an interactive agent"  # Claude Code's main-loop system prompt (subagents have their own)
 )
+
+
+def is_subagent(cli: CLI, messages: list[dict[str, Any]]) -> bool:
+    """Whether a call is the subagent's: Claude Code's has its own system prompt; Codex's shares the main
+    one, and its first user message is the task it was spawned with."""
+    if cli.harness == "claude_code":
+        return CLAUDE_MAIN not in str(messages[0].get("content"))
+    return any(m.get("role") == "user" and SUBAGENT_TASK in str(m.get("content")) for m in messages)
 
 
 def supports(cli: CLI, scenario: str) -> bool:
@@ -102,7 +115,7 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
         messages = body["messages"]
         if cli.tool not in tools:
             return Reply(content="Noted.")  # a side call (title, summary, small model)
-        if scenario == "subagent" and CLAUDE_MAIN not in str(messages[0].get("content")):
+        if scenario == "subagent" and cli.harness in SUBAGENT and is_subagent(cli, messages):
             return Reply(content="Only steps.txt may be here.")  # the subagent's own loop: done at once
         if (
             scenario == "subagent"
