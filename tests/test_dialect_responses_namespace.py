@@ -12,6 +12,8 @@ from typing import Any
 import httpx2
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -26,7 +28,13 @@ from polar.gateway.canonical import (
 from polar.gateway.dialects.responses import ResponsesDialect
 from polar.gateway.dialects.responses_tools import flat_name
 from polar.gateway.signatures import ReasoningCodec
-from tests.dialect_support import openai_client, openai_refusal, sse_response
+from tests.dialect_support import (
+    assert_parsed_or_refused,
+    mutate,
+    openai_client,
+    openai_refusal,
+    sse_response,
+)
 
 CODEC = ReasoningCodec(b"test-key")
 RESP = ResponsesDialect()
@@ -321,3 +329,14 @@ def test_a_history_namespace_that_is_no_string_is_a_400() -> None:
 def test_two_top_level_tools_of_one_name_pass_as_before() -> None:
     req = parsed(tools=[EXEC_COMMAND, EXEC_COMMAND])
     assert [t["function"]["name"] for t in req.tools or []] == ["exec_command", "exec_command"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_any_mutation_of_a_namespaced_body_is_parsed_or_refused_by_field(data: st.DataObject) -> None:
+    history = [
+        *CONTEXT,
+        *EXPECTED_CALLS,
+        {"type": "function_call_output", "call_id": "call_a", "output": "{}"},
+    ]
+    assert_parsed_or_refused(RESP, mutate(body(history), data), CODEC, CALLS)
