@@ -228,7 +228,7 @@ def test_a_synthesized_stream_calls_members_with_their_namespace() -> None:
 
 
 def test_a_live_stream_calls_members_with_their_namespace() -> None:
-    """Token by token (`ResponsesStreamEncoder`): the name arrives in a call's first piece, as vLLM sends it."""
+    """Token by token (`ResponsesStreamEncoder`): a call's name arrives in its first piece, as from vLLM."""
     req = parsed()
     enc = RESP.stream_encoder(req, CODEC, "sse")
     blob = enc.open(StreamHead("chatcmpl-ns1", "policy", 1_760_000_000, 100))

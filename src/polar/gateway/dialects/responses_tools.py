@@ -128,9 +128,9 @@ def convert_tool_choice(choice: Any, callable_names: frozenset[str]) -> Any:
         if namespace:
             name = flat_name(namespace, name)
         if name not in callable_names:
-            raise invalid(
-                f"Invalid value for 'tool_choice.name': {choice['name']!r} is not one of the request's tools.",
-                "tool_choice.name",
+            message = (
+                f"Invalid value for 'tool_choice.name': {choice['name']!r} is not one of the request's tools."
             )
+            raise invalid(message, "tool_choice.name")
         return {"type": "function", "function": {"name": name}}
     raise invalid(f"Unsupported value for 'tool_choice.type': {choice['type']!r}.", "tool_choice.type")

@@ -5,11 +5,12 @@
 Codex 0.171.0 speaks only OpenAI Responses to a custom provider: `OPENAI_BASE_URL` is ignored and
 `wire_api = "chat"` is refused, so the preset writes `$CODEX_HOME/config.toml` (in the session's home) with
 a `polar` provider whose key is read from `POLAR_SESSION_ID`. Every model Codex uses (the main loop,
-sub-agents, compaction) goes through that one provider, so a sub-agent's calls land in the session too. Settings: `binary` (an installed `codex` to use
-instead of the pinned npm package), `context_window` (Codex has no metadata for our model names and
-otherwise falls back to its defaults, which decide when it compacts), `reasoning_effort` (sent as
-`reasoning.effort`; without it Codex asks only for a reasoning summary), `max_retries` (the provider's
-`request_max_retries` and `stream_max_retries`; Codex retries a failed call 5 times by default).
+sub-agents, compaction) goes through that one provider, so a sub-agent's calls land in the session too.
+Settings: `binary` (an installed `codex` to use instead of the pinned npm package), `context_window` (Codex
+has no metadata for our model names and otherwise falls back to its defaults, which decide when it
+compacts), `reasoning_effort` (sent as `reasoning.effort`; without it Codex asks only for a reasoning
+summary), `max_retries` (the provider's `request_max_retries` and `stream_max_retries`; Codex retries a
+failed call 5 times by default).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ CONFIGURES = (
     "POLAR_SESSION_ID) and the model; analytics, plugins, web search, OTel export and update checks off"
 )
 LIMITS = (
-    "sub-agents (the `multi_agent_v1` namespace tools, called upstream as `multi_agent_v1__spawn_agent` & co) "
-    "run in the same session and are tagged `side_call`, `subagent`; a sub-agent cannot spawn its own"
+    "sub-agents (the `multi_agent_v1` namespace tools, called upstream as `multi_agent_v1__spawn_agent` "
+    "& co) run in the same session and are tagged `side_call`, `subagent`; a sub-agent cannot spawn its own"
 )
 
 PROVIDER = "polar"
