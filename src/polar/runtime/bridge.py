@@ -93,6 +93,12 @@ class UnixBridge:
             return
         try:
             await asyncio.gather(_splice(reader, up_writer), _splice(up_reader, writer))
+        except asyncio.CancelledError:
+            # `close` cancels open relays. A handler task that ends cancelled makes CPython 3.11's
+            # StreamReaderProtocol callback call task.exception(), which raises, and asyncio logs an ERROR
+            # with a traceback ("Exception in callback ... connection_made") for a normal shutdown
+            # (fixed in 3.12). Ending normally instead is what the bridge means: the relay is over.
+            pass
         finally:
             for w in (writer, up_writer):
                 w.close()
