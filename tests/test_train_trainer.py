@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -157,10 +158,12 @@ def test_kl_to_the_initial_policy_appears_after_a_step(base: Trainer) -> None:
     assert fresh(base).reference is None  # no KL, no reference copy
 
 
-def test_bf16_is_refused_where_the_device_lacks_it(base: Trainer) -> None:
-    with pytest.raises(ValueError, match="bfloat16 needs a CUDA device"):
-        fresh(base, dtype="bfloat16")
+def test_bf16_autocast_is_taken_on_a_cpu_when_asked_and_never_chosen_for_it(base: Trainer) -> None:
+    assert fresh(base, dtype="bfloat16").autocast is torch.bfloat16  # AMX / AVX512-BF16 make it fast
     assert fresh(base, dtype="auto").autocast is None  # CPU: float32, no autocast
+    trainer = fresh(base, dtype="bfloat16", optimizer=OptimizerConfig(lr=1e-2))
+    result = trainer.step(samples_for(trainer, [1.0, -1.0, 0.5]))
+    assert math.isfinite(result.loss) and all(p.dtype == torch.float32 for p in trainer.model.parameters())
 
 
 def test_checkpoint_is_a_loadable_model_with_optimizer_state(base: Trainer, tmp_path: Path) -> None:

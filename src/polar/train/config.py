@@ -39,6 +39,7 @@ from polar.rollout.taskfile import (
 )
 from polar.train import overrides as overrides_mod
 from polar.train.advantages import Estimator
+from polar.train.lora import LoraSpec
 from polar.train.loss import Aggregation, LossConfig
 from polar.train.names import polar_name_for
 from polar.train.overrides import ConfigError, Override, OverrideError, apply_overrides, culprit
@@ -124,6 +125,26 @@ class OptimizerSection(_Section):
         return v
 
 
+class LoraSection(_Section):
+    """LoRA adapters (peft) instead of full fine-tuning: only the adapters train; every weight sync sends the
+    base model with the adapters merged in (polar.train.lora)."""
+
+    r: int = Field(16, ge=1, le=4096, description="Rank of each adapter.")
+    alpha: float = Field(32.0, gt=0.0, description="Scale numerator: an adapter adds (alpha / r) * B @ A.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input.")
+    target_modules: str | list[str] = Field(
+        "all-linear",
+        description="Which layers get adapters: all-linear (every linear layer but the output head) or "
+        "a list of module names (q_proj, v_proj, ...).",
+    )
+
+    def spec(self) -> LoraSpec:
+        targets = self.target_modules
+        return LoraSpec(
+            self.r, self.alpha, self.dropout, targets if isinstance(targets, str) else tuple(targets)
+        )
+
+
 class MetricsSection(_Section):
     """Where per-step metrics go besides the console and `out/metrics.jsonl` (always written)."""
 
@@ -197,6 +218,9 @@ class TrainConfig(_Section):
     loss: LossSection = Field(default_factory=LossSection, description="See the loss section.")
     optimizer: OptimizerSection = Field(
         default_factory=OptimizerSection, description="See the optimizer section."
+    )
+    lora: LoraSection | None = Field(
+        None, description="See the lora section; null: full fine-tuning (every weight trains)."
     )
     micro_batch_tokens: int = Field(
         4096,

@@ -302,7 +302,9 @@ def train(
 
     opt = config.optimizer
     trainer_config = TrainerConfig(
-        model=config.resume or config.model,
+        # A LoRA checkpoint's weights have its adapter merged in: a resumed LoRA run starts from the base
+        # model again and takes the adapter from the checkpoint (Trainer.restore).
+        model=config.model if config.lora is not None else (config.resume or config.model),
         loss=config.loss_config(),
         optimizer=OptimizerConfig(opt.lr, opt.weight_decay, opt.betas, opt.eps, opt.grad_clip),
         micro_batch_tokens=config.micro_batch_tokens,
@@ -312,6 +314,7 @@ def train(
         device=config.device,
         temperature=config.temperature,
         seed=config.seed,
+        lora=config.lora.spec() if config.lora is not None else None,
     )
     # Under torchrun every rank trains on its shard of each batch; rank 0 alone runs the rest.
     world = distributed.from_env()

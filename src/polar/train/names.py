@@ -173,6 +173,36 @@ NAMES: tuple[NameRow, ...] = (
         ),
     ),
     NameRow(
+        "lora.r",
+        Equivalent(
+            note="TRL takes a `peft.LoraConfig` as `GRPOTrainer(peft_config=...)`, not a `GRPOConfig` field (`r`)"
+        ),
+        Equivalent(("actor_rollout_ref.model.lora_rank",), "0 turns LoRA off (key read at commit 01d4d766)"),
+    ),
+    NameRow(
+        "lora.alpha",
+        Equivalent(
+            note="TRL takes a `peft.LoraConfig` as `GRPOTrainer(peft_config=...)`, not a `GRPOConfig` field (`lora_alpha`)"
+        ),
+        Equivalent(("actor_rollout_ref.model.lora_alpha",), "key read at commit 01d4d766"),
+    ),
+    NameRow(
+        "lora.dropout",
+        Equivalent(
+            note="TRL takes a `peft.LoraConfig` as `GRPOTrainer(peft_config=...)`, not a `GRPOConfig` field (`lora_dropout`)"
+        ),
+        Equivalent(
+            note="none on the FSDP path; the Megatron path has `actor_rollout_ref.model.lora.dropout`"
+        ),
+    ),
+    NameRow(
+        "lora.target_modules",
+        Equivalent(
+            note="TRL takes a `peft.LoraConfig` as `GRPOTrainer(peft_config=...)`, not a `GRPOConfig` field (`target_modules`)"
+        ),
+        Equivalent(("actor_rollout_ref.model.target_modules",), "same values (`all-linear` or names)"),
+    ),
+    NameRow(
         "micro_batch_tokens",
         Equivalent(note="`GRPOConfig` batches by completions (`per_device_train_batch_size`), not tokens"),
         Equivalent(

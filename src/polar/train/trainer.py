@@ -28,6 +28,7 @@ import torch
 
 from polar.train import distributed
 from polar.train.advantages import Estimator, GroupStats, trajectory_advantages
+from polar.train.lora import LoraSpec, apply_lora, is_lora, load_adapter, merged_state_dict, save_adapter
 from polar.train.loss import LossConfig, LossMetrics, policy_loss
 from polar.train.packing import pack, response_logprobs
 from polar.trajectory.models import Trajectory
@@ -54,6 +55,7 @@ class TrainerConfig:
     device: str = "auto"
     temperature: float = 1.0  # sampling temperature of the behaviour logprobs
     seed: int = 0
+    lora: LoraSpec | None = None  # None: every weight trains; else adapters only (polar.train.lora)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,15 +133,17 @@ def _resolve_device(name: str) -> torch.device:
 
 
 def _autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA devices that support it; float32 (no autocast) elsewhere."""
+    """bf16 autocast on CUDA devices that support it; float32 (no autocast) elsewhere unless asked for. On a
+    CPU, `bfloat16` is taken as asked: it is fast where the CPU has bf16 matrix units (AMX, AVX512-BF16:
+    oneDNN uses them) and slow where it is emulated, so it is never chosen for a CPU by `auto`."""
     if name == "float32":
         return None
-    bf16_ok = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
     if name == "bfloat16":
-        if not bf16_ok:
+        if device.type == "cuda" and not cuda_bf16:
             raise ValueError(f"dtype bfloat16 needs a CUDA device with bf16 support, not {device}")
         return torch.bfloat16
-    return torch.bfloat16 if bf16_ok else None
+    return torch.bfloat16 if cuda_bf16 else None
 
 
 def model_source(model: str | None) -> str:
@@ -160,7 +164,8 @@ class Trainer:
         self.device = _resolve_device(config.device)
         self.autocast = _autocast_dtype(config.dtype, self.device)
         self.model = model.to(self.device)
-        self.model.requires_grad_(True)
+        if not is_lora(self.model):  # peft froze the base and left the adapters trainable
+            self.model.requires_grad_(True)
         self.tokenizer = tokenizer
         if config.gradient_checkpointing:
             # transformers 5.x renamed gradient_checkpointing_enable (deprecated, removed in v6).
@@ -205,6 +210,8 @@ class Trainer:
         source = model_source(config.model)
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        if config.lora is not None:
+            model = apply_lora(model, config.lora)
         return cls(model, tokenizer, config, world)
 
     # -- one optimizer step ---------------------------------------------------------------------------
@@ -341,20 +348,36 @@ class Trainer:
 
     # -- weights out ------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's tensors, detached (what an in-process engine copies from)."""
+        """The policy's tensors, detached (what an in-process engine copies from); LoRA adapters folded in."""
+        if is_lora(self.model):
+            return merged_state_dict(self.model)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-    def save(self, folder: Path) -> Path:
-        """A Hugging Face checkpoint (model + tokenizer) plus `optimizer.pt` and `trainer_state.json`."""
-        folder.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(folder)
+    def save_weights(self, folder: Path) -> Path:
+        """The policy as a Hugging Face model folder any server loads (LoRA: merged into the base)."""
+        if is_lora(self.model):
+            self.model.get_base_model().save_pretrained(folder, state_dict=merged_state_dict(self.model))
+        else:
+            self.model.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
+        return folder
+
+    def save(self, folder: Path) -> Path:
+        """A Hugging Face checkpoint (model + tokenizer) plus `optimizer.pt` and `trainer_state.json`; a
+        LoRA run also keeps its adapter (`adapter/`), which is what it resumes from."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.save_weights(folder)
+        if is_lora(self.model):
+            save_adapter(self.model, folder)
         torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
         state = {"step": self.step_count, "policy_version": self.step_count, "model": self.config.model}
         (folder / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
         return folder
 
     def restore(self, folder: Path) -> None:
-        """Optimizer state and step count from a folder `save` wrote (the weights load with the model)."""
+        """Optimizer state and step count from a folder `save` wrote (the weights load with the model; a
+        LoRA run loads its base model and takes the adapter from here)."""
+        if is_lora(self.model):
+            load_adapter(self.model, folder)
         self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=self.device))
         self.step_count = int(json.loads((folder / "trainer_state.json").read_text())["step"])
