@@ -1,0 +1,181 @@
+"""Gateway nodes as Ray actors on a real Ray cluster of several Ray nodes on this machine
+(`ray.cluster_utils.Cluster`: one GCS, one raylet per Ray node, each with the custom resource `polar`).
+Sessions spread over the nodes; a Ray node removed mid-run ends its sessions ERROR with Ray's reason (told
+to the server by the driver, long before the server's own loss bound), the rest complete on the others,
+and no session runs twice (the shell command's own log and every node's journal say so)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from polar.gateway.config import GatewayConfig
+from polar.netguard import OutboundPolicy
+from polar.rollout.node import NodeConfig
+from polar.rollout.ray import NodeRequest, RayNodeSpec
+from tests.conftest import SERVED_MODEL
+from tests.node_support import fake_policy
+from tests.server_support import AUTH, TOKEN, start_server
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+TERMINAL = ("COMPLETED", "ERROR", "TIMEOUT", "CANCELLED")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """Three Ray nodes offering `polar` (CPUs over-declared: sessions are `sleep`s) and a head without."""
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        for _ in range(3):
+            c.add_node(num_cpus=4, resources={"polar": 1})
+        ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+def _spec(backend_url: str, tmp_path: Path, capacity: int) -> RayNodeSpec:
+    gateway = GatewayConfig(
+        backend_url=backend_url,
+        served_model=SERVED_MODEL,
+        control_token=TOKEN,
+        outbound=OutboundPolicy(allow=("127.0.0.1",)),
+    )
+    config = NodeConfig(
+        gateway=gateway,
+        capacity=capacity,
+        run_workers=capacity,
+        server_url="http://placeholder.invalid",  # replaced below
+        heartbeat_s=0.2,
+        runtime_root=tmp_path / "runtimes",
+    )
+    return RayNodeSpec(config=config, store_dir=tmp_path / "nodes", log_level="warning")
+
+
+def _task(task_id: str, command: str, num_samples: int) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "instruction": "do it",
+        "timeout_seconds": 120,
+        "num_samples": num_samples,
+        "agent": {"harness": "shell", "settings": {"command": command}},
+    }
+
+
+async def _view(client: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
+    view: dict[str, Any] = (await client.get(f"/rollout/task/{task_id}")).json()
+    return view
+
+
+async def _wait(check: Any, what: str, timeout_s: float = 60.0) -> Any:
+    """Poll `check()` until truthy (a bound on a hung test, not a timing assertion)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while True:
+        value = await check()
+        if value:
+            return value
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def _journal(store: Path) -> dict[str, str]:
+    with sqlite3.connect(store) as db:
+        return dict(db.execute("SELECT session_id, state FROM node_outcomes").fetchall())
+
+
+async def test_sessions_spread_over_ray_nodes_and_a_lost_node_runs_nothing_twice(
+    cluster: Any, tmp_path: Path
+) -> None:
+    import dataclasses
+
+    from polar.rollout.ray.cluster import RayNodes
+
+    gate = tmp_path / "go"
+    ran = tmp_path / "ran"  # one line per run of an agent, appended by the agent itself
+    block = f'echo "$POLAR_SESSION_ID" >> {ran}; while [ ! -f {gate} ]; do sleep 0.1; done'
+    # The server's own loss bound is far away: what ends the lost node's sessions is Ray's report.
+    server = start_server(tmp_path / "server.db", heartbeat_timeout_s=30.0, node_lost_after_s=600.0)
+    nodes: RayNodes | None = None
+    try:
+        with fake_policy() as (url, _):
+            spec = _spec(url, tmp_path, capacity=2)
+            spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, server_url=server.url))
+            nodes = RayNodes(spec, NodeRequest(resource="polar", cpus=1), server.url, TOKEN, poll_s=0.2)
+            started = await nodes.start(wait_for_one=True)
+            async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client:
+
+                async def registered() -> list[dict[str, Any]] | None:
+                    listed = (await client.get("/nodes")).json()["nodes"]
+                    healthy = [n for n in listed if n["healthy"]]
+                    return listed if len(healthy) == 3 else None
+
+                listed = await _wait(registered, "three healthy gateway nodes")
+                await client.post("/rollout/task/submit", json=_task("wide", block, 10))
+
+                async def six_running() -> dict[str, Any] | None:
+                    view = await _view(client, "wide")
+                    running = [s for s in view["sessions"] if s["status"] == "RUNNING"]
+                    return view if len(running) == 6 else None
+
+                first = await _wait(six_running, "two sessions running on each node")
+                by_node = Counter(s["node_id"] for s in first["sessions"] if s["status"] == "RUNNING")
+                victim = next(p for p in nodes.placed.values() if p.node_id == sorted(by_node)[0])
+                on_victim = {s["session_id"] for s in first["sessions"] if s["node_id"] == victim.node_id}
+                raylet = next(n for n in cluster.worker_nodes if n.node_id == victim.ray_node)
+                cluster.remove_node(raylet)
+
+                async def victim_ended() -> bool:
+                    view = await _view(client, "wide")
+                    return all(
+                        s["status"] in TERMINAL for s in view["sessions"] if s["session_id"] in on_victim
+                    )
+
+                await _wait(victim_ended, "the lost node's sessions to end")
+                gate.touch()
+
+                async def done() -> dict[str, Any] | None:
+                    view = await _view(client, "wide")
+                    return view if view["state"] == "DONE" else None
+
+                final = await _wait(done, "every session to finish")
+                after = (await client.get("/nodes")).json()["nodes"]
+    finally:
+        if nodes is not None:
+            await nodes.stop("test finished")
+        server.stop()
+    assert sorted(started) == sorted(n["node_id"] for n in listed)
+    assert sorted(by_node.values()) == [2, 2, 2]  # least-loaded placement over the three Ray nodes
+    results = {r["session_id"]: r for r in final["results"]}
+    assert len(results) == 10  # every session has its one result
+    lost = {sid for sid, r in results.items() if r["status"] == "ERROR"}
+    assert lost == on_victim
+    for sid in lost:
+        reason = results[sid]["reason"]
+        assert reason.startswith(f"node lost: {victim.node_id}: Ray node "), reason
+        assert "not re-run" in reason
+    completed = [r for r in results.values() if r["status"] == "COMPLETED"]
+    assert len(completed) == 8
+    assert {r["node_id"] for r in completed} == set(by_node) - {victim.node_id}
+    assert [n["lost"] for n in after if n["node_id"] == victim.node_id] == [True]
+    # Nothing ran twice: each session's agent started once, and no two nodes' journals hold one id.
+    runs = Counter(ran.read_text().split())
+    assert set(runs) == set(results) and set(runs.values()) == {1}
+    journals = [_journal(p) for p in sorted((tmp_path / "nodes").glob("*/gateway.db"))]
+    assert len(journals) == 3
+    seen = Counter(sid for j in journals for sid in j)
+    assert set(seen) == set(results) and set(seen.values()) == {1}
