@@ -13,6 +13,6 @@ instead of waiting for `node_lost_after_s` of silence. Sessions are never re-run
 
 from __future__ import annotations
 
-from polar.rollout.ray.spec import NodeRequest, RayNodeSpec
+from polar.rollout.ray.spec import NodeRequest, RayNodeSpec, RayPlacement
 
-__all__ = ["NodeRequest", "RayNodeSpec"]
+__all__ = ["NodeRequest", "RayNodeSpec", "RayPlacement"]

@@ -65,14 +65,16 @@ class GatewayActor:
         node = Node(dataclasses.replace(config, gateway=gateway, node_id=self.node_id))
         await node.start()
         self.node = node
-        log.info("gateway node %s on Ray node %s (%s)", self.node_id, ray.get_runtime_context().get_node_id(), ip)
+        log.info(
+            "gateway node %s on Ray node %s (%s)", self.node_id, ray.get_runtime_context().get_node_id(), ip
+        )
 
     async def serve(self) -> str:
         """Returns once the node has stopped (drained, or `stop`): the driver's watch on this actor."""
         await self.start()
         await self.node.data_server.wait()
         await self.node.stop()
-        return "drained" if self.node.draining else "stopped"
+        return "stopped"
 
     async def status(self) -> dict[str, Any]:
         if self.node is None:

@@ -23,12 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar.extras import Extra, require
+from polar.extras import RAY, require
 from polar.rollout.ray.spec import NodeRequest, RayNodeSpec, node_id_for
 
 log = logging.getLogger("polar.ray")
-
-RAY = Extra("--ray", ("ray",), "ray")
 
 
 class RayError(RuntimeError):
@@ -55,6 +53,36 @@ def disconnect() -> None:
     import ray
 
     ray.shutdown()
+
+
+def driver_ip() -> str:
+    """This machine's address in the Ray cluster (where gateway actors reach the rollout server)."""
+    import ray
+
+    ip: str = ray.util.get_node_ip_address()
+    return ip
+
+
+def _loopback(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(url).hostname or "").lower()
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def check_reachable(urls: tuple[str, ...], nodes: list[dict[str, Any]], request: NodeRequest) -> None:
+    """A loopback URL (an embedded engine, `--backend http://127.0.0.1:...`) reaches only this machine:
+    refuse it when an eligible Ray node lives on another one, rather than failing every session there."""
+    loop = [u for u in urls if _loopback(u)]
+    here = driver_ip()
+    elsewhere = sorted(
+        {n["NodeManagerAddress"] for n in nodes if n["Alive"] and request.fits(n["Resources"])} - {here}
+    )
+    if loop and elsewhere:
+        raise RayError(
+            f"{loop[0]} is this machine's loopback, which gateway nodes on Ray nodes at "
+            f"{', '.join(elsewhere)} cannot reach: give --backend URL(s) every Ray node reaches"
+        )
 
 
 def actor_class() -> Any:
@@ -105,6 +133,7 @@ class RayNodes:
         the gateway node ids started."""
         self._cls = actor_class()
         nodes = await asyncio.to_thread(_ray_nodes)
+        check_reachable(self.spec.config.gateway.backend_urls, nodes, self.request)
         if not any(self.request.fits(n["Resources"]) for n in nodes if n["Alive"]):
             message = f"no Ray node offers what a gateway node takes ({self.request.describe()}): " + (
                 "; ".join(_describe(n) for n in nodes if n["Alive"]) or "the cluster has no live node"
@@ -126,7 +155,9 @@ class RayNodes:
                 raise RayError(f"no gateway node started on Ray: {why or 'timed out'}")
         return [p.node_id for p in self.placed.values() if p.started]
 
-    async def stop(self, reason: str = "node stopped", *, report: bool = True, timeout_s: float = 30.0) -> None:
+    async def stop(
+        self, reason: str = "node stopped", *, report: bool = True, timeout_s: float = 30.0
+    ) -> None:
         """Stop every node (running sessions end CANCELLED with `reason`), then the actors."""
         import ray
 

@@ -119,3 +119,14 @@ def trusted_imports(tasks: Iterable[Task], base: Path) -> tuple[tuple[str, Path]
             if isinstance(name, str) and is_import_path(name):
                 seen.setdefault(name, base.resolve())
     return tuple(seen.items())
+
+
+@dataclass(frozen=True)
+class RayPlacement:
+    """`--ray [ADDRESS]`: the gateway nodes of a run go to Ray (`polar.rollout.local.local_stack`).
+    `address` None: RAY_ADDRESS, the cluster last started on this machine, else a new local one."""
+
+    address: str | None
+    request: NodeRequest
+    log_level: str = "warning"
+    trusted_imports: tuple[tuple[str, Path], ...] = ()
