@@ -71,8 +71,9 @@ def _loopback(url: str) -> bool:
 
 
 def check_reachable(urls: tuple[str, ...], nodes: list[dict[str, Any]], request: NodeRequest) -> None:
-    """A loopback URL (an embedded engine, `--backend http://127.0.0.1:...`) reaches only this machine:
-    refuse it when an eligible Ray node lives on another one, rather than failing every session there."""
+    """A loopback URL (an embedded engine, `--backend http://127.0.0.1:...`, a server bound to loopback)
+    reaches only this machine: refuse it when an eligible Ray node lives on another one, rather than
+    failing every session there."""
     loop = [u for u in urls if _loopback(u)]
     here = driver_ip()
     elsewhere = sorted(
@@ -81,7 +82,8 @@ def check_reachable(urls: tuple[str, ...], nodes: list[dict[str, Any]], request:
     if loop and elsewhere:
         raise RayError(
             f"{loop[0]} is this machine's loopback, which gateway nodes on Ray nodes at "
-            f"{', '.join(elsewhere)} cannot reach: give --backend URL(s) every Ray node reaches"
+            f"{', '.join(elsewhere)} cannot reach: give URLs every Ray node reaches (--backend; for "
+            "polar serve also --host and --public-url)"
         )
 
 
@@ -133,7 +135,7 @@ class RayNodes:
         the gateway node ids started."""
         self._cls = actor_class()
         nodes = await asyncio.to_thread(_ray_nodes)
-        check_reachable(self.spec.config.gateway.backend_urls, nodes, self.request)
+        check_reachable((*self.spec.config.gateway.backend_urls, self.server_url), nodes, self.request)
         if not any(self.request.fits(n["Resources"]) for n in nodes if n["Alive"]):
             message = f"no Ray node offers what a gateway node takes ({self.request.describe()}): " + (
                 "; ".join(_describe(n) for n in nodes if n["Alive"]) or "the cluster has no live node"
