@@ -98,11 +98,116 @@ def _journal(store: Path) -> dict[str, str]:
         return dict(db.execute("SELECT session_id, state FROM node_outcomes").fetchall())
 
 
+def _with_server(spec: RayNodeSpec, server_url: str) -> RayNodeSpec:
+    import dataclasses
+
+    return dataclasses.replace(spec, config=dataclasses.replace(spec.config, server_url=server_url))
+
+
+async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_and_runs_nothing_twice(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """SIGKILL of an actor's worker process: Ray restarts the actor on the same Ray node, the driver starts
+    its node again under the same id and store, and the journal ends the session that was running there
+    ERROR "node restarted" (never run again); the other nodes' sessions are untouched."""
+    import os
+    import signal
+
+    from polar.rollout.ray.cluster import RayNodes
+
+    gate = tmp_path / "go"
+    ran = tmp_path / "ran"
+    block = f'echo "$POLAR_SESSION_ID" >> {ran}; while [ ! -f {gate} ]; do sleep 0.1; done'
+    server = start_server(tmp_path / "server.db", heartbeat_timeout_s=30.0, node_lost_after_s=600.0)
+    nodes: RayNodes | None = None
+    try:
+        with fake_policy() as (url, _):
+            spec = _with_server(_spec(url, tmp_path, capacity=2), server.url)
+            nodes = RayNodes(spec, NodeRequest(resource="polar", cpus=1), server.url, TOKEN, poll_s=0.2)
+            started = await nodes.start(wait_for_one=True)
+            assert len(started) == 3
+            async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client:
+                await client.post("/rollout/task/submit", json=_task("restart", block, 3))
+
+                async def three_running() -> dict[str, Any] | None:
+                    view = await _view(client, "restart")
+                    running = [s for s in view["sessions"] if s["status"] == "RUNNING"]
+                    return view if len(running) == 3 else None
+
+                first = await _wait(three_running, "one session running on each node")
+                victim = next(iter(nodes.placed.values()))
+                (on_victim,) = [s["session_id"] for s in first["sessions"] if s["node_id"] == victim.node_id]
+                old_pid = (await victim.handle.status.remote())["pid"]
+                os.kill(old_pid, signal.SIGKILL)
+
+                async def victim_ended() -> bool:
+                    view = await _view(client, "restart")
+                    return any(
+                        s["session_id"] == on_victim and s["status"] in TERMINAL for s in view["sessions"]
+                    )
+
+                await _wait(victim_ended, "the restarted node to report the session it lost")
+                gate.touch()
+
+                async def done() -> dict[str, Any] | None:
+                    view = await _view(client, "restart")
+                    return view if view["state"] == "DONE" else None
+
+                final = await _wait(done, "every session to finish")
+                listed = {n["node_id"]: n for n in (await client.get("/nodes")).json()["nodes"]}
+                new_status = await victim.handle.status.remote()
+    finally:
+        if nodes is not None:
+            await nodes.stop("test finished")
+        server.stop()
+    results = {r["session_id"]: r for r in final["results"]}
+    assert results[on_victim]["status"] == "ERROR"
+    assert (
+        "node restarted" in results[on_victim]["reason"] and "not run again" in results[on_victim]["reason"]
+    )
+    assert results[on_victim]["node_id"] == victim.node_id
+    assert [r["status"] for sid, r in results.items() if sid != on_victim] == ["COMPLETED", "COMPLETED"]
+    assert new_status["started"] and new_status["pid"] != old_pid  # the same actor, a new process
+    assert listed[victim.node_id]["healthy"] and not listed[victim.node_id]["lost"]
+    assert not victim.gone and victim.started and victim.failed is None
+    runs = Counter(ran.read_text().split())
+    assert set(runs) == set(results) and set(runs.values()) == {1}
+
+
+def test_polar_run_on_a_ray_cluster_spreads_the_task_file_over_the_ray_nodes(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """`polar run --ray ADDRESS --ray-resource polar`: the CLI's own driver connects to the running
+    cluster, places a gateway node on each Ray node offering `polar`, and writes every result."""
+    import json
+    import subprocess
+    import sys
+
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(
+        "tasks:\n  - task_id: spread\n    instruction: say hi\n    num_samples: 3\n"
+        "    agent: {harness: shell, settings: {command: 'echo hi; sleep 1'}}\n"
+    )
+    out = tmp_path / "out"
+    with fake_policy() as (url, _):
+        proc = subprocess.run(
+            [sys.executable, "-m", "polar", "run", str(tasks), "--backend", url, "--model", SERVED_MODEL,
+             "--out", str(out), "--capacity", "1", "--ray", cluster.address, "--ray-resource", "polar"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in results] == ["COMPLETED"] * 3
+    live = sum(1 for n in ray.nodes() if n["Alive"] and "polar" in n["Resources"])
+    assert len({r["node_id"] for r in results}) == live == 3  # capacity 1 each: one session per Ray node
+    assert all(r["node_id"].startswith("ray-") for r in results)
+    assert len(list((out / "nodes").glob("ray-*/gateway.db"))) == 3
+    assert "gateway nodes on Ray: ray-" in proc.stdout
+
+
 async def test_sessions_spread_over_ray_nodes_and_a_lost_node_runs_nothing_twice(
     cluster: Any, tmp_path: Path
 ) -> None:
-    import dataclasses
-
     from polar.rollout.ray.cluster import RayNodes
 
     gate = tmp_path / "go"
@@ -113,8 +218,7 @@ async def test_sessions_spread_over_ray_nodes_and_a_lost_node_runs_nothing_twice
     nodes: RayNodes | None = None
     try:
         with fake_policy() as (url, _):
-            spec = _spec(url, tmp_path, capacity=2)
-            spec = dataclasses.replace(spec, config=dataclasses.replace(spec.config, server_url=server.url))
+            spec = _with_server(_spec(url, tmp_path, capacity=2), server.url)
             nodes = RayNodes(spec, NodeRequest(resource="polar", cpus=1), server.url, TOKEN, poll_s=0.2)
             started = await nodes.start(wait_for_one=True)
             async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 from typing import Any
 
 from polar.rollout.ray.spec import RayNodeSpec
@@ -77,10 +78,11 @@ class GatewayActor:
         return "stopped"
 
     async def status(self) -> dict[str, Any]:
+        """The node's `NodeStatus`, with `started` and the worker process's `pid`."""
         if self.node is None:
-            return {"node_id": self.node_id, "started": False}
+            return {"node_id": self.node_id, "started": False, "pid": os.getpid()}
         status: dict[str, Any] = self.node.status().model_dump(mode="json")
-        return {**status, "started": True}
+        return {**status, "started": True, "pid": os.getpid()}
 
     async def stop(self, reason: str = "node stopped", report: bool = True) -> None:
         """Cancel what runs (CANCELLED with `reason`, reported unless `report` is False) and stop serving."""

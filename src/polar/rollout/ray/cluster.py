@@ -155,7 +155,24 @@ class RayNodes:
             if not started:
                 why = "; ".join(f"{p.node_id}: {p.failed}" for p in self.placed.values() if p.failed)
                 raise RayError(f"no gateway node started on Ray: {why or 'timed out'}")
+            await self._registered(set(started), end)
         return [p.node_id for p in self.placed.values() if p.started]
+
+    async def _registered(self, node_ids: set[str], end: float) -> None:
+        """Until the server lists every started node (each registers on its own, right after it started),
+        so work submitted next is spread over all of them."""
+        from polar.client import RolloutClient, RolloutError
+
+        async with RolloutClient(self.server_url, token=self.token, retry_window_s=5) as client:
+            while time.monotonic() < end:
+                try:
+                    known = {n["node_id"] for n in await client.nodes()}
+                except RolloutError as exc:
+                    log.warning("cannot list the server's nodes: %s", exc)
+                    return
+                if node_ids <= known:
+                    return
+                await asyncio.sleep(0.1)
 
     async def stop(
         self, reason: str = "node stopped", *, report: bool = True, timeout_s: float = 30.0
