@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+import ray  # the test extra installs it: without Ray this module fails to collect, loudly
 
 from polar.gateway.config import GatewayConfig
 from polar.netguard import OutboundPolicy
@@ -24,7 +25,6 @@ from tests.conftest import SERVED_MODEL
 from tests.node_support import fake_policy
 from tests.server_support import AUTH, TOKEN, start_server
 
-ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
 TERMINAL = ("COMPLETED", "ERROR", "TIMEOUT", "CANCELLED")
