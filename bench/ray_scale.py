@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -75,6 +76,10 @@ async def _scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     from polar.serving import ServerThread
 
     rows = []
+    # The Ray nodes' worker processes import polar from this tree, as this process does.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    )
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
         for i in range(3):  # node i offers k<k> for every k > i: k1 is on one node, k3 on all three
