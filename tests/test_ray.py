@@ -156,6 +156,21 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
                 final = await _wait(done, "every session to finish")
                 listed = {n["node_id"]: n for n in (await client.get("/nodes")).json()["nodes"]}
                 new_status = await victim.handle.status.remote()
+                # A drain through the server: the node leaves, its actor ends, nothing replaces it.
+                r = await client.post(f"/nodes/{victim.node_id}/drain", json={})
+                assert r.status_code == 202, r.text
+
+                async def left() -> bool:
+                    nodes_now = (await client.get("/nodes")).json()["nodes"]
+                    return victim.node_id not in {n["node_id"] for n in nodes_now} and victim.gone
+
+                await _wait(left, "the drained node to leave")
+                with pytest.raises(ray.exceptions.RayActorError):
+                    await victim.handle.status.remote()
+                await asyncio.sleep(1.0)  # five of the driver's polls: it does not place a new one there
+                assert [p.node_id for p in nodes.placed.values() if p.ray_node == victim.ray_node] == [
+                    victim.node_id
+                ]
     finally:
         if nodes is not None:
             await nodes.stop("test finished")

@@ -247,8 +247,15 @@ class RayNodes:
                     log.info("gateway node %s started: control %s", p.node_id, info["control_url"])
                 p.started = True
                 ended = await p.handle.serve.remote()
-                log.info("gateway node %s %s", p.node_id, ended)
+                if self._stopping:
+                    return
+                # Drained (`polar node drain`): it left the server. Its actor goes, and its resources with it;
+                # that Ray node gets no new gateway node while this driver runs (there is no undrain).
+                log.info("gateway node %s %s; its actor ends", p.node_id, ended)
                 p.gone = True
+                import ray
+
+                ray.kill(p.handle, no_restart=True)
                 return
             except RayTaskError as exc:  # the node itself failed to start (a port, the policy server)
                 p.failed = str(exc.cause if exc.cause is not None else exc).splitlines()[0]
