@@ -131,3 +131,30 @@ def test_a_node_reported_lost_ends_its_open_sessions_at_once_and_gets_no_more(se
                 b.stop()
         finally:
             a.stop()
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_ray_address_nothing_answers_is_one_line_at_once(tmp_path: Path, command: str) -> None:
+    """`ray.init` would retry for minutes; the run folder is not touched."""
+    out = tmp_path / "out"
+    args = {
+        "run": ("run", "examples/tasks.yaml", "--backend", "http://127.0.0.1:9", "--out", str(out)),
+        "serve": ("serve", "--port", "0", "--db", str(tmp_path / "server.db"), "--backend", "http://127.0.0.1:9",
+                  "--token-file", str(_token(tmp_path))),
+    }[command]  # fmt: skip
+    proc = _polar(*args, "--ray", "127.0.0.1:1")
+    lines = [line for line in proc.stderr.splitlines() if "cannot connect to Ray" in line]
+    assert proc.returncode in (1, 2) and "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1 and lines[0].endswith(
+        "cannot connect to Ray at 127.0.0.1:1: [Errno 111] Connection refused"
+    )
+    assert not (out / "results.jsonl").exists()
+
+
+def _token(tmp_path: Path) -> Path:
+    from polar.auth import new_token
+
+    path = tmp_path / "token"
+    path.write_text(new_token())
+    path.chmod(0o600)
+    return path

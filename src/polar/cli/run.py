@@ -249,7 +249,13 @@ def run_taskfile(
             raise click.BadParameter(str(exc), param_hint="--policy") from None
     out = state.out
     try:
-        with locked(out):
+        with contextlib.ExitStack() as ray_session:
+            if placement is not None:  # before the run folder is touched: a Ray that is not there is one line
+                from polar.rollout.ray.cluster import connect, disconnect
+
+                if connect(placement.address):
+                    ray_session.callback(disconnect)
+            ray_session.enter_context(locked(out))
             plan = plan_run(out, tasks, overwrite=overwrite, source=taskfile)
             state.total = plan.total
             for result in plan.finished:

@@ -41,12 +41,26 @@ def connect(address: str | None, *, log_to_driver: bool = False) -> bool:
 
     if ray.is_initialized():
         return False
+    _reachable(address)
     try:
         ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = address or "the local Ray cluster"
         raise RayError(f"cannot connect to Ray at {where}: {str(exc).splitlines()[0]}") from None
     return True
+
+
+def _reachable(address: str | None) -> None:
+    """A HOST:PORT that nothing answers is one line at once; `ray.init` would retry for minutes."""
+    import socket
+
+    if address is None or address in ("auto", "local") or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except (OSError, ValueError) as exc:
+        raise RayError(f"cannot connect to Ray at {address}: {exc}") from None
 
 
 def disconnect() -> None:
