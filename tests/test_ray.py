@@ -2,7 +2,9 @@
 (`ray.cluster_utils.Cluster`: one GCS, one raylet per Ray node, each with the custom resource `polar`).
 Sessions spread over the nodes; a Ray node removed mid-run ends its sessions ERROR with Ray's reason (told
 to the server by the driver, long before the server's own loss bound), the rest complete on the others,
-and no session runs twice (the shell command's own log and every node's journal say so)."""
+and no session runs twice (the shell command's own log and every node's journal say so); a Ray node that
+joins gets a gateway node. An actor whose process dies is restarted on its Ray node under the same id; a
+drained one ends. `polar run --ray ADDRESS` drives the same cluster from the CLI."""
 
 from __future__ import annotations
 
@@ -274,6 +276,15 @@ async def test_sessions_spread_over_ray_nodes_and_a_lost_node_runs_nothing_twice
 
                 final = await _wait(done, "every session to finish")
                 after = (await client.get("/nodes")).json()["nodes"]
+                # A Ray node joining gets a gateway node of its own, without restarting anything.
+                joined = cluster.add_node(num_cpus=4, resources={"polar": 1})
+
+                async def replaced() -> list[dict[str, Any]] | None:
+                    listed_now = (await client.get("/nodes")).json()["nodes"]
+                    fresh = [n for n in listed_now if n["node_id"] == f"ray-{joined.node_id[:12]}"]
+                    return fresh if fresh and fresh[0]["healthy"] else None
+
+                await _wait(replaced, "a gateway node on the Ray node that joined")
     finally:
         if nodes is not None:
             await nodes.stop("test finished")
@@ -295,7 +306,9 @@ async def test_sessions_spread_over_ray_nodes_and_a_lost_node_runs_nothing_twice
     # Nothing ran twice: each session's agent started once, and no two nodes' journals hold one id.
     runs = Counter(ran.read_text().split())
     assert set(runs) == set(results) and set(runs.values()) == {1}
-    journals = [_journal(p) for p in sorted((tmp_path / "nodes").glob("*/gateway.db"))]
-    assert len(journals) == 3
-    seen = Counter(sid for j in journals for sid in j)
+    journals = {p.parent.name: _journal(p) for p in (tmp_path / "nodes").glob("*/gateway.db")}
+    assert (
+        len(journals) == 4 and journals[f"ray-{joined.node_id[:12]}"] == {}
+    )  # three, and the one that joined
+    seen = Counter(sid for j in journals.values() for sid in j)
     assert set(seen) == set(results) and set(seen.values()) == {1}
