@@ -106,3 +106,30 @@ def test_polar_train_names_resolve_lazily() -> None:
     import polar.train
 
     assert all(getattr(polar.train, name) is not None for name in polar.train.__all__)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("run", "examples/tasks.yaml", "--backend", "http://127.0.0.1:9", "--out", "{out}", "--ray"),
+        ("serve", "--db", "{out}/server.db", "--port", "0", "--ray", "--backend", "http://127.0.0.1:9"),
+    ],
+    ids=["run", "serve"],
+)
+def test_ray_without_ray_is_one_line(tmp_path: Path, args: tuple[str, ...]) -> None:
+    out = tmp_path / "out"
+    proc = polar_without(("ray",), *(a.replace("{out}", str(out)) for a in args), cwd=ROOT)
+    line = one_line_error(proc)
+    assert re.search(r"--ray .*needs ray, .*: pip install 'polar\[ray\]'$", line), line
+    assert not out.exists()
+
+
+def test_the_rollout_commands_never_import_ray() -> None:
+    """Ray is optional: the server, the node, the local stack and the --ray code itself import without it
+    (`import ray` happens only once --ray is given)."""
+    proc = python_without(
+        ("ray",),
+        "import polar.cli.run, polar.cli.serve, polar.rollout.local, polar.rollout.ray.cluster, "
+        "polar.rollout.ray.actor; print('ok')",
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

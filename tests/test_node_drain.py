@@ -153,3 +153,28 @@ def test_polar_node_drain_help_and_an_unknown_node(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert r.exit_code == 1 and "no node ghost" in r.output
+
+
+async def test_an_idle_node_drained_through_the_server_leaves(tmp_path: Path) -> None:
+    """Nothing runs, so the drain's `beat_now()` and its cancel of the heartbeat task fall in one pass of
+    the loop. On Python 3.11 `asyncio.wait_for` swallowed that cancel (its inner wait had just completed):
+    the heartbeat went on and the node never left."""
+    server = start_server(tmp_path / "server.db")
+    try:
+        with fake_policy() as (url, _):
+            async with (
+                running_node(url, tmp_path, server_url=server.url, heartbeat_s=5.0, node_id="idle") as node,
+                httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client,
+            ):
+
+                async def registered() -> bool:
+                    return len(await _nodes(client)) == 1
+
+                await eventually(registered, "the node to register")
+                r = await client.post("/nodes/idle/drain", json={})
+                assert r.status_code == 202, r.text
+                await until(lambda: node.journal is None, "the idle node to drain, leave and stop")
+                left = await _nodes(client)
+    finally:
+        server.stop()
+    assert left == []

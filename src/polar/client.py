@@ -184,6 +184,17 @@ class RolloutClient:
         data: dict[str, Any] = r.json()
         return data
 
+    async def node_lost(self, node_id: str, reason: str) -> dict[str, Any]:
+        """`POST /nodes/{id}/lost`: the node is dead (a cluster manager says so); its open sessions end
+        ERROR "node lost" with `reason` now. They are not re-run elsewhere."""
+        try:
+            r = await self._http.post(f"{self.url}/nodes/{node_id}/lost", json={"reason": reason})
+        except httpx.HTTPError as exc:
+            raise RolloutError(f"POST lost {node_id}: {type(exc).__name__}: {exc}") from None
+        _raise_for(r)
+        data: dict[str, Any] = r.json()
+        return data
+
     async def cancel(self, task_id: str) -> bool:
         """Cancel a task group; False if it had already finished."""
         try:

@@ -35,6 +35,7 @@ TRAINER = Extra("polar train", ("torch", "transformers"), "engine")
 TENSORBOARD = Extra("metrics.tensorboard: true", ("tensorboard",), "tensorboard")
 WANDB = Extra("metrics.wandb: true", ("wandb",), "wandb")
 TRL = Extra("the TRL bridge (polar.train.bridges.trl)", ("trl",), "trl")
+RAY = Extra("--ray (gateway nodes as Ray actors)", ("ray",), "ray")
 
 
 class MissingExtra(RuntimeError):

@@ -303,8 +303,8 @@ async def stop_all(servers: Sequence[EmbeddedServer]) -> None:
 
 
 class ServerThread:
-    """`app` on 127.0.0.1 (and each of `also`, apps sharing its loop, lifespan off) in a daemon thread.
-    `url` (no trailing slash) is the first listener's, `urls` all of them in order."""
+    """`app` on 127.0.0.1 or `host` (and each of `also` on 127.0.0.1, apps sharing its loop, lifespan off)
+    in a daemon thread. `url` (no trailing slash) is the first listener's, `urls` all of them in order."""
 
     def __init__(
         self,
@@ -313,9 +313,10 @@ class ServerThread:
         *,
         also: Sequence[Any] = (),
         lifespan: Lifespan = "on",
+        host: str = "127.0.0.1",
         **uvicorn_kwargs: Any,
     ) -> None:
-        self.servers = [EmbeddedServer(app, "127.0.0.1", port or 0, lifespan=lifespan, **uvicorn_kwargs)]
+        self.servers = [EmbeddedServer(app, host, port or 0, lifespan=lifespan, **uvicorn_kwargs)]
         self.servers += [EmbeddedServer(a, "127.0.0.1", 0, lifespan="off", **uvicorn_kwargs) for a in also]
         self.thread = threading.Thread(target=self._run, daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None

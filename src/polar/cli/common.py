@@ -4,6 +4,7 @@ starting servers that either start or say why in one line (`CannotStart`, `serve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sqlite3
@@ -231,10 +232,13 @@ def serve_until_stopped(
     *,
     started: Callable[[], None] | None = None,
     database: Path | None = None,
+    attach: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
 ) -> None:
     """Start `servers` (all bound first; the first runs the app's lifespan), call `started`, serve until
     SIGINT/SIGTERM or until the first server exits, then stop them. A server that cannot start is one
-    line and exit status 2 (`start_servers`)."""
+    line and exit status 2 (`start_servers`). `attach()`: what runs beside the servers (`polar serve
+    --ray`'s gateway actors), entered once they serve and left before they stop; a `CannotStart` it raises
+    on entry stops everything."""
     from polar.serving import start_all, stop_all
 
     command = command_name()
@@ -249,11 +253,19 @@ def serve_until_stopped(
         await start_servers(start_all(servers), command, database)
         if started is not None:
             started()
-        waiting = asyncio.create_task(stop.wait())
-        await asyncio.wait(
-            [waiting, asyncio.create_task(servers[0].wait())], return_when=asyncio.FIRST_COMPLETED
-        )
-        waiting.cancel()
+        async with contextlib.AsyncExitStack() as beside:
+            try:
+                if attach is not None:
+                    await beside.enter_async_context(attach())
+                waiting = asyncio.create_task(stop.wait())
+                await asyncio.wait(
+                    [waiting, asyncio.create_task(servers[0].wait())], return_when=asyncio.FIRST_COMPLETED
+                )
+                waiting.cancel()
+            except BaseException:
+                await beside.aclose()
+                await stop_all(servers)
+                raise
         await stop_all(servers)
 
     asyncio.run(main())

@@ -35,6 +35,7 @@ from polar.cli.common import (
     setup_logging,
     tokenizer_option,
 )
+from polar.cli.raycli import check_ray_options, ray_options
 
 STAGES = ("INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING")
 
@@ -110,6 +111,7 @@ async def _run(
     allow_callback: tuple[str, ...] = (),
     upload_roots: tuple[Path, ...] = (),
     dashboard: Any = None,
+    ray: Any = None,
 ) -> None:
     from polar.client import RolloutClient
     from polar.rollout.local import local_stack
@@ -133,16 +135,19 @@ async def _run(
         allow_callback=allow_callback,
         upload_roots=upload_roots,
         dashboard=dashboard,
+        ray=ray,
     ) as stack:
         click.echo(f"dashboard: {stack.dashboard_url}")
-        node = stack.node
+        if stack.ray is not None:
+            ids = ", ".join(stack.ray.node_ids())
+            click.echo(f"gateway nodes on Ray: {ids} (records in {state.out / 'nodes'}/<node>/gateway.db)")
         with progress:
             done = progress.add_task("sessions finished", total=state.total, completed=len(state.results))
             stages = {s: progress.add_task(f"  {s.lower():<12}", total=capacity) for s in STAGES}
 
             async def watch() -> None:
                 while True:
-                    by_stage = node.status().by_stage
+                    by_stage = stack.by_stage()
                     for stage, bar in stages.items():
                         progress.update(bar, completed=by_stage.get(stage, 0))
                     await asyncio.sleep(0.25)
@@ -214,12 +219,15 @@ def run_taskfile(
     *,
     overwrite: bool = False,
     dashboard: Any = None,
+    ray: dict[str, Any] | None = None,
 ) -> list[Any]:
     """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
     import paths) before anything loads, resume or start the run in `state.out`, start the embedded engine
     unless backends are given (and something is left to run), run every unfinished session through a local
-    server and node, and return every finished session's result (earlier runs' too)."""
+    server and node, and return every finished session's result (earlier runs' too). `ray`: the --ray
+    options (address, resource, cpus, memory_mb, log_level): gateway nodes as Ray actors instead."""
     from polar.modelsource import ModelNotFound, prepare_model
+    from polar.rollout.ray.cluster import RayError  # imports no Ray
     from polar.rollout.rundir import ResultsFile, RunDirError, locked, plan_run
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
@@ -230,6 +238,7 @@ def run_taskfile(
     if capacity < 1:
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
+    placement = _ray_placement(ray, tasks, capacity, taskfile) if ray is not None else None
     if not backend_urls:
         from polar.extras import ENGINE, require_cli
 
@@ -240,7 +249,13 @@ def run_taskfile(
             raise click.BadParameter(str(exc), param_hint="--policy") from None
     out = state.out
     try:
-        with locked(out):
+        with contextlib.ExitStack() as ray_session:
+            if placement is not None:  # before the run folder is touched: a Ray that is not there is one line
+                from polar.rollout.ray.cluster import connect, disconnect
+
+                if connect(placement.address):
+                    ray_session.callback(disconnect)
+            ray_session.enter_context(locked(out))
             plan = plan_run(out, tasks, overwrite=overwrite, source=taskfile)
             state.total = plan.total
             for result in plan.finished:
@@ -253,9 +268,11 @@ def run_taskfile(
                     roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
                     _serve_and_run(
                         tasks, plan, state, sink, backend_urls, backend_kind, model, policy, capacity,
-                        console, allow_callback, roots, dashboard,
+                        console, allow_callback, roots, dashboard, placement,
                     )  # fmt: skip
     except RunDirError as exc:
+        raise click.ClickException(str(exc)) from None
+    except RayError as exc:  # Ray unreachable, or no Ray node can host a gateway node
         raise click.ClickException(str(exc)) from None
     return list(state.results.values())
 
@@ -274,6 +291,7 @@ def _serve_and_run(
     allow_callback: tuple[str, ...],
     upload_roots: tuple[Path, ...],
     dashboard: Any = None,
+    ray: Any = None,
 ) -> None:
     with contextlib.ExitStack() as stack:
         if not backend_urls:
@@ -291,7 +309,8 @@ def _serve_and_run(
 
                 name = f"{engine.name} (the embedded engine's)"
                 dashboard = dataclasses.replace(dashboard, tokenizer=name, decode=decoder(engine.tokenizer))
-        click.echo(f"running {plan.to_run} sessions, {capacity} at a time")
+        each = " on each gateway node" if ray is not None else ""
+        click.echo(f"running {plan.to_run} sessions, {capacity} at a time{each}")
         asyncio.run(
             _run(
                 tasks,
@@ -306,8 +325,27 @@ def _serve_and_run(
                 allow_callback,
                 upload_roots,
                 dashboard,
+                ray,
             )
         )
+
+
+def _ray_placement(ray: dict[str, Any], tasks: list[Any], capacity: int, taskfile: Path) -> Any:
+    """--ray: what each gateway node takes (the task file's runtime.cpus and memory_mb, unless given)."""
+    from polar.rollout.ray.spec import NodeRequest, RayPlacement, trusted_imports
+
+    try:
+        request = NodeRequest.for_tasks(
+            tasks, capacity, resource=ray["resource"], cpus=ray["cpus"], memory_mb=ray["memory_mb"]
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--ray-resource") from None
+    return RayPlacement(
+        address=ray["address"] or None,
+        request=request,
+        log_level=ray["log_level"],
+        trusted_imports=trusted_imports(tasks, taskfile.resolve().parent),
+    )
 
 
 def interrupted(state: RunState) -> NoReturn:
@@ -329,6 +367,7 @@ def interrupted(state: RunState) -> NoReturn:
 @click.argument("taskfile", type=click.Path(path_type=Path, dir_okay=False))
 @rollout_options("polar-run")
 @tokenizer_option
+@ray_options(run=True)
 def run(
     taskfile: Path,
     backend_urls: tuple[str, ...],
@@ -342,6 +381,10 @@ def run(
     log_level: str,
     log_json: bool,
     tokenizer: str | None,
+    ray_address: str | None,
+    ray_resource: str | None,
+    ray_cpus: float | None,
+    ray_memory_mb: int | None,
 ) -> None:
     """Run every task in TASKFILE end to end on this machine and write the results.
 
@@ -360,18 +403,29 @@ def run(
     Examples (offline, built-in agent, embedded engine):
       polar run examples/tasks.yaml --out polar-run
       polar run tasks.yaml --backend URL --tokenizer Qwen/Qwen3-0.6B   # token view as text, not ids
+      polar run tasks.yaml --backend http://gpu1:8000 --ray             # gateway nodes as Ray actors
+      polar run tasks.yaml --ray head:6379 --ray-resource polar --capacity 16 --backend @servers.txt
     (On the embedded engine the token view shows text without --tokenizer: it uses the engine's.)
+
+    With --ray, each Ray node offering what a gateway node takes runs one (as a Ray actor) with --capacity
+    sessions; the server on this machine places sessions on them (docs/deploy.md).
     """
     setup_logging(log_level, json=log_json)
+    check_ray_options(ray_address, ray_resource, ray_cpus, ray_memory_mb)
+    ray = None
+    if ray_address is not None:
+        ray = {"address": ray_address, "resource": ray_resource, "cpus": ray_cpus,
+               "memory_mb": ray_memory_mb, "log_level": log_level}  # fmt: skip
     dashboard = dashboard_options(tokenizer)
     console = _console()
     state = RunState(out)
     try:
         results = run_taskfile(
             taskfile, backend_urls, backend_kind, model, policy, state, capacity, console, allow_callback,
-            overwrite=overwrite, dashboard=dashboard,
+            overwrite=overwrite, dashboard=dashboard, ray=ray,
         )  # fmt: skip
     except KeyboardInterrupt:
         interrupted(state)
     console.print(_summary(results))
-    console.print(f"results: {out / 'results.jsonl'}   records: {out / 'gateway.db'}")
+    records = out / ("nodes/*/gateway.db" if ray is not None else "gateway.db")
+    console.print(f"results: {out / 'results.jsonl'}   records: {records}")

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from polar.cli.common import (
+    BACKEND_HELP,
     allow_callback_option,
     allow_plugins,
+    cannot_start,
     dashboard_options,
+    expand_backends,
     host_port_options,
     log_level_option,
     outbound_policy,
@@ -22,6 +28,7 @@ from polar.cli.common import (
     tokenizer_option,
     train_dir_option,
 )
+from polar.cli.raycli import check_ray_options, ray_options
 
 
 @click.command("serve")
@@ -63,6 +70,36 @@ from polar.cli.common import (
 @token_file_option
 @tokenizer_option
 @train_dir_option
+@ray_options(run=False)
+@click.option(
+    "--backend",
+    "backend_urls",
+    metavar="URL",
+    multiple=True,
+    callback=expand_backends,
+    help=f"With --ray: the policy's inference server for the gateway nodes. {BACKEND_HELP}",
+)
+@click.option(
+    "--backend-kind",
+    type=click.Choice(["vllm", "sglang", "openai"]),
+    default="vllm",
+    show_default=True,
+    help="With --ray: the inference servers' API.",
+)
+@click.option("--model", "served_model", help="With --ray: the served model name (default: what it lists).")
+@click.option(
+    "--capacity",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="With --ray: sessions each gateway node runs at once.",
+)
+@click.option(
+    "--ray-store",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="With --ray: each gateway node's store on its Ray node, DIR/<node id>/gateway.db "
+    "(default: nodes/ beside --db).",
+)
 @log_level_option
 def serve(
     host: str,
@@ -77,6 +114,15 @@ def serve(
     token_file: Path | None,
     tokenizer: str | None,
     train_dir: Path | None,
+    ray_address: str | None,
+    ray_resource: str | None,
+    ray_cpus: float | None,
+    ray_memory_mb: int | None,
+    backend_urls: tuple[str, ...],
+    backend_kind: str,
+    served_model: str | None,
+    capacity: int,
+    ray_store: Path | None,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -99,7 +145,15 @@ def serve(
       polar node --server http://127.0.0.1:8300 --backend http://127.0.0.1:8000
       polar submit examples/tasks.yaml --wait
       polar serve --train polar-train --tokenizer ./my-policy   # + training curves, token text
+      polar serve --host 0.0.0.0 --ray --backend http://gpu1:8000 --backend http://gpu2:8000
+      polar serve --host 0.0.0.0 --ray head:6379 --ray-resource polar --capacity 16 --backend @vllm.txt
+
+    With --ray, the server also starts a gateway node as a Ray actor on each Ray node offering what one
+    takes (--ray-resource, --ray-cpus, --ray-memory), keeps one on every such node that joins, and ends
+    the sessions of a Ray node that dies at once (ERROR, not re-run). HTTP nodes may join as well: one
+    scheduler places on both (docs/deploy.md).
     """
+    from polar.rollout.ray.spec import NodeRequest
     from polar.rollout.server import ServerConfig, create_app
     from polar.rollout.server.callbacks import RetryPolicy
     from polar.serving import EmbeddedServer
@@ -119,6 +173,21 @@ def serve(
         raise click.BadParameter("must be at least --heartbeat-timeout", param_hint="--node-lost-after")
     if callback_attempts < 1:
         raise click.BadParameter("must be at least 1", param_hint="--callback-attempts")
+    check_ray_options(ray_address, ray_resource, ray_cpus, ray_memory_mb)
+    if ray_address is None:
+        for name, given in (
+            ("--backend", backend_urls),
+            ("--model", served_model),
+            ("--ray-store", ray_store),
+        ):
+            if given:
+                raise click.BadParameter(
+                    "needs --ray (gateway nodes elsewhere have their own)", param_hint=name
+                )
+    elif not backend_urls:
+        raise click.BadParameter(
+            "--ray needs the policy's inference server for its gateway nodes", param_hint="--backend"
+        )
     config = ServerConfig(
         db_path=db_path,
         public_url=public_url.rstrip("/") if public_url else None,
@@ -151,4 +220,66 @@ def serve(
 
     # The port is bound before the server opens its database; a port in use, a database that cannot be
     # opened: one line, exit status 2.
-    serve_until_stopped([server], started=started, database=db_path)
+    attach = None
+    if ray_address is not None:
+        try:
+            request = NodeRequest(ray_resource, 1.0 if ray_cpus is None else ray_cpus, ray_memory_mb or 0)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--ray-resource") from None
+        attach = _ray_gateways(
+            config, server, ray_address or None, request,
+            backend_urls=backend_urls, backend_kind=backend_kind, served_model=served_model, capacity=capacity,
+            store_dir=(ray_store or db_path.resolve().parent / "nodes").resolve(), plugins=plugins,
+            allow_callback=allow_callback, log_level=log_level,
+        )  # fmt: skip
+    serve_until_stopped([server], started=started, database=db_path, attach=attach)
+
+
+def _ray_gateways(
+    config: Any,
+    server: Any,
+    address: str | None,
+    request: Any,
+    *,
+    backend_urls: tuple[str, ...],
+    backend_kind: str,
+    served_model: str | None,
+    capacity: int,
+    store_dir: Path,
+    plugins: tuple[str, ...],
+    allow_callback: tuple[str, ...],
+    log_level: str,
+) -> Callable[[], contextlib.AbstractAsyncContextManager[None]]:
+    """`--ray`: gateway actors on the Ray nodes, started once the server serves, stopped before it stops."""
+    from polar.cli.common import build_gateway_config
+    from polar.rollout.node import NodeConfig
+    from polar.rollout.ray.cluster import RayError, RayNodes, connect, disconnect
+    from polar.rollout.ray.spec import RayNodeSpec
+
+    gateway = build_gateway_config(
+        backend_urls=backend_urls, backend_kind=backend_kind, served_model=served_model, host="127.0.0.1",
+        port=0, store_path=store_dir / "gateway.db", control_token=config.token, control_host="127.0.0.1",
+        control_port=0, allow_callback=allow_callback,
+    )  # fmt: skip
+
+    @contextlib.asynccontextmanager
+    async def attach() -> AsyncIterator[None]:
+        server_url = config.public_url or server.public_url
+        node = NodeConfig(gateway=gateway, capacity=capacity, run_workers=capacity, server_url=server_url)
+        spec = RayNodeSpec(config=node, store_dir=store_dir, log_level=log_level, plugins=plugins)
+        try:
+            connected = connect(address, log_to_driver=True)
+        except RayError as exc:
+            raise cannot_start(str(exc)) from None
+        nodes = RayNodes(spec, request, server_url, config.token)
+        try:
+            await nodes.start(wait_for_one=False)
+            yield
+        except RayError as exc:
+            raise cannot_start(str(exc)) from None
+        finally:
+            await nodes.stop("the rollout server stopped")
+            if connected:
+                disconnect()
+
+    return attach

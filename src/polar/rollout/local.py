@@ -28,8 +28,9 @@ log = logging.getLogger("polar.run")
 @dataclass(frozen=True)
 class LocalStack:
     server: Any  # polar.serving.ServerThread running the rollout server
-    node: Any  # polar.rollout.node.Node (gateway + session pools)
+    node: Any  # polar.rollout.node.Node (gateway + session pools); None when the nodes are Ray actors
     token: str  # this run's control token
+    ray: Any = None  # polar.rollout.ray.cluster.RayNodes with `--ray`
 
     @property
     def server_url(self) -> str:
@@ -38,7 +39,7 @@ class LocalStack:
     @property
     def gateway_url(self) -> str:
         """The gateway's model API (what harnesses call)."""
-        return str(self.node.url)
+        return str(self._node().url)
 
     @property
     def dashboard_url(self) -> str:
@@ -50,7 +51,19 @@ class LocalStack:
     @property
     def control_url(self) -> str:
         """The node's control listener: its gateway's sessions, records and pause/resume (token required)."""
-        return str(self.node.control_url)
+        return str(self._node().control_url)
+
+    def by_stage(self) -> dict[str, int]:
+        """Sessions per stage, over every node (Ray: as of the driver's last poll)."""
+        if self.ray is not None:
+            stages: dict[str, int] = self.ray.by_stage()
+            return stages
+        return dict(self.node.status().by_stage)
+
+    def _node(self) -> Any:
+        if self.node is None:
+            raise RuntimeError("this run's gateway nodes are Ray actors: each has its own gateway")
+        return self.node
 
 
 @contextlib.asynccontextmanager
@@ -65,12 +78,17 @@ async def local_stack(
     allow_callback: tuple[str, ...] = (),
     upload_roots: Sequence[Path] = (),
     dashboard: Any = None,
+    ray: Any = None,
 ) -> AsyncIterator[LocalStack]:
     """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)
     whose gateway sends calls to `backend_url` (several URLs: spread over those servers).
     `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs; the node reads
     upload sources only inside `upload_roots` (the task files' directories). `dashboard`: the dashboard's
     `DashboardOptions` (tokenizer, training folder), served by the server under /ui.
+
+    `ray` (a `polar.rollout.ray.RayPlacement`): instead of the one node, a gateway node as a Ray actor on
+    each eligible Ray node (records in `out/nodes/<node id>/gateway.db` on that Ray node's disk); the
+    server then listens on this machine's Ray address, so they reach it (the token guards it).
 
     `out` is held by this process meanwhile (`rundir.locked`). State an earlier run left there is resumed:
     finished sessions stay, sessions it left on its node are requeued (`requeue_orphans`)."""
@@ -80,21 +98,35 @@ async def local_stack(
     from polar.rollout.server.config import ServerConfig
     from polar.serving import ServerThread
 
-    with locked(out):
+    with locked(out), contextlib.ExitStack() as cleanup:
         requeue_orphans(out / "server.db")
         token = new_token()
         outbound = OutboundPolicy(allow=allow_callback)
         server_config = ServerConfig(db_path=out / "server.db", token=token, outbound=outbound)
+        host = "127.0.0.1"
+        if ray is not None:
+            from polar.rollout.ray.cluster import connect, disconnect, driver_ip
+
+            if connect(ray.address):
+                cleanup.callback(disconnect)
+            host = driver_ip()
         # An open dashboard tab holds an event stream: it must not hold the run's end.
         app = create_server(server_config, dashboard)
-        server = ServerThread(app, timeout_graceful_shutdown=2).start()
+        server = ServerThread(app, timeout_graceful_shutdown=2, host=host).start()
         try:
-            node = _node(
+            config = _node_config(
                 out, backend_url, backend_kind, model, capacity, server.url, token, outbound, upload_roots
             )
         except BaseException:
             server.stop()
             raise
+        if ray is not None:
+            async with _ray_nodes(ray, config, out, server, token, stop_reason) as stack:
+                yield stack
+            return
+        from polar.rollout.node import Node
+
+        node = Node(config)
         try:
             await node.start()
             yield LocalStack(server, node, token)
@@ -106,6 +138,32 @@ async def local_stack(
             raise
         await node.stop(stop_reason)
         server.stop()
+
+
+@contextlib.asynccontextmanager
+async def _ray_nodes(
+    ray: Any, config: Any, out: Path, server: Any, token: str, stop_reason: str
+) -> AsyncIterator[LocalStack]:
+    """`local_stack`'s nodes as Ray actors; the same interrupted/finished rules as its one node."""
+    from polar.rollout.ray.cluster import RayNodes
+    from polar.rollout.ray.spec import RayNodeSpec
+
+    spec = RayNodeSpec(
+        config=config,
+        store_dir=(out / "nodes").resolve(),
+        log_level=ray.log_level,
+        trusted_imports=ray.trusted_imports,
+    )
+    gateways = RayNodes(spec, ray.request, server.url, token)
+    try:
+        await gateways.start(wait_for_one=True)
+        yield LocalStack(server, None, token, gateways)
+    except BaseException:
+        await gateways.stop(f"{stop_reason} (interrupted)", report=False)
+        server.stop()
+        raise
+    await gateways.stop(stop_reason)
+    server.stop()
 
 
 def requeue_orphans(db: Path) -> int:
@@ -126,7 +184,7 @@ def requeue_orphans(db: Path) -> int:
     return n
 
 
-def _node(
+def _node_config(
     out: Path,
     backend_url: str | Sequence[str],
     backend_kind: str,
@@ -138,26 +196,24 @@ def _node(
     upload_roots: Sequence[Path],
 ) -> Any:
     from polar.gateway.config import GatewayConfig
-    from polar.rollout.node import Node, NodeConfig
+    from polar.rollout.node import NodeConfig
     from polar.serving import free_port
 
-    return Node(
-        NodeConfig(
-            gateway=GatewayConfig(
-                backend_urls=(backend_url,) if isinstance(backend_url, str) else tuple(backend_url),
-                backend_kind=backend_kind,  # type: ignore[arg-type]
-                served_model=model,
-                store_path=out / "gateway.db",
-                port=free_port(),
-                control_token=token,
-                outbound=outbound,
-            ),
-            capacity=capacity,
-            run_workers=capacity,
-            server_url=server_url,
-            heartbeat_s=1.0,
-            upload_roots=tuple(upload_roots),
-        )
+    return NodeConfig(
+        gateway=GatewayConfig(
+            backend_urls=(backend_url,) if isinstance(backend_url, str) else tuple(backend_url),
+            backend_kind=backend_kind,  # type: ignore[arg-type]
+            served_model=model,
+            store_path=out / "gateway.db",
+            port=free_port(),
+            control_token=token,
+            outbound=outbound,
+        ),
+        capacity=capacity,
+        run_workers=capacity,
+        server_url=server_url,
+        heartbeat_s=1.0,
+        upload_roots=tuple(upload_roots),
     )
 
 

@@ -176,8 +176,12 @@ class Reporter:
             await on_registered()
         base = server_url.rstrip("/")
         while True:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that comes as its
+            # inner wait completes. A drain's beat_now() and its cancel of this task fall in one loop pass
+            # when nothing runs, and the idle node never left (tests/test_node_drain.py).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._beat.wait(), interval_s)
+                async with asyncio.timeout(interval_s):
+                    await self._beat.wait()
             self._beat.clear()
             try:
                 r = await self._client.post(

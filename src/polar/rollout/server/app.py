@@ -10,6 +10,7 @@ Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} ->
             GET    /events                   SSE (?kinds=a,b to filter)
 Operators:  GET    /metrics                  Prometheus (docs/prometheus.md)
             POST   /nodes/{id}/drain         DrainRequest (optional) -> 202: the node drains, then leaves
+            POST   /nodes/{id}/lost          {"reason"}: the node is dead; its open sessions end ERROR now
 Browsers:   GET    /ui/...                   the dashboard (`polar.dashboard`: its own login, same token)
 Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result,
             POST   /nodes/{id}/leave (409 while sessions are open on it)
@@ -367,6 +368,29 @@ async def drain_node(request: Request) -> Response:
 
 
 @route
+async def node_lost(request: Request) -> Response:
+    """Operators and cluster managers (`polar serve --ray` when Ray reports a node dead): the node's open
+    sessions end ERROR "node lost" now, not after `node_lost_after_s` of silence."""
+    node_id = request.path_params["node_id"]
+    try:
+        raw = await read_body(request, 64 << 10, _svc(request).config.body_timeout_s)
+        data = orjson.loads(raw) if raw.strip() else {}
+    except BodyError as exc:
+        raise HTTPError(exc.status, f"lost request: {exc.message}") from None
+    except orjson.JSONDecodeError as exc:
+        raise HTTPError(400, f"lost request: {json_error(exc)}") from None
+    reason = data.get("reason") if isinstance(data, dict) else None
+    if reason is None:
+        reason = "reported dead"
+    if not isinstance(reason, str) or not 0 < len(reason) <= 1000:
+        raise HTTPError(400, "reason must be a string of 1 to 1000 characters", "reason")
+    ended = _svc(request).node_gone(node_id, reason)
+    if ended is None:
+        raise HTTPError(404, f"no node {node_id}", "node_id")
+    return _json({"node_id": node_id, "lost": True, "sessions_ended": ended})
+
+
+@route
 async def leave_node(request: Request) -> Response:
     node_id = request.path_params["node_id"]
     open_ = _svc(request).leave_node(node_id)
@@ -454,6 +478,7 @@ def create_app(config: ServerConfig, dashboard: DashboardOptions | None = None) 
         Route("/nodes/{node_id}/heartbeat", heartbeat, methods=["POST"]),
         Route("/nodes/{node_id}/drain", drain_node, methods=["POST"]),
         Route("/nodes/{node_id}/leave", leave_node, methods=["POST"]),
+        Route("/nodes/{node_id}/lost", node_lost, methods=["POST"]),
         Route("/nodes", list_nodes, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),  # Prometheus (polar.rollout.server.metrics)
     ]

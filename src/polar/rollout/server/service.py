@@ -348,6 +348,24 @@ class RolloutService:
             log.info("node %s left", node_id)
         return open_
 
+    def node_gone(self, node_id: str, reason: str) -> int | None:
+        """An operator or a cluster manager (Ray, `polar.rollout.ray`) knows the node is dead: mark it lost
+        now instead of after `node_lost_after_s` of silence, and end its open sessions ERROR naming
+        `reason`. They are not re-run: the node may have run them. A node that heartbeats again is
+        placed on again. The count of sessions ended, None if the node is unknown."""
+        if self.store.node(node_id) is None:
+            return None
+        self.store.mark_lost(node_id)
+        log.warning("node %s is gone: %s", node_id, reason)
+        self.events.publish("node_lost", node_id=node_id, reason=reason)
+        ended = 0
+        for s in self.store.on_nodes():
+            if s.node_id == node_id:
+                self._fail(s, f"node lost: {node_id}: {reason}; not re-run (it may have run there)")
+                ended += 1
+        self.wake()
+        return ended
+
     def _fail(self, s: SessionRow, reason: str) -> None:
         """End a session as ERROR with `reason`, decided by the server (no trajectory, no reward)."""
         task = self.store.task(s.task_id)
