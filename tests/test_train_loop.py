@@ -77,6 +77,8 @@ def new_trainer(base: Trainer) -> Trainer:
 class ProbingSync:
     """The real engine sync, plus a look at the gateway's /health while the weights move."""
 
+    push_before_rollouts = False
+
     def __init__(self, engine: Any, control_url: str, token: str) -> None:
         self.inner = EngineSync(engine)
         self.control_url = control_url
@@ -202,6 +204,7 @@ def vllm_control(
         return JSONResponse({"status": "ok"})
 
     paths = ["/pause", "/resume", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version"]
+    paths.append("/v1/load_lora_adapter")  # runtime LoRA (vLLM with --enable-lora)
     return Starlette(routes=[Route(p, handle, methods=["POST"]) for p in paths])
 
 
@@ -229,6 +232,36 @@ async def test_vllm_sync_pauses_reloads_a_checkpoint_and_resumes(
     weights = load_checkpoint(folder)  # a checkpoint the server can load, with the trainer's tensors
     assert torch.equal(weights["model.norm.weight"], trainer.model.model.norm.weight)
     assert [p.name for p in (tmp_path / "sync").iterdir()] == ["v2"]  # only the served version is kept
+
+
+async def test_vllm_sync_of_a_lora_adapter_loads_only_the_adapter_in_place(tmp_path: Path) -> None:
+    from polar.train.lora import LoraSpec
+
+    calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    trainer = Trainer.load(TrainerConfig(device="cpu", lora=LoraSpec(r=4, alpha=8.0)))
+    with serve(vllm_control(calls)) as srv:
+        sync = VLLMSync(srv.url, tmp_path / "sync", verify=False, adapter="polar-policy")
+        assert sync.push_before_rollouts  # rollouts ask for the adapter by name: it must exist first
+        await sync.push(trainer, 0)
+        await sync.aclose()
+    routes = [c[0] for c in calls]
+    assert routes == [
+        "/pause",
+        "/v1/load_lora_adapter",
+        "/reset_prefix_cache",
+        "/update_weight_version",
+        "/resume",
+    ]
+    body = calls[1][2]
+    assert body["lora_name"] == "polar-policy" and body["load_inplace"] is True
+    folder = Path(body["lora_path"])
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    full = sum(p.numel() for p in trainer.model.parameters()) * 4
+    assert (folder / "adapter_model.safetensors").stat().st_size < full / 50  # the adapter, not the model
 
 
 async def test_vllm_sync_failure_names_the_route_and_does_not_resume(

@@ -92,6 +92,7 @@ def start_vllm(
     timeout_s: float = 420.0,
     reload_plugin: bool = True,
     cpus: str | None = None,
+    env_extra: dict[str, str] | None = None,
 ) -> VLLMServer:
     """`vllm serve model_dir` on a free loopback port; returns once `/v1/models` answers.
 
@@ -132,6 +133,7 @@ def start_vllm(
         env["VLLM_PLUGINS"] = ""
     if cpus is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
+    env.update(env_extra or {})
     started = time.monotonic()
     with log.open("wb") as sink:
         process = subprocess.Popen(

@@ -138,6 +138,19 @@ class LoraSection(_Section):
         "a list of module names (q_proj, v_proj, ...).",
     )
 
+    sync: Literal["merged", "adapter"] = Field(
+        "merged",
+        description="How a vLLM server gets each version: merged (the base with the adapters folded in, "
+        "reloaded like a full model: any server) or adapter (only the adapter, loaded at runtime under "
+        "`adapter_name`: the server runs with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=true). "
+        "The embedded engine always takes merged weights.",
+    )
+    adapter_name: str = Field(
+        "polar-policy",
+        min_length=1,
+        description="The name the adapter is served under (sync: adapter); rollouts ask for this model.",
+    )
+
     def spec(self) -> LoraSpec:
         targets = self.target_modules
         return LoraSpec(

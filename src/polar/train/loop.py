@@ -261,7 +261,9 @@ class TrainLoop:
         """Train until the trainer has taken `steps` steps (a resumed trainer first pushes its weights and
         version to the policy server); groups still running at the end are cancelled on the server."""
         try:
-            if self.trainer.step_count > 0:  # resumed: the policy server must serve the trainer's version
+            # Resumed: the policy server must serve the trainer's version; a runtime-loaded LoRA adapter
+            # must exist before the first rollout asks for it by name.
+            if self.trainer.step_count > 0 or self.sync.push_before_rollouts:
                 await self._sync()
             while self.trainer.step_count < self.config.steps:
                 await self.step()
@@ -396,10 +398,16 @@ def train(
                 server,
             ):
                 return asyncio.run(go(server.url, engine.name, EngineSync(engine)))
+        adapter = config.lora.adapter_name if config.lora and config.lora.sync == "adapter" else None
         sync = VLLMSync(
-            config.backend, out / "sync", timeout_s=config.drain_timeout_s, verify=config.verify_weight_sync
+            config.backend,
+            out / "sync",
+            timeout_s=config.drain_timeout_s,
+            verify=config.verify_weight_sync,
+            adapter=adapter,
         )
-        return asyncio.run(go(config.backend, config.served_model, sync))
+        # With a runtime adapter, the rollouts ask vLLM for it by name: the base model is not the policy.
+        return asyncio.run(go(config.backend, adapter or config.served_model, sync))
     finally:
         if trainer is not None:
             trainer.close()  # the other ranks' serve() returns

@@ -41,6 +41,10 @@ class SyncError(RuntimeError):
 
 
 class WeightSync(Protocol):
+    # True when the policy server cannot serve rollouts until a first push (a LoRA adapter it loads by
+    # name): the loop pushes version 0 before it submits anything.
+    push_before_rollouts: bool
+
     async def push(self, trainer: Trainer, version: int) -> None: ...
 
     async def aclose(self) -> None: ...
@@ -106,6 +110,8 @@ class GatewayGate:
 class EngineSync:
     """Copy the trainer's weights into the embedded engine serving the rollouts (same process)."""
 
+    push_before_rollouts = False
+
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
@@ -140,30 +146,50 @@ class VLLMSync:
     and `PartialSyncError` names it."""
 
     def __init__(
-        self, url: str | Sequence[str], folder: Path, *, timeout_s: float = 600.0, verify: bool = True
+        self,
+        url: str | Sequence[str],
+        folder: Path,
+        *,
+        timeout_s: float = 600.0,
+        verify: bool = True,
+        adapter: str | None = None,
     ) -> None:
         """`verify`: after the reload, check that each server's logprobs of a fixed text are the trainer's
-        own (`_served_gap`); a server that does not serve the new weights is paused again and fails."""
+        own (`_served_gap`); a server that does not serve the new weights is paused again and fails.
+
+        `adapter`: a LoRA trainer's adapter is loaded at runtime under this name instead of reloading the
+        whole model (`POST /v1/load_lora_adapter`, `load_inplace`: megabytes instead of the model). The
+        servers run with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=true`, and rollouts ask for
+        the adapter by name, so it is pushed once before any rollout (`push_before_rollouts`)."""
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ValueError("VLLMSync needs at least one server URL")
         self.urls = [u.rstrip("/") for u in urls]
         self.url = self.urls[0]
         self.verify = verify
+        self.adapter = adapter
+        self.push_before_rollouts = adapter is not None
         self.folder = folder  # where the weights are written; every server must be able to read it
         self._http = httpx.AsyncClient(timeout=timeout_s)
 
     async def push(self, trainer: Trainer, version: int) -> None:
         target = self.folder / f"v{version}"
-        await asyncio.to_thread(_write_weights, trainer, target)
-        reload = {"method": "reload_weights", "kwargs": {"weights_path": str(target.resolve())}}
+        load: tuple[str, dict[str, Any]]
+        if self.adapter is not None:
+            await asyncio.to_thread(_write_adapter, trainer, target)
+            body = {"lora_name": self.adapter, "lora_path": str(target.resolve()), "load_inplace": True}
+            load = ("/v1/load_lora_adapter", {"json": body})
+        else:
+            await asyncio.to_thread(_write_weights, trainer, target)
+            reload = {"method": "reload_weights", "kwargs": {"weights_path": str(target.resolve())}}
+            load = ("/collective_rpc", {"json": reload})
         steps: list[tuple[str, dict[str, Any]]] = [
             # wait, not abort or keep: the gateway has drained its calls already, and a request still
             # running here (one the drain timed out on, or another client's) finishes on the weights it
             # started with. abort would fail it for its harness; keep would finish it on the new weights,
             # one sequence sampled from two policies.
             ("/pause", {"params": {"mode": "wait"}}),
-            ("/collective_rpc", {"json": reload}),
+            load,
             # The prefix cache holds KV computed by the old weights (`/pause`'s clear_cache is deprecated).
             ("/reset_prefix_cache", {}),
             ("/update_weight_version", {"json": {"new_version": str(version)}}),
@@ -206,9 +232,12 @@ class VLLMSync:
         # instead of -4 on PROBE_TEXT) and its bf16 server then differs from the fp32 trainer by 0.11 on
         # average, a false alarm; with BOS, 0.02 (measured with Gemma 3 270M on vLLM 0.32 CPU).
         ids = [int(i) for i in trainer.tokenizer.encode(PROBE_TEXT)]
-        models = (await _get(self._http, f"{url}/v1/models")).json()
+        if self.adapter is not None:
+            model = self.adapter
+        else:
+            model = (await _get(self._http, f"{url}/v1/models")).json()["data"][0]["id"]
         body = {
-            "model": models["data"][0]["id"],
+            "model": model,
             "prompt": ids,
             "max_tokens": 1,
             "temperature": 1.0,
@@ -252,6 +281,18 @@ def _trainer_logprobs(trainer: Trainer, ids: list[int]) -> list[float]:
             return [float(x) for x in response_logprobs(trainer.model, batch, 1.0)]
     finally:
         trainer.model.train(was_training)
+
+
+def _write_adapter(trainer: Trainer, target: Path) -> None:
+    from polar.train.lora import is_lora
+
+    if not is_lora(trainer.model):
+        raise SyncError("adapter sync needs a LoRA trainer (the config's `lora:` section)")
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.model.save_pretrained(tmp)  # peft: adapter_config.json + adapter_model.safetensors only
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
 
 
 def _write_weights(trainer: Trainer, target: Path) -> None:
