@@ -48,3 +48,69 @@ def test_the_short_run_trains_both_modes_through_the_real_stack(tmp_path: Path) 
     table = (out / "table.md").read_text()
     assert "| full | all |" in table and "| lora | all |" in table
     assert (out / "learning_real.svg").read_text().startswith("<?xml")
+
+
+# -- the run's parts that need no server ----------------------------------------------------------------
+
+EXAMPLE = ROOT / "examples" / "learn_real"
+
+
+def _example(name: str) -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"learn_real_{name}", EXAMPLE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_task_files_are_what_the_generator_writes_and_held_out_words_are_never_trained(
+    tmp_path: Path,
+) -> None:
+    import yaml
+
+    _example("tasks").main(tmp_path)  # type: ignore[attr-defined]
+    for name in ("train-tasks.yaml", "heldout-tasks.yaml", "shots-upper.json", "shots-first.json"):
+        assert (tmp_path / name).read_bytes() == (EXAMPLE / name).read_bytes(), name
+    train = yaml.safe_load((EXAMPLE / "train-tasks.yaml").read_text())["tasks"]
+    held = yaml.safe_load((EXAMPLE / "heldout-tasks.yaml").read_text())["tasks"]
+    train_words = {t["metadata"]["word"] for t in train}
+    held_words = {t["metadata"]["word"] for t in held}
+    assert len(train_words) == 255 and len(held_words) == 110 and not train_words & held_words
+    assert not {"apple", "river"} & (train_words | held_words)  # the worked examples are never asked
+
+
+@pytest.mark.parametrize(
+    ("reply", "answer", "right"),
+    [
+        ("HARBOR", "HARBOR", True),
+        ("HARBOR\nmore text", "HARBOR", True),
+        ('"HARBOR".', "HARBOR", True),
+        ("HARBORをする\nあなたへ", "HARBOR", False),  # seen from the untrained model: no word boundary
+        ("HARBORside", "HARBOR", False),
+        ("Harbor", "HARBOR", False),
+        ("The answer is HARBOR", "HARBOR", False),
+        ("", "h", False),
+        ("h\n", "h", True),
+    ],
+)
+def test_first_word_is_the_answer_only_as_a_whole_word(reply: str, answer: str, right: bool) -> None:
+    assert (_example("reward").first_word(reply) == answer) is right  # type: ignore[attr-defined]
+
+
+def test_the_chat_template_is_gemmas_turn_format() -> None:
+    import jinja2
+
+    template = jinja2.Environment().from_string(_example("prepare").CHAT_TEMPLATE)  # type: ignore[attr-defined]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "Again"},
+    ]
+    text = template.render(messages=messages, bos_token="<bos>", add_generation_prompt=True)
+    assert text == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
+        "<start_of_turn>user\nAgain<end_of_turn>\n<start_of_turn>model\n"
+    )

@@ -64,21 +64,21 @@ def write(path: Path, tasks: list[dict[str, object]], what: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def main() -> None:
+def main(out: Path = HERE) -> None:
     pool = words()
     random.Random(SEED).shuffle(pool)
     cut = round(len(pool) * (1 - HELD_OUT))
     train, held = sorted(pool[:cut]), sorted(pool[cut:])
     for skill, (question, answer) in SKILLS.items():
         shots = [{"q": question.format(w=w), "a": answer(w)} for w in SHOT_WORDS]
-        (HERE / f"shots-{skill}.json").write_text(json.dumps(shots, indent=1) + "\n")
+        (out / f"shots-{skill}.json").write_text(json.dumps(shots, indent=1) + "\n")
     write(
-        HERE / "train-tasks.yaml",
+        out / "train-tasks.yaml",
         [task(s, w, "train", 1) for w in train for s in SKILLS],
         f"Training tasks: {len(SKILLS)} skills x {len(train)} words.",
     )
     write(
-        HERE / "heldout-tasks.yaml",
+        out / "heldout-tasks.yaml",
         [task(s, w, "heldout", HELDOUT_SAMPLES) for w in held for s in SKILLS],
         f"Held-out tasks: {len(SKILLS)} skills x {len(held)} words never trained on.",
     )
