@@ -221,6 +221,12 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the trainer (and the embedded engine) runs; auto: CUDA when available."
     )
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="Under torchrun with several processes: ddp (every rank holds the whole model and "
+        "optimizer state) or fsdp (FSDP2: parameters, gradients and optimizer state sharded over the ranks, "
+        "per decoder layer; for a policy that does not fit one device). Ignored in one process.",
+    )
     seed: int = Field(0, description="torch's random seed, set before the model is loaded.")
     out: str = Field(
         "polar-train",

@@ -310,6 +310,7 @@ def train(
         gradient_checkpointing=config.gradient_checkpointing,
         dtype=config.dtype,
         device=config.device,
+        parallel=config.parallel,
         temperature=config.temperature,
         seed=config.seed,
     )
