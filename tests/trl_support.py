@@ -52,6 +52,15 @@ print(m.content)
 """
 
 
+# A harness of one chat call (a prompt of a dozen tokens: TRL's step on CPU stays short).
+ONE_CALL_AGENT = """
+import os, sys, openai
+client = openai.OpenAI(max_retries=0)
+messages = [{"role": "user", "content": open(sys.argv[1]).read()}]
+print(client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=messages).choices[0].message.content)
+"""
+
+
 # One GRPO step of TRL on polar rollouts, run by every rank of `accelerate launch` (or alone). argv: the
 # rollout server's URL, its token, the output folder, per_device_train_batch_size, the task (JSON). Each
 # rank saves its weights after the step and the session ids of the rows it trained on; the main process
@@ -70,8 +79,9 @@ def recording(prompts, trainer):
     mine.extend(rows["polar_session_id"])
     return rows
 args = trl.GRPOConfig(output_dir=out + "/trl", use_cpu=True, per_device_train_batch_size=per_device,
-                      num_generations=4, max_steps=1, learning_rate=1e-3, beta=0.0, logging_steps=1,
-                      save_strategy="no", report_to="none", bf16=False, seed=0)
+                      num_generations=4, max_steps=1, learning_rate=0.1, optim="sgd", beta=0.0, logging_steps=1,
+                      save_strategy="no", report_to="none", bf16=False, seed=0,
+                      gradient_checkpointing=False)
 model = AutoModelForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32)
 trainer = trl.GRPOTrainer(model=model, reward_funcs=[polar_reward], args=args, rollout_func=recording,
                           train_dataset=datasets.Dataset.from_dict({"prompt": ["say hi"]}),
