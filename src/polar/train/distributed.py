@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, cast
 
 import torch
@@ -41,8 +42,12 @@ class World:
         return self.rank == 0
 
 
-def from_env() -> World | None:
-    """The process group torchrun describes (`WORLD_SIZE` > 1), joined; None for a single process."""
+def from_env(timeout_s: float = 86400.0) -> World | None:
+    """The process group torchrun describes (`WORLD_SIZE` > 1), joined; None for a single process.
+
+    `timeout_s` bounds every collective, and ranks but 0 wait in one (`broadcast`) while rank 0 waits for
+    a batch of rollouts: torch's defaults (30 min for gloo, 10 min for NCCL, whose watchdog then kills
+    the process) are shorter than an agentic batch can take."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return None
@@ -50,7 +55,8 @@ def from_env() -> World | None:
     if not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return World(rank, size, local)
 
 

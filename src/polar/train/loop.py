@@ -315,7 +315,7 @@ def train(
         seed=config.seed,
     )
     # Under torchrun every rank trains on its shard of each batch; rank 0 alone runs the rest.
-    world = distributed.from_env()
+    world = distributed.from_env(config.dist_timeout_s)
     if world is not None and not world.leader:
         worker = Trainer.load(trainer_config, world)
         if config.resume is not None:

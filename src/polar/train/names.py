@@ -200,6 +200,16 @@ NAMES: tuple[NameRow, ...] = (
     ),
     NameRow("device", Equivalent(("use_cpu",)), Equivalent(("trainer.device",))),
     NameRow(
+        "parallel",
+        Equivalent(("fsdp",), "or `accelerate launch --use_fsdp`; DDP is what accelerate does without it"),
+        Equivalent(("actor_rollout_ref.actor.strategy",), "`fsdp2` = `fsdp`; verl has no DDP"),
+    ),
+    NameRow(
+        "dist_timeout_s",
+        Equivalent(("ddp_timeout",), "default 1800 s"),
+        Equivalent(("actor_rollout_ref.nccl_timeout",), "default 600 s"),
+    ),
+    NameRow(
         "seed",
         Equivalent(("seed",)),
         Equivalent(note="one per component, e.g. `data.seed`, `actor_rollout_ref.actor.fsdp_config.seed`"),
