@@ -177,12 +177,18 @@ def test_two_ranks_take_the_single_process_step(
             assert torch.allclose(have[i]["exp_avg_sq"], want[i]["exp_avg_sq"], rtol=1e-4, atol=1e-12)
 
 
-def test_polar_train_runs_under_torchrun(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_polar_train_runs_under_torchrun(tmp_path: Path, parallel: str) -> None:
     """`torchrun --nproc_per_node 2 -m polar train`: rank 0 runs the rollouts, the loop and the out folder;
-    rank 1 steps on its shards and writes nothing."""
+    rank 1 steps on its shards and writes nothing. Under FSDP rank 1 also takes part in each weight sync
+    into the embedded engine and in the checkpoint, which must be an ordinary Hugging Face folder."""
     config = (ROOT / "examples" / "train.yaml").read_text().replace("steps: 10", "steps: 1")
-    (tmp_path / "train.yaml").write_text(config)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    (tmp_path / "train.yaml").write_text(f"parallel: {parallel}\n{config}")
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",  # this tree's polar, not an installed one
+        "OMP_NUM_THREADS": "1",
+    }
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     done = subprocess.run(
         [*argv, "-m", "polar", "train", "train.yaml", "--set", "out=run"],
@@ -196,3 +202,13 @@ def test_polar_train_runs_under_torchrun(tmp_path: Path) -> None:
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
     assert done.stdout.count("new run in run") == 1  # only rank 0 prepared the out folder
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-1"
+    assert json.loads((checkpoint / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    from safetensors.torch import load_file
+
+    from polar.train.trainer import model_source
+
+    weights = load_file(checkpoint / "model.safetensors")
+    initial = load_file(Path(model_source(None)) / "model.safetensors")
+    assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in initial.items()}  # unsharded
+    assert any(not torch.equal(weights[k], initial[k]) for k in initial)  # and trained

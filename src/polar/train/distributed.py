@@ -122,6 +122,17 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return cast(dict[str, torch.Tensor], state)
 
 
+def tied_duplicates(model: torch.nn.Module) -> list[str]:
+    """The names of parameters that another, earlier name already holds (tied weights)."""
+    seen: set[int] = set()
+    out = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            out.append(name)
+        seen.add(id(p))
+    return out
+
+
 def optimizer_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sharded: bool
 ) -> dict[str, Any]:

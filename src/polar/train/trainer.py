@@ -395,7 +395,14 @@ class Trainer:
         """The whole policy as a Hugging Face checkpoint (safetensors, config, tokenizer): what vLLM's
         `reload_weights` and `from_pretrained` read, whether the trainer is sharded or not."""
         folder.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(folder, state_dict=self.state_dict() if self.fsdp else None)
+        state = None
+        if self.fsdp:
+            # Gathered tensors share no storage, so transformers would keep a tied copy (lm_head.weight of
+            # a model with tied embeddings): drop every name of a parameter but its first, as it does.
+            state = self.state_dict()
+            for name in distributed.tied_duplicates(self.model):
+                state.pop(name, None)
+        self.model.save_pretrained(folder, state_dict=state)
         self.tokenizer.save_pretrained(folder)
         return folder
 
