@@ -58,7 +58,7 @@ from tests.fakes.fake_vllm import Reply, make_fake_backend  # noqa: E402
 from tests.fakes.server import serve  # noqa: E402
 from tests.node_support import eventually  # noqa: E402
 from tests.server_support import AUTH, TOKEN, start_server  # noqa: E402
-from tests.trl_support import GRPO_STEP, ONE_CALL_AGENT, TOOL_AGENT  # noqa: E402
+from tests.trl_support import GRPO_STEP, ONE_CALL_AGENT, TOOL_AGENT, grpo_step  # noqa: E402
 
 GROUP = 4
 MODEL_DIR = default_model_dir()
@@ -378,20 +378,21 @@ async def test_sessions_that_do_not_finish_in_time_are_cancelled_and_reach_trl_m
 
 
 def _grpo_step(url: str, task: Task, out: Path, processes: int) -> list[dict[str, Any]]:
-    """GRPO_STEP on a global batch of one prompt's group of GROUP: alone, or under `accelerate launch` with
-    `processes` ranks of GROUP / processes entries each. Returns each rank's report."""
+    """grpo_step on a global batch of one prompt's group of GROUP: in this process, or under `accelerate
+    launch` with `processes` ranks of GROUP / processes entries each. Returns each rank's report."""
     out.mkdir()
+    if processes == 1:
+        grpo_step(url, TOKEN, str(out), GROUP, task.model_dump_json())
+        return [json.loads((out / "rank-0.json").read_text())]
     script = out / "grpo_step.py"
     script.write_text(GRPO_STEP)
-    argv = [sys.executable, str(script)]
-    if processes > 1:
-        with socket.socket() as s:  # torchrun's rendezvous port, free now
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        # --multi_gpu picks accelerate's torchrun launcher; GRPOConfig(use_cpu=True) makes it gloo on CPU.
-        launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
-        launch += ["--num_processes", str(processes), "--main_process_port", str(port)]
-        argv = [sys.executable, *launch, "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
+    with socket.socket() as s:  # torchrun's rendezvous port, free now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # --multi_gpu picks accelerate's torchrun launcher; GRPOConfig(use_cpu=True) makes it gloo on CPU.
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
+    launch += ["--num_processes", str(processes), "--main_process_port", str(port)]
+    argv = [sys.executable, *launch, "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
     env = {
         **os.environ,
         "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
