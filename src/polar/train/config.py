@@ -258,6 +258,19 @@ class TrainConfig(_Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the trainer (and the embedded engine) runs; auto: CUDA when available."
     )
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="Under torchrun with several processes: ddp (every rank holds the whole model and "
+        "optimizer state) or fsdp (FSDP2: parameters, gradients and optimizer state sharded over the ranks, "
+        "per decoder layer; for a policy that does not fit one device). Ignored in one process.",
+    )
+    dist_timeout_s: float = Field(
+        86400.0,
+        gt=0,
+        description="Under torchrun: how long a collective may wait. The ranks but the first wait in one "
+        "while the first waits for a batch of rollouts, so this must exceed the slowest batch (torch's own "
+        "defaults, 10 min with NCCL and 30 with gloo, are too short for agentic rollouts).",
+    )
     seed: int = Field(0, description="torch's random seed, set before the model is loaded.")
     out: str = Field(
         "polar-train",

@@ -9,6 +9,13 @@ scales its loss by the world size, so DDP's average is the sum of the shards' gr
 the *global* denominator: the update equals the single-process update on the whole batch (up to the order
 of floating-point sums), and clipping and AdamW then run identically everywhere.
 
+With `parallel: fsdp` the policy is sharded with FSDP2 (`fully_shard`, one unit per decoder layer plus the
+root) instead: each rank holds 1/N of the parameters, gradients and AdamW state, and gathers a layer's
+parameters only around its forward and backward. Those gathers are collectives, so every rank must run the
+same number of forward passes: ranks with fewer micro-batches than the busiest one run masked padding ones.
+What rank 0 alone did with the whole model under DDP (copy the weights to the engine, write a checkpoint,
+score the sync's probe text) needs every rank under FSDP; rank 0 broadcasts each such request like a step.
+
 Backends: `gloo` on CPU (tested here with 2 processes), `nccl` on GPUs (each rank on `cuda:LOCAL_RANK`).
 """
 
@@ -17,7 +24,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -34,8 +42,12 @@ class World:
         return self.rank == 0
 
 
-def from_env() -> World | None:
-    """The process group torchrun describes (`WORLD_SIZE` > 1), joined; None for a single process."""
+def from_env(timeout_s: float = 86400.0) -> World | None:
+    """The process group torchrun describes (`WORLD_SIZE` > 1), joined; None for a single process.
+
+    `timeout_s` bounds every collective, and ranks but 0 wait in one (`broadcast`) while rank 0 waits for
+    a batch of rollouts: torch's defaults (30 min for gloo, 10 min for NCCL, whose watchdog then kills
+    the process) are shorter than an agentic batch can take."""
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return None
@@ -43,7 +55,8 @@ def from_env() -> World | None:
     if not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(local)
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return World(rank, size, local)
 
 
@@ -71,3 +84,72 @@ def sum_all(values: Sequence[float], device: torch.device) -> list[float]:
     t = torch.tensor(list(values), dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return [float(v) for v in t.tolist()]
+
+
+def max_all(value: int, device: torch.device) -> int:
+    """The largest `value` over the ranks."""
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of a transformers model: the classes it names in `_no_split_modules` (e.g.
+    Qwen3DecoderLayer), which transformers itself never splits across devices."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def fully_shard_model(model: torch.nn.Module, param_dtype: torch.dtype | None) -> None:
+    """FSDP2 in place: each decoder layer its own unit, then the root (embeddings, final norm, head).
+    `param_dtype` (bf16): parameters are gathered and computed in it, gradients reduced in float32, and the
+    sharded master weights and optimizer state stay float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every rank calls it (it gathers); rank 0 gets the whole model's tensors on the CPU, the others {}."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return cast(dict[str, torch.Tensor], state)
+
+
+def tied_duplicates(model: torch.nn.Module) -> list[str]:
+    """The names of parameters that another, earlier name already holds (tied weights)."""
+    seen: set[int] = set()
+    out = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            out.append(name)
+        seen.add(id(p))
+    return out
+
+
+def optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, sharded: bool
+) -> dict[str, Any]:
+    """The optimizer state keyed by parameter name (the same file whether the model was sharded or not, so a
+    checkpoint resumes under either). `sharded` (FSDP): every rank calls it, rank 0 gets the whole state
+    gathered to the CPU, the others {}."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=sharded, cpu_offload=sharded)
+    return dict(get_optimizer_state_dict(model, optimizer, options=options))
+
+
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, sharded: bool
+) -> None:
+    """Load what `optimizer_state` gave; `sharded`: every rank calls it with the whole state and keeps its
+    shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=sharded))

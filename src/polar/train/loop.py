@@ -314,12 +314,13 @@ def train(
         gradient_checkpointing=config.gradient_checkpointing,
         dtype=config.dtype,
         device=config.device,
+        parallel=config.parallel,
         temperature=config.temperature,
         seed=config.seed,
         lora=config.lora.spec() if config.lora is not None else None,
     )
     # Under torchrun every rank trains on its shard of each batch; rank 0 alone runs the rest.
-    world = distributed.from_env()
+    world = distributed.from_env(config.dist_timeout_s)
     if world is not None and not world.leader:
         worker = Trainer.load(trainer_config, world)
         if config.resume is not None:

@@ -203,6 +203,16 @@ NAMES: tuple[NameRow, ...] = (
         Equivalent(("actor_rollout_ref.model.target_modules",), "same values (`all-linear` or names)"),
     ),
     NameRow(
+        "lora.sync",
+        Equivalent(note="no key of its own"),
+        Equivalent(note="no key of its own"),
+    ),
+    NameRow(
+        "lora.adapter_name",
+        Equivalent(note="no key of its own"),
+        Equivalent(note="no key of its own"),
+    ),
+    NameRow(
         "micro_batch_tokens",
         Equivalent(note="`GRPOConfig` batches by completions (`per_device_train_batch_size`), not tokens"),
         Equivalent(
@@ -229,6 +239,16 @@ NAMES: tuple[NameRow, ...] = (
         Equivalent(("actor_rollout_ref.actor.fsdp_config.dtype",), "mixed-precision dtype; weights fp32"),
     ),
     NameRow("device", Equivalent(("use_cpu",)), Equivalent(("trainer.device",))),
+    NameRow(
+        "parallel",
+        Equivalent(("fsdp",), "or `accelerate launch --use_fsdp`; DDP is what accelerate does without it"),
+        Equivalent(("actor_rollout_ref.actor.strategy",), "`fsdp2` = `fsdp`; verl has no DDP"),
+    ),
+    NameRow(
+        "dist_timeout_s",
+        Equivalent(("ddp_timeout",), "default 1800 s"),
+        Equivalent(("actor_rollout_ref.nccl_timeout",), "default 600 s"),
+    ),
     NameRow(
         "seed",
         Equivalent(("seed",)),

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-import torch
 
 from polar.auth import bearer
 from polar.train.trainer import Trainer
@@ -251,7 +250,7 @@ class VLLMSync:
             ]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             return f"{url}: /v1/completions gave no prompt logprobs to check the reload with ({exc!r})"
-        mine = await asyncio.to_thread(_trainer_logprobs, trainer, ids)
+        mine = await asyncio.to_thread(trainer.logprobs, ids[:1], ids[1:])
         gap = sum(abs(a - b) for a, b in zip(mine, served, strict=True)) / len(mine)
         if gap > VERIFY_TOLERANCE:
             return (
@@ -268,19 +267,6 @@ PROBE_TEXT = (
     "The quick brown fox jumps over the lazy dog, then writes a short Python function to sort a list."
 )
 VERIFY_TOLERANCE = 0.1
-
-
-def _trainer_logprobs(trainer: Trainer, ids: list[int]) -> list[float]:
-    from polar.train.packing import pack, response_logprobs
-
-    batch = pack([(ids[:1], ids[1:])], len(ids), trainer.pad_id)
-    was_training = trainer.model.training
-    trainer.model.eval()
-    try:
-        with torch.no_grad():
-            return [float(x) for x in response_logprobs(trainer.model, batch, 1.0)]
-    finally:
-        trainer.model.train(was_training)
 
 
 def _write_adapter(trainer: Trainer, target: Path) -> None:

@@ -53,6 +53,7 @@ class TrainerConfig:
     gradient_checkpointing: bool = False
     dtype: str = "auto"  # auto | float32 | bfloat16 (the autocast dtype; parameters stay float32)
     device: str = "auto"
+    parallel: str = "ddp"  # ddp | fsdp, under torchrun (polar.train.distributed)
     temperature: float = 1.0  # sampling temperature of the behaviour logprobs
     seed: int = 0
     lora: LoraSpec | None = None  # None: every weight trains; else adapters only (polar.train.lora)
@@ -161,6 +162,11 @@ class Trainer:
     ) -> None:
         self.config = config
         self.world = world  # data-parallel under torchrun (polar.train.distributed); None: one process
+        if config.parallel not in ("ddp", "fsdp"):
+            raise ValueError(f"parallel must be ddp or fsdp, not {config.parallel!r}")
+        self.fsdp = world is not None and config.parallel == "fsdp"
+        if self.fsdp and is_lora(model):
+            raise ValueError("lora with parallel: fsdp is not supported; use parallel: ddp (the default)")
         self.device = _resolve_device(config.device)
         self.autocast = _autocast_dtype(config.dtype, self.device)
         self.model = model.to(self.device)
@@ -181,6 +187,17 @@ class Trainer:
         self.reference = (
             copy.deepcopy(self.model).eval().requires_grad_(False) if config.loss.kl_coef > 0 else None
         )
+        # What forward passes go through: the policy itself (also once sharded in place by FSDP2), or its
+        # DDP wrapper (which broadcasts rank 0's weights now, so every rank starts from the same ones).
+        # FSDP2 does not broadcast: every rank loads the same checkpoint.
+        self.forward_model: Any = self.model
+        if self.fsdp:
+            distributed.fully_shard_model(self.model, self.autocast)
+            if self.reference is not None:
+                distributed.fully_shard_model(self.reference, self.autocast)
+        elif world is not None:
+            ids = [self.device.index or 0] if self.device.type == "cuda" else None
+            self.forward_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         opt = config.optimizer
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -192,12 +209,6 @@ class Trainer:
         self.step_count = 0
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
-        # What forward passes go through: the policy itself, or its DDP wrapper (which broadcasts rank 0's
-        # weights now, so every rank starts from the same ones).
-        self.forward_model: Any = self.model
-        if world is not None:
-            ids = [self.device.index or 0] if self.device.type == "cuda" else None
-            self.forward_model = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
 
     @classmethod
     def load(cls, config: TrainerConfig, world: distributed.World | None = None) -> Trainer:
@@ -232,19 +243,43 @@ class Trainer:
         if self.world is None:
             return self._step(samples, denominator)
         plan = distributed.shard([s.length for s in samples], self.world.size)
-        shards = [[samples[i] for i in idx] for idx in plan]
-        distributed.broadcast(("step", shards, denominator))
-        return self._step(shards[0], denominator)
+        message = ("step", [[samples[i] for i in idx] for idx in plan], denominator)
+        distributed.broadcast(message)
+        result: StepResult = self._handle(message)
+        return result
 
     def serve(self) -> None:
-        """A rank other than 0: take part in every step rank 0 starts, until it says stop (`close`)."""
+        """A rank other than 0: take part in every step (and, under FSDP, every gather of the weights or
+        forward pass) rank 0 starts, until it says stop (`close`)."""
         assert self.world is not None and not self.world.leader
         while True:
             message = distributed.broadcast()
-            if message[0] != "step":
+            if message[0] == "stop":
                 return
-            _, shards, denominator = message
-            self._step(shards[self.world.rank], denominator)
+            self._handle(message)
+
+    def _together(self, *message: Any) -> Any:
+        """Rank 0: run `message` here, and under FSDP on every rank at once (it needs their shards)."""
+        if self.fsdp:
+            distributed.broadcast(message)
+        return self._handle(message)
+
+    def _handle(self, message: tuple[Any, ...]) -> Any:
+        kind = message[0]
+        if kind == "step":
+            rank = self.world.rank if self.world is not None else 0
+            return self._step(message[1][rank], message[2])
+        if kind == "state":
+            if self.fsdp:
+                return distributed.full_state_dict(self.model)
+            if is_lora(self.model):
+                return merged_state_dict(self.model)
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        if kind == "optimizer":
+            return distributed.optimizer_state(self.model, self.optimizer, sharded=self.fsdp)
+        if kind == "logprobs":
+            return self._logprobs(message[1], message[2])
+        raise ValueError(f"unknown trainer request {kind!r}")
 
     def close(self) -> None:
         """Rank 0: let the other ranks' `serve` return."""
@@ -258,10 +293,17 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         trainable = sum(sum(s.mask) for s in samples)
+        traces = len(samples)
         dummy = not samples and self.world is not None
         if dummy:  # a rank with no trace still joins the gradient all-reduce: one masked token, no gradient
             samples = [Sample([self.pad_id], [self.pad_id], [0], [0.0], 0.0, 0.0)]
         groups = micro_batches([s.length for s in samples], cfg.micro_batch_tokens, cfg.grad_accum)
+        real = 0 if dummy else len(groups)  # the groups after these are padding
+        if self.fsdp:  # FSDP gathers parameters in every forward: all ranks run as many micro-batches
+            pad = distributed.max_all(len(groups), self.device) - len(groups)
+            if pad:
+                samples = [*samples, Sample([self.pad_id], [self.pad_id], [0], [0.0], 0.0, 0.0)]
+                groups += [[len(samples) - 1]] * pad
 
         total_loss = 0.0
         sums = {
@@ -281,9 +323,14 @@ class Trainer:
             behaviour = batch.flat([list(s.behaviour_logprobs) for s in part], torch.float32).to(self.device)
             advantages = batch.flat([s.advantage for s in part], torch.float32).to(self.device)
             weights = torch.tensor([s.weight for s in part], dtype=torch.float32, device=self.device)
-            # DDP all-reduces with the last micro-batch's backward only (the others accumulate locally).
+            # DDP all-reduces with the last micro-batch's backward only (the others accumulate locally);
+            # FSDP reduce-scatters with it only.
             last = n == len(groups) - 1
-            sync = contextlib.nullcontext() if last or self.world is None else self.forward_model.no_sync()
+            sync: Any = contextlib.nullcontext()
+            if self.fsdp:
+                self.model.set_requires_gradient_sync(last)
+            elif not last and self.world is not None:
+                sync = self.forward_model.no_sync()
             with sync:
                 with self._autocast():
                     logprobs = response_logprobs(self.forward_model, batch, cfg.temperature)
@@ -311,19 +358,20 @@ class Trainer:
                 sums[k] += getattr(m, k) * m.tokens
             keep = mask.bool()
             diff_sum += float((logprobs.detach() - behaviour).abs()[keep].sum())
-            tokens += 0 if dummy else sum(s.length for s in part)
+            tokens += sum(s.length for s in part) if n < real else 0
 
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = 0.0
         if params:
             clip = cfg.optimizer.grad_clip
             norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
-            grad_norm = float(norm)
+            full = getattr(norm, "full_tensor", None)  # FSDP: a replicated DTensor
+            grad_norm = float(full() if full is not None else norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         self.step_count += 1
-        traces, micro = (0 if dummy else len(samples)), len(groups)
+        micro = real
         if self.world is not None:  # the whole batch's figures, on every rank
             keys = list(sums)
             totals = distributed.sum_all(
@@ -347,37 +395,74 @@ class Trainer:
         )
 
     # -- weights out ------------------------------------------------------------------------------------
+    # Rank 0 calls these; under FSDP they gather from every rank (`_together`).
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's tensors, detached (what an in-process engine copies from); LoRA adapters folded in."""
-        if is_lora(self.model):
-            return merged_state_dict(self.model)
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+        """The whole policy's tensors, detached (what an in-process engine copies from); under FSDP
+        gathered to the CPU; LoRA adapters folded in."""
+        state: dict[str, torch.Tensor] = self._together("state")
+        return state
 
     def save_weights(self, folder: Path) -> Path:
-        """The policy as a Hugging Face model folder any server loads (LoRA: merged into the base)."""
+        """The whole policy as a Hugging Face checkpoint (safetensors, config, tokenizer): what vLLM's
+        `reload_weights` and `from_pretrained` read, whether the trainer is sharded or not (LoRA: the base
+        with the adapters merged in)."""
+        folder.mkdir(parents=True, exist_ok=True)
         if is_lora(self.model):
-            self.model.get_base_model().save_pretrained(folder, state_dict=merged_state_dict(self.model))
-        else:
-            self.model.save_pretrained(folder)
+            self.model.get_base_model().save_pretrained(folder, state_dict=self.state_dict())
+            self.tokenizer.save_pretrained(folder)
+            return folder
+        state = None
+        if self.fsdp:
+            # Gathered tensors share no storage, so transformers would keep a tied copy (lm_head.weight of
+            # a model with tied embeddings): drop every name of a parameter but its first, as it does.
+            state = self.state_dict()
+            for name in distributed.tied_duplicates(self.model):
+                state.pop(name, None)
+        self.model.save_pretrained(folder, state_dict=state)
         self.tokenizer.save_pretrained(folder)
         return folder
 
     def save(self, folder: Path) -> Path:
-        """A Hugging Face checkpoint (model + tokenizer) plus `optimizer.pt` and `trainer_state.json`; a
-        LoRA run also keeps its adapter (`adapter/`), which is what it resumes from."""
-        folder.mkdir(parents=True, exist_ok=True)
+        """`save_weights` plus `optimizer.pt` (unsharded, keyed by parameter name: resumable with or without
+        FSDP) and `trainer_state.json`; a LoRA run also keeps its adapter (`adapter/`), which is what it
+        resumes from."""
         self.save_weights(folder)
         if is_lora(self.model):
             save_adapter(self.model, folder)
-        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save(self._together("optimizer"), folder / "optimizer.pt")
         state = {"step": self.step_count, "policy_version": self.step_count, "model": self.config.model}
         (folder / "trainer_state.json").write_text(json.dumps(state, indent=2) + "\n")
         return folder
 
     def restore(self, folder: Path) -> None:
         """Optimizer state and step count from a folder `save` wrote (the weights load with the model; a
-        LoRA run loads its base model and takes the adapter from here)."""
+        LoRA run loads its base model and takes the adapter from here). Every rank calls it; under FSDP
+        each keeps its shard of the saved state."""
         if is_lora(self.model):
             load_adapter(self.model, folder)
-        self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location=self.device))
+        state = torch.load(folder / "optimizer.pt", map_location="cpu" if self.fsdp else self.device)
+        groups = state.get("param_groups") or [{"params": []}]
+        if all(isinstance(p, int) for p in groups[0]["params"]) and groups[0]["params"]:
+            # Written before optimizer.pt was keyed by name: torch's own format, by parameter index.
+            if self.fsdp:
+                raise ValueError(f"{folder}: this optimizer.pt resumes without parallel: fsdp only")
+            self.optimizer.load_state_dict(state)
+        else:
+            distributed.load_optimizer_state(self.model, self.optimizer, state, sharded=self.fsdp)
         self.step_count = int(json.loads((folder / "trainer_state.json").read_text())["step"])
+
+    def logprobs(self, prompt_ids: Sequence[int], response_ids: Sequence[int]) -> list[float]:
+        """Logprobs of `response_ids` after `prompt_ids` under the current policy, in eval mode (what the
+        weight sync compares a server's with)."""
+        out: list[float] = self._together("logprobs", list(prompt_ids), list(response_ids))
+        return out
+
+    def _logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        batch = pack([(prompt_ids, response_ids)], len(prompt_ids) + len(response_ids), self.pad_id)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return [float(x) for x in response_logprobs(self.model, batch, 1.0)]
+        finally:
+            self.model.train(was_training)

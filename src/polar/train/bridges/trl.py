@@ -23,6 +23,15 @@ A session without a usable trace (failed, masked, no logprobs) still owes TRL an
 `env_mask` and reward None, which TRL 1.16 treats as unscorable (NaN, advantage forced to 0), so it adds no
 gradient. Other trainable traces of a session (subagents, compaction, side calls) cannot be handed to this
 hook, whose unit is one completion per prompt; they are counted in `last_stats`, not silently dropped.
+
+Several processes (`accelerate launch --num_processes N`): TRL calls `rollout_func` on every rank with that
+rank's slice of the generation batch, and a prompt's `num_generations` entries may straddle ranks (TRL
+regroups them when it gathers the rewards, in rank order). Rolling out per rank would split one GRPO group
+into several polar tasks, sample them from N clients and sync the policy server's weights N times. So the
+ranks gather their prompts on the main process, which runs the whole generation batch (one polar task per
+distinct prompt, the weight sync once) and broadcasts the rows; each rank returns its own slice, in the
+order TRL gave it. The other ranks wait in that broadcast for as long as the rollouts take: TRL's
+`ddp_timeout` (default 1800 s) must exceed the longest rollout.
 """
 
 from __future__ import annotations
@@ -119,7 +128,9 @@ class PolarRollout:
     prompt; either way polar sets its `task_id` (unique per call), `num_samples` and `metadata.trl_step`.
     `sync_weights(model, step)`, when given, is called before a rollout whenever TRL's global step moved
     since the last one, so sessions sample from the weights being trained (e.g. the embedded engine's
-    `update_weights`; TRL's own vLLM sync covers only its own `use_vllm` client)."""
+    `update_weights`; TRL's own vLLM sync covers only its own `use_vllm` client). Under several processes
+    only the main process rolls out and syncs, and only its `last_results` / `last_stats` are filled (the
+    whole generation batch's)."""
 
     def __init__(
         self,
@@ -158,6 +169,29 @@ class PolarRollout:
         return Task.model_validate({**base.model_dump(), **update})
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        accelerator = getattr(trainer, "accelerator", None)
+        if accelerator is None or accelerator.num_processes == 1:
+            return self._rollout(prompts, trainer)
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        counts = gather_object([len(prompts)])
+        everything = gather_object(list(prompts))
+        box: list[Any] = [None]
+        if accelerator.is_main_process:
+            try:
+                box[0] = self._rollout(everything, trainer)
+            except Exception as exc:  # the other ranks wait in the broadcast: tell them, then raise here
+                box[0] = f"{type(exc).__name__}: {exc}"
+                broadcast_object_list(box, from_process=0)
+                raise
+        broadcast_object_list(box, from_process=0)
+        if isinstance(box[0], str):
+            raise RuntimeError(f"the main process's rollout failed: {box[0]}")
+        start = sum(counts[: accelerator.process_index])
+        return {k: v[start : start + len(prompts)] for k, v in box[0].items()}
+
+    def _rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        """The rows of `prompts` (the whole generation batch under several processes: main process only)."""
         step = int(trainer.state.global_step)
         if self.sync_weights is not None and step != self._synced_step:
             self.sync_weights(trainer.accelerator.unwrap_model(trainer.model), step)
