@@ -10,9 +10,10 @@ import json
 import os
 import sys
 import urllib.request
+from pathlib import Path
 
-shots = json.load(open("shots.json"))
-question = open(os.environ["POLAR_INSTRUCTION_FILE"]).read().strip()
+shots = json.loads(Path("shots.json").read_text())
+question = Path(os.environ["POLAR_INSTRUCTION_FILE"]).read_text().strip()
 messages = []
 for shot in shots:
     messages += [{"role": "user", "content": shot["q"]}, {"role": "assistant", "content": shot["a"]}]
