@@ -68,8 +68,9 @@ def heldout_file(out: Path, limit: int | None) -> Path:
         shutil.copy(EXAMPLE / name, folder / name)
     lines = source.read_text().splitlines()
     tasks = [line for line in lines if line.startswith("  - ")]
-    picked = tasks[: limit // 2] + [t for t in tasks if '"skill": "first"' in t][: limit - limit // 2]
-    picked = list(dict.fromkeys(picked))[:limit]
+    upper = [t for t in tasks if '"skill": "upper"' in t]
+    first = [t for t in tasks if '"skill": "first"' in t]
+    picked = upper[: limit // 2] + first[: limit - limit // 2]  # both skills, half each
     (folder / "heldout-tasks.yaml").write_text("tasks:\n" + "\n".join(picked) + "\n")
     return folder / "heldout-tasks.yaml"
 
