@@ -344,17 +344,22 @@ async def heartbeat(request: Request) -> Response:
     return _json({"ok": True})
 
 
+async def _small_json(request: Request, what: str) -> Any:
+    """The JSON body of an operator's node request (at most 64 KiB; empty means {}), or a 4xx naming it."""
+    try:
+        raw = await read_body(request, 64 << 10, _svc(request).config.body_timeout_s)
+        return orjson.loads(raw) if raw.strip() else {}
+    except BodyError as exc:
+        raise HTTPError(exc.status, f"{what} request: {exc.message}") from None
+    except orjson.JSONDecodeError as exc:
+        raise HTTPError(400, f"{what} request: {json_error(exc)}") from None
+
+
 @route
 async def drain_node(request: Request) -> Response:
     """Operators (`polar node drain ID`): the server stops placing sessions there at once and forwards."""
     node_id = request.path_params["node_id"]
-    try:
-        raw = await read_body(request, 64 << 10, _svc(request).config.body_timeout_s)
-        data = orjson.loads(raw) if raw.strip() else {}
-    except BodyError as exc:
-        raise HTTPError(exc.status, f"drain request: {exc.message}") from None
-    except orjson.JSONDecodeError as exc:
-        raise HTTPError(400, f"drain request: {json_error(exc)}") from None
+    data = await _small_json(request, "drain")
     drain = _model(DrainRequest, data)
     try:
         status = await _svc(request).drain_node(node_id, drain)
@@ -372,13 +377,7 @@ async def node_lost(request: Request) -> Response:
     """Operators and cluster managers (`polar serve --ray` when Ray reports a node dead): the node's open
     sessions end ERROR "node lost" now, not after `node_lost_after_s` of silence."""
     node_id = request.path_params["node_id"]
-    try:
-        raw = await read_body(request, 64 << 10, _svc(request).config.body_timeout_s)
-        data = orjson.loads(raw) if raw.strip() else {}
-    except BodyError as exc:
-        raise HTTPError(exc.status, f"lost request: {exc.message}") from None
-    except orjson.JSONDecodeError as exc:
-        raise HTTPError(400, f"lost request: {json_error(exc)}") from None
+    data = await _small_json(request, "lost")
     reason = data.get("reason") if isinstance(data, dict) else None
     if reason is None:
         reason = "reported dead"
