@@ -298,7 +298,7 @@ def train(
     """
     from polar.dashboard import DashboardOptions
     from polar.rollout.local import embedded_engine, local_stack
-    from polar.train import distributed
+    from polar.train import distributed, memory
     from polar.train.sync import EngineSync, VLLMSync
     from polar.train.trainer import OptimizerConfig, TrainerConfig
 
@@ -319,6 +319,7 @@ def train(
         seed=config.seed,
         lora=config.lora.spec() if config.lora is not None else None,
     )
+    memory.limit_arenas()  # before any thread allocates: steps from threads otherwise grow the heap (memory.py)
     # Under torchrun every rank trains on its shard of each batch; rank 0 alone runs the rest.
     world = distributed.from_env(config.dist_timeout_s)
     if world is not None and not world.leader:

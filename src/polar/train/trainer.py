@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from polar.train import distributed
+from polar.train import distributed, memory
 from polar.train.advantages import Estimator, GroupStats, trajectory_advantages
 from polar.train.lora import LoraSpec, apply_lora, is_lora, load_adapter, merged_state_dict, save_adapter
 from polar.train.loss import LossConfig, LossMetrics, policy_loss
@@ -371,6 +371,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         self.step_count += 1
+        memory.trim()  # the step's logits and gradients, freed, go back to the system (polar.train.memory)
         micro = real
         if self.world is not None:  # the whole batch's figures, on every rank
             keys = list(sums)
@@ -410,6 +411,7 @@ class Trainer:
         if is_lora(self.model):
             self.model.get_base_model().save_pretrained(folder, state_dict=self.state_dict())
             self.tokenizer.save_pretrained(folder)
+            memory.trim()
             return folder
         state = None
         if self.fsdp:
@@ -420,6 +422,7 @@ class Trainer:
                 state.pop(name, None)
         self.model.save_pretrained(folder, state_dict=state)
         self.tokenizer.save_pretrained(folder)
+        memory.trim()  # the serialized copy of the weights
         return folder
 
     def save(self, folder: Path) -> Path:
