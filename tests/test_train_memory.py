@@ -51,7 +51,7 @@ def test_trim_returns_the_freed_heap_to_the_system() -> None:
 
 def test_without_trim_glibc_keeps_the_freed_heap() -> None:
     # The control: what the trainer's steps did before (the cause of the 5.8 -> 18.5 GB growth).
-    released, before, after = _run("keep")
+    released, _, after = _run("keep")
     assert not released and after > 200
 
 
