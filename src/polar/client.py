@@ -141,7 +141,8 @@ class RolloutClient:
         while len(self.in_flight) >= self.max_in_flight:
             self._freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await self._freed.wait()
             if len(self.in_flight) >= self.max_in_flight:  # nobody is reading results: look ourselves
                 for task_id in list(self.in_flight):
                     if (await self.task(task_id, results=False))["state"] != "ACTIVE":
@@ -270,7 +271,8 @@ class RolloutClient:
                         return
                     arrived.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(arrived.wait(), 1.0)
+                        async with asyncio.timeout(1.0):
+                            await arrived.wait()
                     continue
                 wait = self.poll_wait_s if submitter.done() else min(self.poll_wait_s, 0.5)
                 params = [*[("task", t) for t in watched], ("after", cursor), ("wait", wait)]

@@ -346,7 +346,8 @@ class Dashboard:
                 yield b": polar dashboard\n\n"
                 while True:
                     try:
-                        first = await asyncio.wait_for(sub.queue.get(), 15.0)
+                        async with asyncio.timeout(15.0):
+                            first = await sub.queue.get()
                     except TimeoutError:
                         yield b": keepalive\n\n"
                         continue

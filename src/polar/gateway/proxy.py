@@ -230,7 +230,8 @@ class Gate:
         """Stop admitting calls; True once every call in flight has finished (False on timeout)."""
         self._open.clear()
         try:
-            await asyncio.wait_for(self._idle.wait(), drain_timeout_s)
+            async with asyncio.timeout(drain_timeout_s):
+                await self._idle.wait()
             return True
         except TimeoutError:
             return False

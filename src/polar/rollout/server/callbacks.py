@@ -99,7 +99,8 @@ class CallbackDeliverer:
             nxt = self.store.next_callback_at()
             wait = 1.0 if nxt is None else min(1.0, max(0.01, nxt - time.time()))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
 
     async def _deliver(self, cb: CallbackRow) -> None:
         try:

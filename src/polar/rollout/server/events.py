@@ -69,7 +69,8 @@ async def sse_stream(bus: EventBus, sub: Subscriber, keepalive_s: float = 15.0) 
         yield b": polar events\n\n"
         while True:
             try:
-                event_id, kind, data = await asyncio.wait_for(sub.queue.get(), keepalive_s)
+                async with asyncio.timeout(keepalive_s):
+                    event_id, kind, data = await sub.queue.get()
             except TimeoutError:
                 yield b": keepalive\n\n"
                 continue

@@ -110,8 +110,11 @@ class RolloutService:
                 self.dispatcher.tick()
             except Exception:
                 log.exception("scheduler tick failed")
+            # asyncio.timeout, not wait_for: on Python 3.11 a cancel arriving as the wait is woken was
+            # swallowed and `aclose` waited forever (tests/test_server_cancel.py).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.config.tick_s)
+                async with asyncio.timeout(self.config.tick_s):
+                    await self._wake.wait()
 
     # -- tasks ------------------------------------------------------------------------------------------
     def submit(self, tasks: list[Task]) -> list[dict[str, Any]]:
@@ -286,7 +289,8 @@ class RolloutService:
             if rows or left <= 0 or self._all_ended(task_ids):
                 return rows
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await changed.wait()
 
     def _all_ended(self, task_ids: list[str]) -> bool:
         rows = [self.store.task(t) for t in task_ids]
