@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from polar.harness.table import BEGIN, END, render, rows, update
+import pytest
+
+from polar.harness.table import BEGIN, END, main, render, rows, update
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "harnesses.md"
 
@@ -19,3 +21,15 @@ def test_every_preset_declares_its_row() -> None:
     for row in rows():
         assert all(cell.strip() for cell in row), row
     assert render().startswith(BEGIN)
+
+
+def test_help_and_check_change_nothing(tmp_path: Path) -> None:
+    doc = tmp_path / "harnesses.md"
+    stale = f"intro\n{BEGIN}\n| old |\n{END}\nrest\n"
+    doc.write_text(stale)
+    with pytest.raises(SystemExit) as help_exit:
+        main(["--help"])
+    assert help_exit.value.code == 0 and doc.read_text() == stale
+    assert main(["--check", "--doc", str(doc)]) == 1 and doc.read_text() == stale
+    assert main(["--doc", str(doc)]) == 0 and doc.read_text() == update(stale)
+    assert main(["--check", "--doc", str(doc)]) == 0

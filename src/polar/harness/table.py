@@ -56,9 +56,32 @@ def update(text: str) -> str:
     return text[:start] + render() + text[end:]
 
 
-if __name__ == "__main__":  # rewrite docs/harnesses.md in place
+def main(argv: list[str] | None = None) -> int:
+    import argparse
     from pathlib import Path
 
-    doc = Path(__file__).resolve().parents[3] / "docs" / "harnesses.md"
-    doc.write_text(update(doc.read_text()))
-    print(f"updated {doc}")
+    parser = argparse.ArgumentParser(
+        prog="python -m polar.harness.table",
+        description="Regenerate the harness table of docs/harnesses.md (only the part between its markers) "
+        "from the presets' constants.",
+        epilog="examples:\n  python -m polar.harness.table            # rewrite the table\n"
+        "  python -m polar.harness.table --check    # exit 1 if the committed table is stale",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--check", action="store_true", help="Change nothing; exit 1 if the table is stale.")
+    parser.add_argument(
+        "--doc", type=Path, default=Path(__file__).resolve().parents[3] / "docs" / "harnesses.md"
+    )
+    args = parser.parse_args(argv)
+    text = args.doc.read_text()
+    fresh = update(text)
+    if args.check:
+        print(f"{args.doc}: the harness table is {'up to date' if fresh == text else 'stale'}")
+        return 0 if fresh == text else 1
+    args.doc.write_text(fresh)
+    print(f"updated {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
