@@ -26,7 +26,7 @@ from polar.rollout.local import embedded_engine, local_stack
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.task import Task
 from polar.store.sqlite import SQLiteStore
-from polar.train.loop import Group, LoopConfig, TrainLoop, staleness
+from polar.train.loop import Group, LoopConfig, TrainLoop, staleness, task_order
 from polar.train.metrics import Metrics
 from polar.train.sync import EngineSync, GatewayGate, SyncError, VLLMSync
 from polar.train.trainer import OptimizerConfig, Trainer, TrainerConfig
@@ -344,3 +344,17 @@ def test_train_against_a_vllm_server_syncs_through_its_rl_routes(tmp_path: Path)
     line = orjson.loads((tmp_path / "run" / "metrics.jsonl").read_bytes().splitlines()[0])
     assert line["step"] == 1 and line["policy_version"] == 1
     assert (tmp_path / "run" / "checkpoints" / "step-1" / "model.safetensors").is_file()
+
+
+def test_task_order_shuffles_each_pass_with_its_seed() -> None:
+    n = 50
+    draw = task_order(n, True, 7)
+    passes = [[next(draw) for _ in range(n)] for _ in range(3)]
+    assert all(sorted(p) == list(range(n)) for p in passes)  # every task once per pass
+    assert passes[0] != list(range(n)) and passes[0] != passes[1]  # not the file's order, new each pass
+    again = task_order(n, True, 7)
+    assert [next(again) for _ in range(n)] == passes[0]  # seeded
+    other = task_order(n, True, 8)
+    assert [next(other) for _ in range(n)] != passes[0]
+    plain = task_order(n, False, 7)
+    assert [next(plain) for _ in range(2 * n)] == list(range(n)) * 2

@@ -271,7 +271,14 @@ class TrainConfig(_Section):
         "while the first waits for a batch of rollouts, so this must exceed the slowest batch (torch's own "
         "defaults, 10 min with NCCL and 30 with gloo, are too short for agentic rollouts).",
     )
-    seed: int = Field(0, description="torch's random seed, set before the model is loaded.")
+    seed: int = Field(
+        0, description="torch's random seed, set before the model is loaded, and the seed of the task order."
+    )
+    shuffle: bool = Field(
+        True,
+        description="Draw the tasks in a new seeded order on each pass over the task file (false: the file's "
+        "order). Sorted task files otherwise give batches that are alike.",
+    )
     out: str = Field(
         "polar-train",
         description="Output directory (relative to the current directory): metrics.jsonl, checkpoints/, "

@@ -20,9 +20,10 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,8 @@ class LoopConfig:
     pass_threshold: float = 1.0
     checkpoint_every: int | None = None  # the last step is always checkpointed
     out: Path | None = None  # checkpoints go under out/checkpoints/step-N (None: none written)
+    shuffle: bool = True  # a new seeded order of the tasks each pass (False: the file's order)
+    seed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,19 @@ class Group:
         return min(versions) if versions else self.submitted_version
 
 
+def task_order(n: int, shuffle: bool, seed: int) -> Iterator[int]:
+    """Task indices forever, pass after pass; each pass a new permutation when `shuffle`. Task files are
+    often sorted (by name, by repository): in file order consecutive batches are alike, and the policy learns
+    what they share. Measured on examples/learn_real (alphabetical words): 9 steps over words starting with
+    "a" taught Gemma to answer "a" and to begin every capitalized word "AL" (held-out 0.105 -> 0.023)."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(n))
+        if shuffle:
+            rng.shuffle(order)
+        yield from order
+
+
 def staleness(group: Group, version: int) -> int:
     return max(0, version - group.sampled_version)
 
@@ -128,7 +144,8 @@ class TrainLoop:
         # Task ids are unique on the rollout server for good (its state outlives a run, e.g. a resume into
         # the same out directory), so each loop names its groups with its own run id.
         self.run_id = uuid.uuid4().hex[:8]
-        self._order = itertools.cycle(range(len(self.tasks)))
+        # Seeded by the step too: a resumed run draws a new order instead of replaying the first batches.
+        self._order = task_order(len(self.tasks), config.shuffle, config.seed * 1_000_003 + self.version)
 
     # -- rollouts ---------------------------------------------------------------------------------------
     def _group_task(self, task: Task, n: int) -> Task:
@@ -359,6 +376,8 @@ def train(
             pass_threshold=config.pass_threshold,
             checkpoint_every=config.checkpoint_every,
             out=out,
+            shuffle=config.shuffle,
+            seed=config.seed,
         )
 
         leftovers = _active_tasks(out / "server.db")
