@@ -38,7 +38,7 @@ from polar.trajectory import audit, build  # noqa: E402
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent ends when a command prints this
 
 
-def _compact(data: dict[str, str]) -> str:
+def _compact(data: dict[str, Any]) -> str:
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -65,19 +65,59 @@ CLIS = [
 
 # Scenarios beyond the plain tool loop, where the CLI has the feature (`--scenario`):
 #   fault: the policy's third call fails once with a 502 (the CLI's own retry must carry the session on);
-#   compaction: a small context window makes the CLI compact its history (codex, pi);
+#   compaction: a small context window makes the CLI compact its history with its own automatic trigger;
 #   subagent: the policy has the CLI start a subagent first (claude_code's Explore agent, a codex sub-agent
-#   through its `multi_agent_v1` namespace tools), which answers at once; the main loop goes on meanwhile.
-SCENARIOS = ("loop", "fault", "compaction", "subagent")
+#   through its `multi_agent_v1` namespace tools), which answers at once; the main loop goes on meanwhile;
+#   discovery: the policy loads a deferred tool with the CLI's tool-search tool once, mid-session.
+SCENARIOS = ("loop", "fault", "compaction", "subagent", "discovery")
+
+
+@dataclass(frozen=True)
+class Twist:
+    """What a scenario adds to a CLI's task: preset settings and environment."""
+
+    settings: tuple[tuple[str, Any], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
 # Windows just above each CLI's own prompt (the fake policy counts a byte a token), so the growing history
-# fills them within the session.
-COMPACTING = {"codex": (("context_window", 53000),), "pi": (("context_window", 8000),)}
+# fills them within the session. Each is the CLI's own automatic trigger (see docs/harnesses.md).
+COMPACTING = {
+    # Claude Code 2.1.197: compacts at window - min(max output, 20000) - 13000 tokens (window >= 100000).
+    "claude_code": Twist(env=(("CLAUDE_CODE_AUTO_COMPACT_WINDOW", "119000"),)),
+    "codex": Twist(settings=(("context_window", 53000),)),
+    # Gemini CLI 0.61.0: at compressionThreshold x 1048576 tokens (an unknown model's limit); see the doc.
+    "gemini_cli": Twist(settings=(("config", {"model": {"compressionThreshold": 0.054}}),)),
+    # Qwen Code 0.15.10: at contextPercentageThreshold x contextWindowSize.
+    "qwen_code": Twist(settings=(("config", {"model": {
+        "chatCompression": {"contextPercentageThreshold": 0.74},
+        "generationConfig": {"contextWindowSize": 100000}}}),)),
+    # OpenCode 1.18.33: once a call's tokens reach context - output limit.
+    "opencode": Twist(settings=(("context_window", 43000), ("max_output_tokens", 4000))),
+    "pi": Twist(settings=(("context_window", 8000),)),
+}  # fmt: skip
+# The deferred tool each CLI's tool search loads: (the search tool, its arguments).
+DISCOVERING = {
+    "claude_code": Twist(env=(("ENABLE_TOOL_SEARCH", "true"),)),  # off by default for non-Anthropic hosts
+    "qwen_code": Twist(),  # on by default; its system prompt lists the deferred tools
+}
+SEARCH = {
+    "claude_code": ("ToolSearch", _compact({"query": "select:TaskCreate", "max_results": 3})),
+    "qwen_code": ("tool_search", _compact({"query": "select:ask_user_question"})),
+}
+# The request a CLI compacts its history with, when it keeps its tools in it (its last message says so).
+COMPACT_ASK = {"claude_code": "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools."}
 SUBAGENT_TASK = "List the files here."
 SUBAGENT = {
     "claude_code": ("Agent", _compact({"description": "look around", "prompt": SUBAGENT_TASK,
                                        "subagent_type": "Explore"})),
     "codex": ("multi_agent_v1__spawn_agent", _compact({"message": SUBAGENT_TASK})),
 }  # fmt: skip
+TWISTS: dict[str, dict[str, Twist]] = {
+    "compaction": COMPACTING,
+    "discovery": DISCOVERING,
+    "subagent": {h: Twist() for h in SUBAGENT},
+}
 CLAUDE_MAIN = (
     "You are an interactive agent"  # Claude Code's main-loop system prompt (subagents have their own)
 )
@@ -92,10 +132,7 @@ def is_subagent(cli: CLI, messages: list[dict[str, Any]]) -> bool:
 
 
 def supports(cli: CLI, scenario: str) -> bool:
-    return scenario in ("loop", "fault") or cli.harness in {
-        "compaction": COMPACTING,
-        "subagent": SUBAGENT,
-    }.get(scenario, {})
+    return scenario in ("loop", "fault") or cli.harness in TWISTS.get(scenario, {})
 
 
 def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, Any]], Any]:
@@ -105,9 +142,10 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
 
     calls = 0
     issued = 0  # commands asked for so far: a compacted history no longer shows them
+    searched = False  # the discovery scenario's one tool search
 
     def script(body: dict[str, Any]) -> Reply:
-        nonlocal calls, issued
+        nonlocal calls, issued, searched
         calls += 1
         if scenario == "fault" and calls == 3:
             raise HTTPError(502, "bench: this call fails once")
@@ -115,6 +153,8 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
         messages = body["messages"]
         if cli.tool not in tools:
             return Reply(content="Noted.")  # a side call (title, summary, small model)
+        if cli.harness in COMPACT_ASK and COMPACT_ASK[cli.harness] in str(messages[-1].get("content")):
+            return Reply(content=f"Summary: {issued} of {steps} steps are in steps.txt; go on from there.")
         if scenario == "subagent" and cli.harness in SUBAGENT and is_subagent(cli, messages):
             return Reply(content="Only steps.txt may be here.")  # the subagent's own loop: done at once
         if (
@@ -124,6 +164,9 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
         ):
             return Reply(content="Looking around first.", tool_calls=[SUBAGENT[cli.harness]])
         done = issued
+        if scenario == "discovery" and cli.harness in SEARCH and not searched and done >= steps // 2:
+            searched = True
+            return Reply(content="Loading a tool first.", tool_calls=[SEARCH[cli.harness]])
         if done >= steps:
             if cli.final is not None and done == steps:
                 issued += 1
@@ -173,14 +216,13 @@ class Row:
 async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop") -> Row:
     from tests.node_support import fake_policy, running_node, shell_task, spec
 
-    settings = dict(cli.settings) | (
-        dict(COMPACTING.get(cli.harness, ())) if scenario == "compaction" else {}
-    )
+    twist = TWISTS.get(scenario, {}).get(cli.harness, Twist())
+    settings = dict(cli.settings) | dict(twist.settings)
     task = shell_task(
         "unused",
         instruction=f"Append the lines 'step 0' to 'step {steps - 1}' to steps.txt, one command per line.",
         timeout_seconds=900,
-        agent={"harness": cli.harness, "settings": settings},
+        agent={"harness": cli.harness, "settings": settings, "env": dict(twist.env)},
         runtime={"backend": "local", "network": "gateway"},
         evaluator={"strategy": "session_completed"},
     )

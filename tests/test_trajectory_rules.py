@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -173,6 +174,32 @@ def test_compaction_and_history_rewrite_are_breaks_with_causes() -> None:
     # A one-shot call with the same system prompt as another one-shot is a root, not a compaction.
     t = checked([rec(0, [1, 5, 6, 6, 7], [EOT], system="side"), rec(1, [1, 5, 8, 7], [EOT], system="side")])
     assert [tr.metadata["started_by"] for tr in t.traces] == ["root", "root"]
+
+
+def test_a_changed_tool_list_is_a_break_with_its_own_cause() -> None:
+    """A tool search adds the loaded tool to `tools` (Claude Code 2.1.197, Qwen Code 0.15.10): the messages
+    go on, but the tool list rendered before them changed, so no prompt extends the last one."""
+    bash = {"type": "function", "function": {"name": "bash", "parameters": {}}}
+    task = {"type": "function", "function": {"name": "task_create", "parameters": {}}}
+    history = [{"role": "system", "content": "agent"}, {"role": "user", "content": "go"}]
+    turn = [{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "loaded"}]
+
+    def call(seq: int, prompt: list[int], sampled: list[int], msgs: list[Any], tools: list[Any]) -> Any:
+        return replace(rec(seq, prompt, sampled), upstream_request={"messages": msgs}, tools=tools)
+
+    searched = [1, 5, 30, 6, 7, *A1, *U1]  # the new tool's definition lands inside the first prompt
+    records = [
+        call(0, P1, A1, history, [bash]),
+        call(1, searched, A2, history + turn, [bash, task]),
+        call(2, [*searched, *A2, 9, 1, 7], [23, EOT], [*history, *turn, *turn], [bash, task]),
+    ]
+    t = checked(records)
+    assert chains(t) == [["c0"], ["c1", "c2"]]
+    assert [tr.metadata["started_by"] for tr in t.traces] == ["root", "tools_changed"]
+    assert t.metadata["breaks"] == {"tools_changed": 1}
+    # The same tool list on a call that continues no chain is not a tool change.
+    records[1] = call(1, searched, A2, history + turn, [bash])
+    assert checked(records[:2]).metadata["breaks"] == {}
 
 
 def test_missing_logprobs_are_masked_unless_the_build_trains_without_them() -> None:

@@ -95,7 +95,7 @@ TRAJECTORY_BUILD: tuple[Key, ...] = (
         "breaks",
         "object",
         "chains started because a conversation broke, by cause: `context_drift`, `unprovable_boundary`, "
-        "`compaction`, `history_rewrite`",
+        "`compaction`, `history_rewrite`, `tools_changed`",
     ),
     Key(
         "drift_turns", "int", "boundaries where the server's re-rendered turn differs from the sampled tokens"
@@ -186,7 +186,7 @@ TRACE_METADATA: tuple[Key, ...] = (
         "started_by",
         "str",
         "why the chain starts: `root`, `retry`, a break cause (`context_drift`, `unprovable_boundary`, "
-        "`compaction`, `history_rewrite`), or `per_request`",
+        "`compaction`, `history_rewrite`, `tools_changed`), or `per_request`",
     ),
     Key("drift_turns", "list[int]", "turns merged across a drifted boundary (`on_drift: merge`)"),
     Key("trainable_tokens", "int", "tokens with `loss_mask` 1 (0 once masked)"),

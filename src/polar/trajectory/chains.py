@@ -31,8 +31,8 @@ from polar.trajectory.tokens import ITEM, WINDOW, TipIndex, lcp, n_tokens, pack
 # prompt); `retry`: same prompt as an earlier call (a sibling); the rest are breaks of a conversation.
 ROOT, RETRY = "root", "retry"
 CONTEXT_DRIFT, UNPROVABLE = "context_drift", "unprovable_boundary"
-COMPACTION, REWRITE = "compaction", "history_rewrite"
-BREAKS = (CONTEXT_DRIFT, UNPROVABLE, COMPACTION, REWRITE)
+COMPACTION, REWRITE, TOOLS = "compaction", "history_rewrite", "tools_changed"
+BREAKS = (CONTEXT_DRIFT, UNPROVABLE, COMPACTION, REWRITE, TOOLS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +91,27 @@ def _system(call: Call) -> object:
     return None
 
 
+def _tools(call: Call) -> object:
+    return call.record.tools
+
+
+def _tools_changed(call: Call, chains: Sequence[Chain]) -> int | None:
+    """The latest chain whose tip's messages `call`'s messages extend while its tool list differs: the
+    harness loaded or dropped a tool (Claude Code's and Qwen Code's tool search add the loaded one)."""
+    msgs = call.prompt_messages
+    for chain in reversed(chains):
+        tip = chain.turns[-1].call
+        prev = tip.prompt_messages
+        if prev and len(prev) < len(msgs) and _tools(tip) != _tools(call) and msgs[: len(prev)] == prev:
+            return chain.index
+    return None
+
+
 def _diverged(call: Call, tips: TipIndex[int], chains: Sequence[Chain]) -> tuple[str, int | None]:
     """Why `call` continues no chain: a root, or a break of the chain whose history it shares most of.
 
+    - extends a chain's last messages with another `tools` list: `tools_changed` (the tool list is
+      rendered into the prompt, so the policy saw a different context: a new chain is inherent);
     - keeps that chain's whole first prompt but not its tip: the harness rewrote later history;
       `compaction` when the prompt is shorter than the tip, `history_rewrite` otherwise;
     - keeps only its system message, is shorter than its tip, and that chain is a conversation (several
@@ -102,6 +120,9 @@ def _diverged(call: Call, tips: TipIndex[int], chains: Sequence[Chain]) -> tuple
     - otherwise `root` (first call, subagent, side call, changed system prompt).
     A subagent that reuses its parent's system prompt and starts shorter reads as a compaction: tokens
     and messages alone cannot tell the two apart."""
+    changed = _tools_changed(call, chains)
+    if changed is not None:
+        return TOOLS, changed
     scored = [(lcp(call.prompt, tip), key, n_tokens(tip)) for key, tip in tips.items()]
     kept = [(n, key, size) for n, key, size in scored if n >= chains[key].turns[0].call.n_prompt]
     if kept:

@@ -57,6 +57,10 @@ _BILLING_MARK = "x-anthropic-billing-header:"
 # 2.1.197's session-title call (querySource generate_session_title): no tools, this system prompt, a JSON
 # schema in `output_config.format`. Sent only with non-essential traffic on (this preset turns it off).
 _TITLE_MARK = "Generate a concise, sentence-case title"
+# 2.1.197's auto-compaction (CLAUDE_CODE_AUTO_COMPACT_WINDOW & co) asks for the summary with the main
+# loop's system prompt and tools, over the history before the last turn, and this ask as the last user
+# message's text: a fork of the conversation, tagged so it is not read as the main loop rewriting itself.
+_COMPACT_MARK = "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools."
 _SETTINGS = ("allowed_tools", "skip_permissions", "small_model", "binary")
 
 
@@ -181,7 +185,8 @@ class ClaudeCodeHarness:
     def classify(self, record: CompletionRecord) -> tuple[str, ...]:
         """("side_call", kind) for calls that are not the main loop, read from the request as sent:
         a subagent (its billing line says so), a call without tools (the session title, or other
-        small-model work), or any call for `settings.small_model` when it has its own name."""
+        small-model work), the compaction summary (its ask), or any call for `settings.small_model` when it
+        has its own name."""
         request = record.request if isinstance(record.request, dict) else {}
         system = texts(request.get("system"))  # a string or text blocks, any shape tolerated
         billing = next((t for t in system if t.startswith(_BILLING_MARK)), "")
@@ -190,6 +195,10 @@ class ClaudeCodeHarness:
         if not request.get("tools"):
             title = any(_TITLE_MARK in t for t in system)
             return ("side_call", "title" if title else "small_model")
+        messages = request.get("messages")
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if isinstance(last, dict) and any(_COMPACT_MARK in t for t in texts(last.get("content"))):
+            return ("side_call", "compaction")
         small = self.small_model
         if small is not None and small != self._model and record.model_requested == small:
             return ("side_call", "small_model")

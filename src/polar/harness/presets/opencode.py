@@ -55,6 +55,8 @@ _PACKAGES = {
 _SETTINGS = ("dialect", "title", "context_window", "max_output_tokens")
 EVENTS = "opencode-events.jsonl"  # `run --format json` output, kept in the artifacts
 TITLE_PROMPT = "You are a title generator"  # the system prompt of OpenCode's title call (1.18.33)
+# 1.18.33's auto-compaction (usage >= limit.context - output limit): the history as one text, no tools.
+COMPACT_PROMPT = "You are a context summarization agent"
 # OpenCode's switches: no self-update, no model list from models.dev, no LSP downloads, no share links.
 SWITCHES = {
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
@@ -171,7 +173,9 @@ class OpenCodeHarness:
             return ()
         messages = record.upstream_request.get("messages") or []
         system = " ".join(str(m.get("content")) for m in messages if m.get("role") == "system")
-        return ("side_call", "title") if TITLE_PROMPT in system else ("side_call",)
+        if TITLE_PROMPT in system:
+            return ("side_call", "title")
+        return ("side_call", "compaction") if COMPACT_PROMPT in system else ("side_call",)
 
 
 def summarize(lines: list[str]) -> dict[str, Any]:

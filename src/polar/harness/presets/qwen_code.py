@@ -50,6 +50,8 @@ SIDE_CALLS = {
     "Generate a concise, sentence-case title": "title",
     "You generate session recaps": "recap",
     "Write a short summary label describing what these tool calls accomplished": "tool_summary",
+    # Auto-compression (model.chatCompression.contextPercentageThreshold of the context window): no tools.
+    "You are the component that summarizes internal chat history": "compaction",
 }
 
 

@@ -1,0 +1,75 @@
+"""bench/harnesses.py's compaction and discovery scenarios with the real, pinned CLIs: each CLI's own
+trigger fires (or, for Gemini CLI, provably cannot), the recorded traffic shows the summary call and the
+rewritten history, and the trajectory names the break."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from bench import harnesses as depth
+
+from polar.harness import get_harness
+from polar.store.records import CompletionRecord
+from polar.store.sqlite import SQLiteStore
+
+pytestmark = [
+    pytest.mark.cli,
+    pytest.mark.skipif(shutil.which("npm") is None, reason="npm is not installed"),
+]
+STEPS = 10
+
+
+def cli(name: str) -> depth.CLI:
+    return next(c for c in depth.CLIS if c.harness == name)
+
+
+async def run(tmp_path: Path, name: str, scenario: str) -> tuple[depth.Row, list[CompletionRecord], Any]:
+    row = await depth.run_one(cli(name), STEPS, tmp_path, scenario)
+    with SQLiteStore(tmp_path / "node.db") as store:
+        records = store.completions(f"depth-{name}")
+    twist = depth.TWISTS[scenario][name]
+    return row, records, get_harness(name, dict(twist.settings))
+
+
+@pytest.mark.parametrize("name", ["claude_code", "qwen_code", "opencode"])
+async def test_compaction_fires_and_the_main_loop_goes_on_in_a_new_chain(tmp_path: Path, name: str) -> None:
+    row, records, preset = await run(tmp_path, name, "compaction")
+    assert row.status == "COMPLETED" and row.steps_done == STEPS and row.audit_ok, row
+    summaries = [r for r in records if preset.classify(r) == ("side_call", "compaction")]
+    assert summaries, [preset.classify(r) for r in records]
+    # Every summary rewrites the main loop's history: the next main call carries the summary's text and a
+    # shorter prompt than the last main call before it; the trajectory splits there as `compaction`.
+    for summary in summaries:
+        main = [r for r in records if not preset.classify(r)]
+        before = max((r for r in main if r.seq < summary.seq), key=lambda r: r.seq)
+        after = min((r for r in main if r.seq > summary.seq), key=lambda r: r.seq)
+        assert str(summary.response_message["content"]) in str(after.upstream_request["messages"])
+        assert len(after.prompt_ids or []) < len(before.prompt_ids or [])
+    assert row.breaks == {"compaction": len(summaries)} and row.merged == len(summaries) + 1, row
+
+
+async def test_gemini_cli_headless_session_never_compresses(tmp_path: Path) -> None:
+    """Gemini CLI 0.61.0 passes its threshold but splits history only before a user message that is not a
+    tool response; a headless session has one, the first, so there is nothing to compress (a no-op)."""
+    row, records, preset = await run(tmp_path, "gemini_cli", "compaction")
+    assert row.status == "COMPLETED" and row.steps_done == STEPS and row.audit_ok, row
+    threshold = 0.054 * 1048576  # the scenario's compressionThreshold x the unknown model's token limit
+    assert max(r.usage["prompt_tokens"] for r in records) > threshold
+    assert [preset.classify(r) for r in records] == [()] * len(records)
+    assert row.breaks == {} and row.merged == 1
+
+
+@pytest.mark.parametrize("name", ["claude_code", "qwen_code"])
+async def test_a_tool_search_adds_the_tool_and_splits_as_tools_changed(tmp_path: Path, name: str) -> None:
+    row, records, preset = await run(tmp_path, name, "discovery")
+    assert row.status == "COMPLETED" and row.steps_done == STEPS and row.audit_ok, row
+    search, args = depth.SEARCH[name]
+    loaded = args.split("select:")[1].split('"')[0]
+    (at,) = [i for i, r in enumerate(records) if search in str(r.response_message.get("tool_calls"))]
+    names = [{t["function"]["name"] for t in r.tools or []} for r in records]
+    assert all(loaded not in n for n in names[: at + 1]) and all(loaded in n for n in names[at + 1 :])
+    assert all(not preset.classify(r) for r in records)
+    assert row.breaks == {"tools_changed": 1} and row.merged == 2, row
