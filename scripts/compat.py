@@ -9,6 +9,7 @@ traces prefix merging makes of the main loop and why chains broke, and whether t
     scripts/compat                     # every preset, the pinned and newest two releases; prints the table
     scripts/compat --write             # ... and writes it into docs/compatibility.md
     scripts/compat --pinned-only --only codex pi
+    scripts/compat --only qwen_code --write   # rewrites only Qwen Code's rows
 
 `tests/test_compat.py` runs the pinned rows and fails when one differs from docs/compatibility.md: a change
 in a pinned CLI's traffic (or in polar) shows up there. Upgrading a pin is changing the preset's `VERSION`
@@ -149,11 +150,25 @@ def doc_rows() -> dict[tuple[str, str], str]:
     return rows
 
 
-def write(cells: list[Cell], steps: int) -> None:
+def write(cells: list[Cell], steps: int, only: list[str] | None) -> None:
+    """The table into docs/compatibility.md; with `only`, those presets' rows replace theirs and every
+    other row stays (it must have been run with the same steps)."""
     text = DOC.read_text()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    lines = [c.line() for c in cells]
+    if only:
+        found = re.search(r"(\d+) steps per run", text[start:end])
+        if found is None or int(found.group(1)) != steps:
+            sys.exit(f"{DOC}: the table was run with other steps; write every preset (no --only)")
+        kept = doc_rows()
+        lines = []
+        for cli in CLIS:
+            if cli.harness in only:
+                lines += [c.line() for c in cells if c.harness == cli.harness]
+            else:
+                lines += [line for (harness, _), line in kept.items() if harness == cli.harness]
     note = f"\n\n{steps} steps per run.\n\n"
-    DOC.write_text(text[:start] + note + table(cells) + "\n\n" + text[end:])
+    DOC.write_text(text[:start] + note + "\n".join([HEADER, *lines]) + "\n\n" + text[end:])
 
 
 def main() -> None:
@@ -161,7 +176,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=5, help="shell commands the policy asks for")
-    parser.add_argument("--only", nargs="*", help="presets (default: all seven)")
+    parser.add_argument(
+        "--only", nargs="*", help="presets (default: all seven); with --write only their rows change"
+    )
     parser.add_argument("--pinned-only", action="store_true", help="only the pinned releases")
     parser.add_argument("--write", action="store_true", help="write the table into docs/compatibility.md")
     args = parser.parse_args()
@@ -178,7 +195,7 @@ def main() -> None:
     print()
     print(table(cells))
     if args.write:
-        write(cells, args.steps)
+        write(cells, args.steps, args.only)
         print(f"\nwritten into {DOC}")
 
 

@@ -136,10 +136,17 @@ async def run_preset(
 
 
 def check_capture(
-    run: PresetRun, harness: str, settings: dict[str, Any], dialect: str, *, main_has_tools: bool = True
+    run: PresetRun,
+    harness: str,
+    settings: dict[str, Any],
+    dialect: str,
+    *,
+    main_has_tools: bool = True,
+    allow_subagents: bool = False,
 ) -> list[CompletionRecord]:
     """The issue's assertions on one run; returns the main-loop records (in order). `main_has_tools=False`
-    for a preset whose loop may run without tools (mini-SWE-agent's text mode)."""
+    for a preset whose loop may run without tools (mini-SWE-agent's text mode); `allow_subagents` for a run
+    whose policy starts subagents (tagged `subagent`), else every tagged call must be a side call."""
     result = run.result
     assert result.status == SessionStatus.COMPLETED, (result.reason, result.metadata)
     assert result.reason is None, result.reason  # the CLI exited 0
@@ -155,7 +162,7 @@ def check_capture(
     assert main
     if main_has_tools:
         assert all(r.tools for r in main)
-    assert all(t[0] == "side_call" for t in tags if t), tags
+    assert all(t[0] == "side_call" or (allow_subagents and t == ("subagent",)) for t in tags if t), tags
     trajectory = build(main, strategy="prefix_merging")
     report = audit(trajectory, main)
     assert len(trajectory.traces) == 1 and report.ok, report.errors

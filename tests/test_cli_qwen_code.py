@@ -1,13 +1,16 @@
-"""Qwen Code 0.15.10 (the pinned npm package, unmodified) on a real node against the gateway's OpenAI Chat.
+"""Qwen Code 0.24.4 (the pinned npm package, unmodified) on a real node against the gateway's OpenAI Chat.
 
 The fake vLLM plays the model and makes the CLI call its own `run_shell_command` tool to write hello.txt,
 then answers. Run in the `local` runtime and in `bwrap` with only the gateway reachable (the proof that it
-needs no other connection); one run re-enables managed auto-memory to see its background call tagged.
+needs no other connection); one run re-enables managed auto-memory to see its background call tagged, one
+has it start a subagent and a fork and check who speaks next, and one runs 0.15.10 (the previous pin) to see
+the main-loop marker hold for both.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,7 @@ from tests.preset_run_support import (
 pytestmark = pytest.mark.cli
 
 CONTENT = "hello from qwen"
-# Compact JSON: 0.15.10 re-serializes tool-call arguments (spaces removed) when it replays history.
+# Compact JSON: Qwen Code re-serializes tool-call arguments (spaces removed) when it replays history.
 WRITE = '{"command":"printf \'hello from qwen\' > hello.txt"}'
 
 
@@ -56,7 +59,7 @@ async def test_qwen_code_writes_the_file_and_captures_one_trace(tmp_path: Path, 
     assert {r.model_requested for r in run.records} == {"fake-policy"}
     if local:  # nothing else reached the gateway either (no model listing)
         assert run.routes == [("POST", "/v1/chat/completions", "")] * 2, run.routes
-    # What 0.15.10 replays: the call with compact arguments, the result as an array of text parts.
+    # What it replays: the call with compact arguments, the result as an array of text parts.
     replay = main[1].request["messages"]
     call = next(m for m in replay if m["role"] == "assistant" and m.get("tool_calls"))
     assert call["tool_calls"][0]["function"]["arguments"] == WRITE
@@ -70,7 +73,7 @@ async def test_qwen_code_writes_the_file_and_captures_one_trace(tmp_path: Path, 
 
 @pytest.mark.parametrize("memory", [False, True])
 async def test_qwen_code_memory_extraction_is_off_or_a_tagged_side_call(tmp_path: Path, memory: bool) -> None:
-    """0.15.10 runs a memory extraction agent (with tools) after a user turn that ends without tool calls.
+    """Qwen Code runs a memory extraction agent (with tools) after a user turn that ends without tool calls.
     The preset turns it off; a task that turns it back on gets it captured, asked of the served model and
     tagged, and the main loop stays its own trace."""
 
@@ -92,6 +95,83 @@ async def test_qwen_code_memory_extraction_is_off_or_a_tagged_side_call(tmp_path
     assert len(trajectory.traces) == 1 and audit(trajectory, run.records[:1]).ok
 
 
+SUB_ANSWER = "Only hello.txt may be here."
+FORK_ANSWER = "Scope: the fork check. Result: nothing to do."
+FORK_TASK = "Fork check"
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+
+
+def _subagent_script(fork: bool) -> Any:
+    """The main loop starts a general-purpose subagent, then (0.24) a fork, writes hello.txt and answers;
+    the subagent and the fork answer at once, a next-speaker check says the user speaks. Each call is told
+    by what the CLI put in it, never by the preset's classifier."""
+
+    def script(body: dict[str, Any]) -> Reply:
+        tools = [t["function"]["name"] for t in body.get("tools") or []]
+        messages = body["messages"]
+        if tools == ["respond_in_schema"]:
+            return Reply(tool_calls=[("respond_in_schema", '{"reasoning":"Done.","next_speaker":"user"}')])
+        system = _text(messages[0]["content"]) if messages[0]["role"] == "system" else ""
+        if system.startswith("You are a general-purpose"):  # both versions' built-in subagent
+            return Reply(content=SUB_ANSWER)
+        if any(
+            m["role"] == "user" and f"Directive: {FORK_TASK}" in _text(m.get("content")) for m in messages
+        ):
+            return Reply(content=FORK_ANSWER)  # the fork: the main loop's prompt, its task as a user message
+        asks = [("agent", {"description": "look around", "prompt": "List the files here.",
+                           "subagent_type": "general-purpose"})]  # fmt: skip
+        if fork:
+            asks.append(
+                ("agent", {"description": "fork check", "prompt": FORK_TASK, "subagent_type": "fork"})
+            )
+        done = sum(1 for m in messages if m["role"] == "tool")
+        if done < len(asks):
+            name, args = asks[done]
+            return Reply(content=f"Agent {done}.", tool_calls=[(name, json.dumps(args))])
+        if done == len(asks):
+            return Reply(content="Writing.", tool_calls=[("run_shell_command", WRITE)])
+        return Reply(content="Done.")
+
+    return script
+
+
+@pytest.mark.parametrize("version", [qwen_code.VERSION, "0.15.10"])
+async def test_qwen_code_subagents_forks_and_side_queries_are_tagged_and_the_main_loop_is_one_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    """The main loop is told by its system prompt ("You are Qwen Code, <role> developed by Alibaba Group":
+    0.15.10 says "an interactive CLI agent", 0.24 under -p "a non-interactive CLI agent"). A subagent has its
+    own prompt; 0.24's fork has the main loop's prompt and is told by the task it starts with; the
+    next-speaker check (turned on here) offers only `respond_in_schema`. The main loop stays one trace."""
+    monkeypatch.setenv("POLAR_TOOL_VERSIONS", json.dumps({qwen_code.PACKAGE: version}))
+    fork = version != "0.15.10"  # 0.15.10 has no forks
+    settings = {"config": {"model": {"skipNextSpeakerCheck": False}}}
+    run = await run_preset(tmp_path, "qwen_code", settings, _subagent_script(fork), expect=CONTENT)
+    main = check_capture(run, "qwen_code", settings, "chat", allow_subagents=True)
+    assert {r.model_requested for r in run.records} == {"fake-policy"}
+
+    def expected(record: CompletionRecord) -> tuple[str, ...]:
+        answer = record.response_message
+        if [c["function"]["name"] for c in answer.get("tool_calls") or []] == ["respond_in_schema"]:
+            return ("side_call", "json_query")
+        return ("subagent",) if answer.get("content") in (SUB_ANSWER, FORK_ANSWER) else ()
+
+    got = [run.preset.classify(r) for r in run.records]
+    assert got == [expected(r) for r in run.records], got
+    answers = {r.response_message.get("content") for r in run.records}
+    assert SUB_ANSWER in answers and (FORK_ANSWER in answers) == fork, answers
+    assert ("side_call", "json_query") in got
+    assert [r.response_message.get("content") for r in main][:2] == [
+        "Agent 0.",
+        "Agent 1." if fork else "Writing.",
+    ]
+
+
 @needs_strace
 async def test_qwen_code_connects_to_nothing_but_the_gateway(tmp_path: Path) -> None:
     """Not just "works without a network" (bwrap): every internet socket the CLI and its children open, even
@@ -104,13 +184,13 @@ async def test_qwen_code_connects_to_nothing_but_the_gateway(tmp_path: Path) -> 
 
 
 async def test_qwen_code_escalates_max_tokens_after_a_cut_answer(tmp_path: Path) -> None:
-    """LIMITS: after finish_reason=length 0.15.10 resends the same prompt with max_tokens 64000, then asks
-    the model to resume; every attempt is captured."""
+    """LIMITS: after finish_reason=length Qwen Code resends the same prompt with max_tokens 64000 (0.24 asks
+    for 32000 first, 0.15.10 for 8000), then asks the model to resume; every attempt is captured."""
     cut = Reply(content="This answer is cut o", finish_reason="length")
     run = await run_preset(tmp_path, "qwen_code", {}, lambda body: cut, expect=None)
     assert run.result.reason is None, run.result.reason
     first, again, resume = run.records[:3]
-    assert [r.request["max_tokens"] for r in (first, again)] == [8000, 64000]
+    assert [r.request["max_tokens"] for r in (first, again)] == [32000, 64000]
     assert again.request["messages"] == first.request["messages"]
     said = resume.request["messages"][-1]["content"][0]["text"]
     assert said.startswith("Output token limit hit.")
@@ -127,8 +207,8 @@ async def test_qwen_code_escalation_beyond_the_context_is_cut_to_fit(tmp_path: P
     run = await run_preset(tmp_path, "qwen_code", {}, lambda body: cut, expect=None, backend_faults=faults)
     assert run.result.reason is None, run.result.reason
     first, again = run.records[:2]
-    assert [r.request["max_tokens"] for r in (first, again)] == [8000, 64000]
-    assert FLAG_MAX_TOKENS_CLAMPED not in first.flags and first.upstream_request["max_tokens"] == 8000
+    assert [r.request["max_tokens"] for r in (first, again)] == [32000, 64000]
+    assert FLAG_MAX_TOKENS_CLAMPED not in first.flags and first.upstream_request["max_tokens"] == 32000
     assert again.prompt_ids is not None
     assert again.upstream_request["max_tokens"] == limit - len(again.prompt_ids)
     assert FLAG_MAX_TOKENS_CLAMPED in again.flags and requested_flag(64000) in again.flags
@@ -144,7 +224,7 @@ async def test_qwen_code_escalation_beyond_the_context_is_cut_to_fit(tmp_path: P
 async def test_qwen_code_retry_after_a_cut_answer_leaves_a_dead_branch_dropped_from_the_trace(
     tmp_path: Path,
 ) -> None:
-    """0.15.10's resend after `finish_reason=length` is a real retry: the cut answer was recorded but never
+    """The resend after `finish_reason=length` is a real retry: the cut answer was recorded but never
     entered the conversation. It is tagged `dead_branch` (its resend `retry`), and `dead_branches: drop`
     builds the session as one trace without it (today's build, "train", makes two)."""
     replies = iter([Reply(content="This answer is cut o", finish_reason="length"), Reply(content="Done.")])
@@ -171,15 +251,45 @@ def _system(text: str) -> dict[str, Any]:
     return {"messages": [{"role": "system", "content": text}, {"role": "user", "content": "hi"}]}
 
 
+MAIN_0_15 = "You are Qwen Code, an interactive CLI agent developed by Alibaba Group, specializing in software"
+MAIN_0_24 = (
+    "You are Qwen Code, a non-interactive CLI agent developed by Alibaba Group, specializing in software"
+)
+ACP_0_24 = (
+    "You are Qwen Code, a CLI agent operating through an ACP host developed by Alibaba Group, specializing"
+)
+
+
 def test_classify_background_agents_subagents_and_untooled_calls() -> None:
     harness = get_harness("qwen_code")
-    assert harness.classify(_record(_system(qwen_code.MAIN_PROMPT + ". Be brief."), tools=True)) == ()
-    parts = {"messages": [{"role": "system", "content": [{"type": "text", "text": qwen_code.MAIN_PROMPT}]}]}
+    for main in (MAIN_0_15, MAIN_0_24, ACP_0_24):
+        assert harness.classify(_record(_system(main + " engineering tasks."), tools=True)) == (), main
+    parts = {"messages": [{"role": "system", "content": [{"type": "text", "text": MAIN_0_24}]}]}
     assert harness.classify(_record(parts, tools=True)) == ()
+    # /init's prompt names Qwen Code too, but as a user message; a system prompt saying so is not the loop
+    init = _system("You are Qwen Code, an interactive CLI agent. Analyze the current directory and generate")
+    assert harness.classify(_record(init, tools=True)) == ("subagent",)
     title = _system("Generate a concise, sentence-case title (3-7 words) that captures ...")
     assert harness.classify(_record(title, tools=False)) == ("side_call", "title")
     assert harness.classify(_record(_system("You are a test-fixing agent."), tools=True)) == ("subagent",)
     assert harness.classify(_record({"messages": []}, tools=False)) == ("side_call", "no_tools")
+    fork = _system(MAIN_0_24)
+    fork["messages"].append(
+        {"role": "user", "content": [{"type": "text", "text": "<fork-boilerplate>\nSTOP."}]}
+    )
+    assert harness.classify(_record(fork, tools=True)) == ("subagent",)
+
+
+def test_classify_a_json_side_query_by_its_one_tool() -> None:
+    """The next-speaker check sends no system prompt and only `respond_in_schema`, forced."""
+    harness = get_harness("qwen_code")
+    body = {
+        "messages": [{"role": "user", "content": "Analyze *only* the content"}],
+        "tool_choice": "required",
+    }
+    tool = {"type": "function", "function": {"name": "respond_in_schema", "parameters": {"type": "object"}}}
+    record = replace(captured_record("chat", body, tools=True), tools=[tool])
+    assert harness.classify(record) == ("side_call", "json_query")
 
 
 @pytest.mark.parametrize(

@@ -33,3 +33,27 @@ def test_the_pinned_rows_of_the_version_matrix_hold() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     got = {line.strip() for line in done.stdout.splitlines() if "| pinned |" in line}
     assert got == set(pinned.values()), (sorted(got), sorted(pinned.values()))
+
+
+def test_writing_some_presets_keeps_the_other_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`scripts/compat --only pi --write` replaces Pi's rows, in Pi's place, and leaves every other row; a
+    run with other steps than the table's is refused (one table, one scenario)."""
+    import scripts.compat as compat
+
+    doc = tmp_path / "compatibility.md"
+    doc.write_text(compat.DOC.read_text())
+    monkeypatch.setattr(compat, "DOC", doc)
+    before = compat.doc_rows()
+    cell = compat.Cell("pi", "9.9.9", True, "yes", "5", "0", "1", "5.00x", "none", "ok")
+    compat.write([cell], 5, ["pi"])
+    after = compat.doc_rows()
+    assert {k: v for k, v in after.items() if k[0] != "pi"} == {
+        k: v for k, v in before.items() if k[0] != "pi"
+    }
+    assert after[("pi", "9.9.9")] == cell.line()
+    assert [k for k in after if k[0] == "pi"] == [("pi", "9.9.9")]
+    presets = [list(dict.fromkeys(h for h, _ in rows)) for rows in (before, after)]
+    assert presets[0] == presets[1]  # Pi's row stands where Pi's rows stood
+    with pytest.raises(SystemExit, match="other steps"):
+        compat.write([cell], 3, ["pi"])
+    assert compat.doc_rows() == after

@@ -1,6 +1,6 @@
 """Fitting a call's `max_tokens` into the server's context, instead of passing on the server's 400.
 
-Harnesses ask for output budgets that ignore the server's context: Qwen Code 0.15.10 resends a prompt cut by
+Harnesses ask for output budgets that ignore the server's context: Qwen Code resends a prompt cut by
 `finish_reason=length` with `max_tokens=64000`, whatever the model serves. vLLM 0.32 refuses a `max_tokens`
 above `max_model_len` ("max_tokens=64000 cannot be greater than max_model_len=32768"), vLLM 0.11 and SGLang
 refuse any prompt plus `max_tokens` over it; either way the harness gets a 400 and the session breaks on

@@ -1,6 +1,6 @@
 """Retries and the dead branches they leave: a harness sends the same prompt again and drops the answer.
 
-Qwen Code 0.15.10 resends a prompt cut by `finish_reason=length` with a larger `max_tokens`; Gemini CLI and
+Qwen Code resends a prompt cut by `finish_reason=length` with a larger `max_tokens`; Gemini CLI and
 Qwen Code resend a call whose stream they judged invalid. Each time the first answer was recorded (the
 gateway committed it before the harness judged it) but never became part of the conversation: a dead
 branch. Left alone it is a trace of its own, trained as if the policy had acted on it, and its retry starts

@@ -14,6 +14,7 @@ prompt ids and the recorded sampled ids, never on re-rendering these messages.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
 PACKAGE = "@qwen-code/qwen-code"
-VERSION = "0.15.10"
+VERSION = "0.24.4"
 BINARY = "qwen"
 DIALECT = "chat"
 CONFIGURES = (
@@ -32,16 +33,29 @@ CONFIGURES = (
 )
 LIMITS = (
     "background agents (memory extraction if re-enabled, dream, title, recap) use the served model, tagged; "
-    "after finish_reason=length 0.15.10 resends the same prompt with max_tokens=64000 (cut by the gateway to "
-    "what the server's context holds, flagged max_tokens_clamped; the cut answer is tagged dead_branch, "
-    "builder_options.dead_branches masks or drops it), then adds 'Output token limit hit' recovery turns"
+    "subagents and forks (`agent`) are tagged subagent, JSON side queries (the next-speaker check, off by "
+    "default) side_call; after finish_reason=length it resends the same prompt with max_tokens=64000 (0.24.4 "
+    "asks 32000 first; cut by the gateway to what the server's context holds, flagged max_tokens_clamped; the "
+    "cut answer is tagged dead_branch, builder_options.dead_branches masks or drops it), then adds 'Output "
+    "token limit hit' recovery turns"
 )
 
-# 0.15.10: the main loop's system prompt starts so; a call with tools and another system prompt is a
-# subagent (the `agent` tool) unless it is one of the background agents below.
-MAIN_PROMPT = "You are Qwen Code, an interactive CLI agent"
-# 0.15.10: the system prompts of its background calls. Memory extraction runs after a turn that ends without
-# tool calls, with tools (read_file, write_file, ...), so tools alone do not tell it from the main loop.
+# The main loop's system prompt opens "You are Qwen Code, <role> developed by Alibaba Group, ...": 0.15.10's role
+# is "an interactive CLI agent" in every mode; 0.24 says "a non-interactive CLI agent" under `-p` ("an
+# interactive CLI agent" in its UI, "a CLI agent operating through an ACP host" under ACP). Recorded 0.24.4
+# calls carry the same headers and body fields whoever makes them, and the tool set is no sign either (a
+# general-purpose subagent gets `agent` too), so the prompt is the signal; a system prompt replaced through
+# QWEN_SYSTEM_MD loses it. A call with tools and another system prompt is a subagent (the `agent` tool),
+# unless it is one of the background agents below.
+MAIN_PROMPT = re.compile(r"You are Qwen Code, [^.\n]{1,80} developed by Alibaba Group\b")
+# 0.24: `agent` with subagent_type "fork" runs a worker on the main loop's own system prompt and history,
+# told apart only by the user message that starts its task (FORK_BOILERPLATE_TAG in the CLI's fork-subagent.ts).
+FORK_TASK = "<fork-boilerplate>"
+# Both: a JSON side query (next-speaker check, permission classifier, memory recall) offers only this tool and
+# forces a call of it; the next-speaker check sends no system prompt at all.
+JSON_TOOL = "respond_in_schema"
+# 0.15.10 and 0.24: the system prompts of its background calls. Memory extraction runs after a turn that ends
+# without tool calls, with tools (read_file, write_file, ...), so tools alone do not tell it from the main loop.
 SIDE_CALLS = {
     "You are now acting as the managed memory extraction subagent": "memory_extraction",
     "You are performing a managed memory dream": "memory_dream",
@@ -56,7 +70,7 @@ SIDE_CALLS = {
 
 
 def cli_settings() -> dict[str, Any]:
-    """The preset's `settings.json` for 0.15.10 (it adds `$version` itself on first start)."""
+    """The preset's `settings.json` (Qwen Code adds `$version` itself on first start)."""
     return {
         "privacy": {"usageStatisticsEnabled": False},
         "telemetry": {"enabled": False},
@@ -66,17 +80,28 @@ def cli_settings() -> dict[str, Any]:
     }
 
 
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # Qwen Code sends user and tool text as arrays of parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
 def _system_text(body: dict[str, Any]) -> str:
     messages = body.get("messages")
     first = messages[0] if isinstance(messages, list) and messages else None
     if not isinstance(first, dict) or first.get("role") != "system":
         return ""
-    content = first.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # 0.15.10 sends text as arrays of parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
+    return _text(first.get("content"))
+
+
+def _is_fork(body: dict[str, Any]) -> bool:
+    messages = body.get("messages")
+    return isinstance(messages, list) and any(
+        isinstance(m, dict) and m.get("role") == "user" and _text(m.get("content")).startswith(FORK_TASK)
+        for m in messages
+    )
 
 
 class QwenCodeHarness:
@@ -94,7 +119,7 @@ class QwenCodeHarness:
     def command(self, ctx: HarnessContext) -> list[str]:
         if self.binary is None:
             raise RuntimeError(f"{self.name} harness: command() before setup() installed the CLI")
-        # --yolo: headless 0.15.10 has no one to approve its shell and write tools.
+        # --yolo: headless Qwen Code has no one to approve its shell and write tools.
         return [str(self.binary), "--yolo", *self.extra_args, "-p", ctx.instruction]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
@@ -104,13 +129,18 @@ class QwenCodeHarness:
         return await collect(runtime, ctx, "qwen", [".qwen/projects", ".qwen/debug"])
 
     def classify(self, record: CompletionRecord) -> tuple[str, ...]:
-        system = _system_text(record.request if isinstance(record.request, dict) else {})
+        body = record.request if isinstance(record.request, dict) else {}
+        system = _system_text(body)
         kind = next((k for marker, k in SIDE_CALLS.items() if marker in system[:400]), None)
         if kind is not None:
             return ("side_call", kind)
         if not record.tools:
             return ("side_call", "no_tools")
-        return () if system.startswith(MAIN_PROMPT) else ("subagent",)
+        if [t.get("function", {}).get("name") for t in record.tools] == [JSON_TOOL]:
+            return ("side_call", "json_query")
+        if not MAIN_PROMPT.match(system) or _is_fork(body):
+            return ("subagent",)
+        return ()
 
 
 PRESET = QwenCodeHarness
