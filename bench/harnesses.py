@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import tempfile
 import time
@@ -88,10 +89,10 @@ COMPACTING = {
     "codex": Twist(settings=(("context_window", 53000),)),
     # Gemini CLI 0.61.0: at compressionThreshold x 1048576 tokens (an unknown model's limit); see the doc.
     "gemini_cli": Twist(settings=(("config", {"model": {"compressionThreshold": 0.054}}),)),
-    # Qwen Code 0.15.10: at contextPercentageThreshold x contextWindowSize.
-    "qwen_code": Twist(settings=(("config", {"model": {
-        "chatCompression": {"contextPercentageThreshold": 0.74},
-        "generationConfig": {"contextWindowSize": 100000}}}),)),
+    # Qwen Code 0.24.4: at min(context.autoCompactThreshold x window, window - 33000) (0.15.10's
+    # model.chatCompression.contextPercentageThreshold is ignored now).
+    "qwen_code": Twist(settings=(("config", {"context": {"autoCompactThreshold": 0.62},
+        "model": {"generationConfig": {"contextWindowSize": 120000}}}),)),
     # OpenCode 1.18.33: once a call's tokens reach context - output limit.
     "opencode": Twist(settings=(("context_window", 43000), ("max_output_tokens", 4000))),
     "pi": Twist(settings=(("context_window", 8000),)),
@@ -103,7 +104,7 @@ DISCOVERING = {
 }
 SEARCH = {
     "claude_code": ("ToolSearch", _compact({"query": "select:TaskCreate", "max_results": 3})),
-    "qwen_code": ("tool_search", _compact({"query": "select:ask_user_question"})),
+    "qwen_code": ("tool_search", _compact({"query": "select:web_fetch"})),
 }
 # The request a CLI compacts its history with, when it keeps its tools in it (its last message says so).
 COMPACT_ASK = {"claude_code": "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools."}
@@ -129,6 +130,16 @@ def is_subagent(cli: CLI, messages: list[dict[str, Any]]) -> bool:
     if cli.harness == "claude_code":
         return CLAUDE_MAIN not in str(messages[0].get("content"))
     return any(m.get("role") == "user" and SUBAGENT_TASK in str(m.get("content")) for m in messages)
+
+
+def _last_tool_results(messages: list[dict[str, Any]]) -> list[Any]:
+    """The contents of the tool results after the last assistant message."""
+    tail: list[Any] = []
+    for m in reversed(messages):
+        if m.get("role") != "tool":
+            break
+        tail.append(m.get("content"))
+    return tail
 
 
 def supports(cli: CLI, scenario: str) -> bool:
@@ -163,6 +174,13 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
             and not any(m.get("role") == "tool" for m in messages)
         ):
             return Reply(content="Looking around first.", tool_calls=[SUBAGENT[cli.harness]])
+        # Qwen Code 0.24.4 drops the answer after which it compacts and asks again from the compacted history,
+        # whose last tool results are the last commands it ran: go on from there, as a model would.
+        shown = [
+            int(k) for m in _last_tool_results(messages) for k in re.findall(r"echo step (\d+) >>", str(m))
+        ]
+        if shown:
+            issued = max(shown) + 1
         done = issued
         if scenario == "discovery" and cli.harness in SEARCH and not searched and done >= steps // 2:
             searched = True

@@ -48,7 +48,10 @@ async def test_compaction_fires_and_the_main_loop_goes_on_in_a_new_chain(tmp_pat
         after = min((r for r in main if r.seq > summary.seq), key=lambda r: r.seq)
         assert str(summary.response_message["content"]) in str(after.upstream_request["messages"])
         assert len(after.prompt_ids or []) < len(before.prompt_ids or [])
-    assert row.breaks == {"compaction": len(summaries)} and row.merged == len(summaries) + 1, row
+    # Qwen Code 0.24.4 asks again from the compacted history without its skills <system-reminder> and puts the
+    # reminder back into the next call's history, a second rewrite: two new chains per summary.
+    chains = len(summaries) * (2 if name == "qwen_code" else 1)
+    assert row.breaks == {"compaction": chains} and row.merged == chains + 1, row
 
 
 async def test_gemini_cli_headless_session_never_compresses(tmp_path: Path) -> None:
@@ -62,8 +65,8 @@ async def test_gemini_cli_headless_session_never_compresses(tmp_path: Path) -> N
     assert row.breaks == {} and row.merged == 1
 
 
-@pytest.mark.parametrize("name", ["claude_code", "qwen_code"])
-async def test_a_tool_search_adds_the_tool_and_splits_as_tools_changed(tmp_path: Path, name: str) -> None:
+async def test_a_tool_search_adds_the_tool_and_splits_as_tools_changed(tmp_path: Path) -> None:
+    name = "claude_code"
     row, records, preset = await run(tmp_path, name, "discovery")
     assert row.status == "COMPLETED" and row.steps_done == STEPS and row.audit_ok, row
     search, args = depth.SEARCH[name]
@@ -73,3 +76,20 @@ async def test_a_tool_search_adds_the_tool_and_splits_as_tools_changed(tmp_path:
     assert all(loaded not in n for n in names[: at + 1]) and all(loaded in n for n in names[at + 1 :])
     assert all(not preset.classify(r) for r in records)
     assert row.breaks == {"tools_changed": 1} and row.merged == 2, row
+
+
+async def test_qwen_code_tool_search_returns_the_schema_and_leaves_tools_alone(tmp_path: Path) -> None:
+    """Qwen Code 0.24.4's tool_search "reviews function declarations for deferred tools without changing the
+    active tool list": the schema comes back as the tool result, the model would call it through
+    `tool_call`, and the tool list of every call stays the same, so the main loop stays one chain."""
+    row, records, preset = await run(tmp_path, "qwen_code", "discovery")
+    assert row.status == "COMPLETED" and row.steps_done == STEPS and row.audit_ok, row
+    search, args = depth.SEARCH["qwen_code"]
+    loaded = args.split("select:")[1].split('"')[0]
+    (at,) = [i for i, r in enumerate(records) if search in str(r.response_message.get("tool_calls"))]
+    result = records[at + 1].upstream_request["messages"][-1]
+    assert result["role"] == "tool" and f'<function>{{"name":"{loaded}"' in str(result["content"])
+    names = [{t["function"]["name"] for t in r.tools or []} for r in records]
+    assert all(n == names[0] for n in names) and loaded not in names[0] and "tool_call" in names[0]
+    assert all(not preset.classify(r) for r in records)
+    assert row.breaks == {} and row.merged == 1, row

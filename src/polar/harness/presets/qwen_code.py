@@ -64,8 +64,10 @@ SIDE_CALLS = {
     "Generate a concise, sentence-case title": "title",
     "You generate session recaps": "recap",
     "Write a short summary label describing what these tool calls accomplished": "tool_summary",
-    # Auto-compression (model.chatCompression.contextPercentageThreshold of the context window): no tools.
+    # Auto-compression, no tools: 0.15.10 (model.chatCompression.contextPercentageThreshold of the window)...
     "You are the component that summarizes internal chat history": "compaction",
+    # ...and 0.24 (context.autoCompactThreshold; the history, then "First, reason in your <analysis> block").
+    "You are the component that summarizes a conversation when its context window": "compaction",
 }
 
 
