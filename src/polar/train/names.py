@@ -254,6 +254,11 @@ NAMES: tuple[NameRow, ...] = (
         Equivalent(("seed",)),
         Equivalent(note="one per component, e.g. `data.seed`, `actor_rollout_ref.actor.fsdp_config.seed`"),
     ),
+    NameRow(
+        "shuffle",
+        Equivalent(("data_seed",), "no switch: the Trainer's sampler always shuffles, seeded by `data_seed`"),
+        Equivalent(("data.shuffle",), "`data.seed` seeds it"),
+    ),
     NameRow("out", Equivalent(("output_dir",)), Equivalent(("trainer.default_local_dir",))),
     NameRow(
         "checkpoint_every",
