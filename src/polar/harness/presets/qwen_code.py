@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
-from polar.harness.cli_common import collect, deep_merge, extra_args_and_config, node_cli, under, write_json
+from polar.harness.cli_common import (
+    collect,
+    deep_merge,
+    extra_args_and_config,
+    node_cli,
+    texts,
+    under,
+    write_json,
+)
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
@@ -83,11 +91,7 @@ def cli_settings() -> dict[str, Any]:
 
 
 def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # Qwen Code sends user and tool text as arrays of parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
+    return "".join(texts(content))  # Qwen Code sends user and tool text as arrays of parts
 
 
 def _system_text(body: dict[str, Any]) -> str:
