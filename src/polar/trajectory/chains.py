@@ -97,7 +97,8 @@ def _tools(call: Call) -> object:
 
 def _tools_changed(call: Call, chains: Sequence[Chain]) -> int | None:
     """The latest chain whose tip's messages `call`'s messages extend while its tool list differs: the
-    harness loaded or dropped a tool (Claude Code's and Qwen Code's tool search add the loaded one)."""
+    harness loaded or dropped a tool (Claude Code's tool search adds the loaded one; Qwen Code 0.24.4's no longer
+    changes `tools`)."""
     msgs = call.prompt_messages
     for chain in reversed(chains):
         tip = chain.turns[-1].call
