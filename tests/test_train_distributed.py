@@ -53,6 +53,7 @@ if world.leader:
               open(out + "/result.json", "w"))
 else:
     trainer.serve()
+distributed.leave()
 """
 PROBE = ([5, 9, 2], [7, 7, 30, 1])
 

@@ -112,6 +112,7 @@ def grpo_step(url: str, token: str, out: str, per_device: int, task_json: str) -
     trainer.train()
     rank = trainer.accelerator.process_index
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, f"{out}/weights-{rank}.pt")
+    trainer.accelerator.end_training()  # leaves the process group (docs/training.md: at exit, gloo may abort)
     groups = [[r.task_id, r.metadata.get("sample_index")] for r in rollout.last_results if r]
     report = {"sessions": mine, "stats": rollout.last_stats, "groups": groups}
     with open(f"{out}/rank-{rank}.json", "w") as f:

@@ -343,7 +343,10 @@ def train(
         worker = Trainer.load(trainer_config, world)
         if config.resume is not None:
             worker.restore(Path(config.resume))
-        worker.serve()
+        try:
+            worker.serve()
+        finally:
+            distributed.leave()
         return []
 
     out = Path(config.out)
@@ -432,6 +435,7 @@ def train(
     finally:
         if trainer is not None:
             trainer.close()  # the other ranks' serve() returns
+        distributed.leave()
         metrics.close()
 
 
