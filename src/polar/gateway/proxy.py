@@ -406,6 +406,9 @@ class Proxy:
         req, restored = call.state.tool_arguments.restore(req)
         if restored:
             quirks = (*quirks, "tool_arguments_restored")
+        req, separated = call.state.tool_arguments.restore_separators(req)
+        if separated:
+            quirks = (*quirks, "tool_call_separator_restored")
         call.req = req
         backend, upstream, tags = await self._place(call, req)
         return Placed(backend, upstream, tags, quirks)
@@ -592,7 +595,7 @@ class Proxy:
             comp.prompt_tokens, comp.completion_tokens, upstream_ms / 1000.0, commit_s, overhead_ms / 1000.0
         )
         state.counts["completions"] += 1
-        state.tool_arguments.remember(comp.tool_calls)
+        state.tool_arguments.remember(comp.tool_calls, comp.content)
 
     async def _place(
         self, call: Call, req: CanonicalRequest

@@ -14,6 +14,15 @@ names it `unnamed_call_<i>_<j>`) is matched by tool name and JSON value instead,
 wrote exactly one text for that value (two different texts of one value: which one is unknowable, so it
 is left as sent). A call under an id the harness chose itself is never matched by value: it may be
 another call.
+
+The text before a turn's tool calls has the same problem at its end. vLLM's hermes parser (0.32) returns as
+content everything before `<tool_call>`, the newline the model wrote before it included ("Step 0.\n"), and
+Qwen's chat templates (Qwen2.5, Qwen3, Hermes-2-Pro) write a newline of their own between content and the
+first call: the next prompt reads "Step 0.\n\n<tool_call>" where the policy sampled one newline, and every
+turn of a session drifts (measured with the real vLLM: bench/harnesses.py --vllm). So the gateway also
+remembers the content each tool-calling turn came with; when it comes back unchanged with that turn's first
+call, one trailing newline (`SEPARATOR`, what those templates add back) is taken off upstream. Content the
+harness changed, or that does not end in a newline (a parser that strips it, the fake), is left as sent.
 """
 
 from __future__ import annotations
@@ -28,17 +37,24 @@ import orjson
 from polar.gateway.canonical import UNNAMED_CALL_PREFIX, CanonicalRequest, ToolCall
 
 
+SEPARATOR = "\n"  # what a Qwen-style template writes between an assistant turn's content and its first call
+
+
 class ToolArguments:
-    """The arguments text of the calls a session's policy made, by call id (bounded, oldest dropped)."""
+    """The arguments text of the calls a session's policy made, by call id, and the content of the turns
+    that made them, by their first call's id (bounded, oldest dropped)."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._by_id: OrderedDict[str, str] = OrderedDict()
+        self._content: OrderedDict[str, str] = OrderedDict()  # first call id -> content ending in SEPARATOR
         # (tool name, the value as canonical JSON) -> the texts the policy wrote for it (for lost ids)
         self._by_value: OrderedDict[tuple[str, bytes], set[str]] = OrderedDict()
         self._limit = limit
 
-    def remember(self, calls: tuple[ToolCall, ...]) -> None:
+    def remember(self, calls: tuple[ToolCall, ...], content: str | None = None) -> None:
         self.remember_text((call.id, call.arguments) for call in calls)
+        if calls and content is not None:
+            self.remember_content(calls[0].id, content)
         for call in calls:
             key = _value_key(call.name, call.arguments)
             if key is not None:
@@ -54,6 +70,41 @@ class ToolArguments:
             self._by_id.move_to_end(call_id)
         while len(self._by_id) > self._limit:
             self._by_id.popitem(last=False)
+
+    def remember_content(self, first_call_id: str, content: str) -> None:
+        """The content a tool-calling turn came with, when a template would add its separator to it."""
+        if content.endswith(SEPARATOR):
+            self._content[first_call_id] = content
+            self._content.move_to_end(first_call_id)
+            while len(self._content) > self._limit:
+                self._content.popitem(last=False)
+
+    def restore_separators(self, req: CanonicalRequest) -> tuple[CanonicalRequest, int]:
+        """`req` with the separator taken off the content its tool-calling turns came with, and how many."""
+        if not self._content:
+            return req, 0
+        messages: list[dict[str, Any]] | None = None
+        for i, msg in enumerate(req.messages):
+            calls = msg.get("tool_calls") if msg.get("role") == "assistant" else None
+            if not calls or not isinstance(calls[0], dict):
+                continue
+            original = self._content.get(str(calls[0].get("id")))
+            content = msg.get("content")
+            if original is None:
+                continue
+            if content == original:
+                new_content: Any = original[: -len(SEPARATOR)]
+            elif isinstance(content, list) and _texts(content) == original:
+                last = content[-1]
+                new_content = [*content[:-1], {**last, "text": last["text"][: -len(SEPARATOR)]}]
+            else:
+                continue  # the harness changed it: as sent
+            if messages is None:
+                messages = list(req.messages)
+            messages[i] = {**msg, "content": new_content}
+        if messages is None:
+            return req, 0
+        return replace(req, messages=messages), sum(a is not b for a, b in zip(messages, req.messages))
 
     def restore(self, req: CanonicalRequest) -> tuple[CanonicalRequest, int]:
         """`req` with re-serialized arguments replaced by the sampled text, and how many were."""
@@ -109,3 +160,12 @@ def _value_key(name: Any, arguments: str) -> tuple[str, bytes] | None:
         return name, orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS)
     except orjson.JSONDecodeError:
         return None
+
+
+def _texts(parts: list[Any]) -> str | None:
+    """The text of content parts that are all text (the last one holding the end), else None."""
+    if not parts or not all(isinstance(p, dict) and p.get("type") == "text" for p in parts):
+        return None
+    if not isinstance(parts[-1].get("text"), str) or not parts[-1]["text"].endswith(SEPARATOR):
+        return None
+    return "".join(str(p.get("text", "")) for p in parts)

@@ -115,7 +115,10 @@ class SessionRegistry:
             ids_memo=self.memos.new(),
             used=self.clock(),
         )
-        state.tool_arguments.remember_text(self._reader.tool_call_arguments(session_id))
+        for content, calls in self._reader.tool_call_turns(session_id):
+            state.tool_arguments.remember_text(calls)
+            if content is not None:
+                state.tool_arguments.remember_content(calls[0][0], content)
         self._live[session_id] = state
         return state
 

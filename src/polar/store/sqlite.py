@@ -293,19 +293,25 @@ class SQLiteStore:
             failures=n_fail,
         )
 
-    def tool_call_arguments(self, session_id: str, limit: int = 4096) -> list[tuple[str, str]]:
-        """(call id, arguments text) of the latest tool calls the session's policy made, oldest first: what
-        a gateway remembers to give the policy its own arguments back (`polar.gateway.restore`)."""
+    def tool_call_turns(self, session_id: str, limit: int = 4096) -> list[tuple[str | None, list[tuple[str, str]]]]:
+        """(content, [(call id, arguments text)]) of the latest turns in which the session's policy called
+        tools, oldest first: what a gateway remembers to give the policy its own text back
+        (`polar.gateway.restore`)."""
         rows = self.conn.execute(
             "SELECT response_message FROM completions WHERE session_id = ? ORDER BY seq", (session_id,)
         ).fetchall()
-        calls: list[tuple[str, str]] = []
+        turns: list[tuple[str | None, list[tuple[str, str]]]] = []
         for (raw,) in rows:
-            for call in orjson.loads(raw).get("tool_calls") or ():
+            message = orjson.loads(raw)
+            calls: list[tuple[str, str]] = []
+            for call in message.get("tool_calls") or ():
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
                     calls.append((str(call.get("id")), fn["arguments"]))
-        return calls[-limit:]
+            if calls:
+                content = message.get("content")
+                turns.append((content if isinstance(content, str) else None, calls))
+        return turns[-limit:]
 
     def next_seq(self, session_id: str) -> int:
         row = self.conn.execute(

@@ -1,0 +1,117 @@
+"""A scripted policy behind a real vLLM: the relay a node's gateway calls instead of the server itself.
+
+For each chat call the relay asks the script (the same `body -> Reply` functions the fake vLLM runs) what
+the policy says, writes that turn as the model's chat template writes an assistant turn (Qwen3's:
+content, then one `<tool_call>` block per call with the arguments as `tojson` renders them, then
+`<|im_end|>`), tokenizes it with the served model's tokenizer, and forwards the call unchanged but for
+`vllm_xargs.polar_forced`, which `tests/vllm_plugins/forced_tokens.py` (loaded into that vLLM) makes it
+sample. Everything else is the real server's: the rendering and tokenizing of the CLI's conversation, the
+hermes tool parser, token ids, logprobs, the prefix cache, streaming, the errors of its own checks. Any
+other route (models, tokenize, metrics, the RL routes) passes through untouched.
+
+A script that raises `tests.fakes.fake_vllm.HTTPError` answers that status in vLLM's error shape, without
+calling vLLM (the benchmark's `fault` scenario).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from tests.fakes.fake_vllm import HTTPError, Reply
+from tests.fakes.server import serve
+from tests.fakes.wire import error_body
+
+PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugins"
+# `start_vllm(..., extra=FORCING_FLAGS, env_extra=FORCING_ENV)` loads the processor the relay relies on.
+FORCING_FLAGS = ("--logits-processors", "forced_tokens:ForcedTokens")
+FORCING_ENV = {"PYTHONPATH": str(PLUGIN_DIR)}
+_HOP = {b"transfer-encoding", b"connection"}  # hop-by-hop; the raw bytes pass on with their length
+
+
+def turn_text(reply: Reply) -> str:
+    """The assistant turn as Qwen3's chat template renders it in a later prompt (without `<|im_end|>`):
+    what a model trained on that template writes."""
+    if reply.reasoning is not None or reply.finish_reason is not None:
+        raise ValueError("the relay scripts content and tool calls only")
+    out = reply.content or ""
+    for i, (name, arguments) in enumerate(reply.tool_calls):
+        if i or out:
+            out += "\n"
+        rendered = json.dumps(json.loads(arguments), ensure_ascii=False)  # jinja's tojson
+        out += '<tool_call>\n{"name": "' + name + '", "arguments": ' + rendered + "}\n</tool_call>"
+    return out
+
+
+class ScriptedRelay:
+    """The ASGI app of the relay (`relayed` serves it)."""
+
+    def __init__(self, upstream: str, tokenizer_dir: Path, script: Callable[[dict[str, Any]], Reply]):
+        from transformers import AutoTokenizer
+
+        self.upstream = upstream.rstrip("/")
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.script = script
+        self.forced_calls = 0
+
+    def forced_ids(self, reply: Reply) -> list[int]:
+        ids: list[int] = self.tokenizer.encode(turn_text(reply), add_special_tokens=False)
+        return [*ids, self.end]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                kind = msg["type"].rsplit(".", 1)[-1]
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        raw = b""
+        more = True
+        while more:
+            msg = await receive()
+            raw += msg.get("body", b"")
+            more = msg.get("more_body", False)
+        path, method = scope["path"], scope["method"]
+        if method == "POST" and path.endswith("/chat/completions"):
+            body = orjson.loads(raw)
+            try:
+                reply = self.script(body)
+            except HTTPError as e:
+                payload = orjson.dumps(error_body("vllm", e.status, e.message, e.err_type))
+                headers = [(b"content-type", b"application/json")]
+                await send({"type": "http.response.start", "status": e.status, "headers": headers})
+                await send({"type": "http.response.body", "body": payload})
+                return
+            body["vllm_xargs"] = {**(body.get("vllm_xargs") or {}), "polar_forced": self.forced_ids(reply)}
+            raw = orjson.dumps(body)
+            self.forced_calls += 1
+        url = self.upstream + path + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (*_HOP, b"host", b"content-length")]
+        async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as http:
+            request = http.build_request(method, url, headers=headers, content=raw)
+            response = await http.send(request, stream=True)
+            try:
+                out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP]
+                await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+                async for piece in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
+                await send({"type": "http.response.body", "body": b""})
+            finally:
+                await response.aclose()
+
+
+@contextmanager
+def relayed(upstream: str, tokenizer_dir: Path, script: Callable[[dict[str, Any]], Reply]) -> Iterator[str]:
+    """The relay on a loopback port in front of `upstream` (a vLLM with `FORCING_FLAGS`); yields its URL."""
+    with serve(ScriptedRelay(upstream, tokenizer_dir, script)) as server:
+        yield server.url
