@@ -254,8 +254,9 @@ def backend(script: Callable[[dict[str, Any]], Any], vllm: Any = None) -> Iterat
 
 
 async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm: Any = None) -> Row:
-    from polar.gateway.backends.base import BackendOptions
     from tests.node_support import running_node, shell_task, spec
+
+    from polar.gateway.backends.base import BackendOptions
 
     twist = TWISTS.get(scenario, {}).get(cli.harness, Twist())
     settings = dict(cli.settings) | dict(twist.settings)
@@ -319,9 +320,10 @@ async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm:
 def real_vllm(where: str) -> Iterator[Any]:
     """The vLLM the `--vllm` rows run against: the offline default model (the tiny Qwen3; its weights do not
     matter, the relay forces every token), 32768 tokens of context (Claude Code's prompt alone is ~20000)."""
-    from polar.engine.tiny import default_model_dir
     from tests.vllm_scripted import FORCING_ENV, FORCING_FLAGS
     from tests.vllm_support import attach_vllm, start_vllm
+
+    from polar.engine.tiny import default_model_dir
 
     if where != "start":
         yield attach_vllm(where, default_model_dir())
@@ -377,7 +379,10 @@ def main() -> None:
     print("| CLI | scenario | status | steps done | calls | side calls | traces per_request | traces merged | merge ratio |"
           " chain breaks | drift | coverage | audit | trainer tokens per_request / merged | seconds |"
           + (" prefix cache hits |" if args.vllm else ""))  # fmt: skip
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|" + ("---:|" if args.vllm else ""))
+    print(
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|"
+        + ("---:|" if args.vllm else "")
+    )
     for row in rows:
         print(row.line())
 

@@ -96,7 +96,9 @@ class ScriptedRelay:
             raw = orjson.dumps(body)
             self.forced_calls += 1
         url = self.upstream + path + (("?" + scope["query_string"].decode()) if scope["query_string"] else "")
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in (*_HOP, b"host", b"content-length")]
+        headers = [
+            (k, v) for k, v in scope["headers"] if k.lower() not in (*_HOP, b"host", b"content-length")
+        ]
         async with httpx.AsyncClient(timeout=httpx.Timeout(900.0)) as http:
             request = http.build_request(method, url, headers=headers, content=raw)
             response = await http.send(request, stream=True)

@@ -36,7 +36,6 @@ import orjson
 
 from polar.gateway.canonical import UNNAMED_CALL_PREFIX, CanonicalRequest, ToolCall
 
-
 SEPARATOR = "\n"  # what a Qwen-style template writes between an assistant turn's content and its first call
 
 
@@ -104,7 +103,9 @@ class ToolArguments:
             messages[i] = {**msg, "content": new_content}
         if messages is None:
             return req, 0
-        return replace(req, messages=messages), sum(a is not b for a, b in zip(messages, req.messages))
+        return replace(req, messages=messages), sum(
+            a is not b for a, b in zip(messages, req.messages, strict=True)
+        )
 
     def restore(self, req: CanonicalRequest) -> tuple[CanonicalRequest, int]:
         """`req` with re-serialized arguments replaced by the sampled text, and how many were."""

@@ -293,7 +293,9 @@ class SQLiteStore:
             failures=n_fail,
         )
 
-    def tool_call_turns(self, session_id: str, limit: int = 4096) -> list[tuple[str | None, list[tuple[str, str]]]]:
+    def tool_call_turns(
+        self, session_id: str, limit: int = 4096
+    ) -> list[tuple[str | None, list[tuple[str, str]]]]:
         """(content, [(call id, arguments text)]) of the latest turns in which the session's policy called
         tools, oldest first: what a gateway remembers to give the policy its own text back
         (`polar.gateway.restore`)."""
