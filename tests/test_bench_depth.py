@@ -1,9 +1,11 @@
 """bench/harnesses.py's compaction and discovery scenarios with the real, pinned CLIs: each CLI's own
 trigger fires (or, for Gemini CLI, provably cannot), the recorded traffic shows the summary call and the
-rewritten history, and the trajectory names the break."""
+rewritten history, and the trajectory names the break. And its loop behind the real vLLM (`--vllm`): a
+session stays one chain on the server's own tokens."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 from pathlib import Path
 from typing import Any
@@ -93,3 +95,24 @@ async def test_qwen_code_tool_search_returns_the_schema_and_leaves_tools_alone(t
     assert all(n == names[0] for n in names) and loaded not in names[0] and "tool_call" in names[0]
     assert all(not preset.classify(r) for r in records)
     assert row.breaks == {} and row.merged == 1, row
+
+
+@pytest.mark.vllm
+async def test_a_session_on_the_real_vllm_stays_one_chain(tmp_path: Path, vllm_server: Any) -> None:
+    """Pi through the gateway to the real vLLM, the scripted turns forced token by token (tests/vllm_scripted):
+    vLLM's hermes parser hands back each turn's text with the newline before `<tool_call>` in it, and the
+    Qwen3 template adds its own; the gateway takes one off upstream, so every prompt extends the last one
+    plus the tokens vLLM sampled, and the session is one trace (before the fix: a drift at every turn)."""
+    row = await depth.run_one(cli("pi"), 4, tmp_path, "loop", vllm_server)
+    assert row.status == "COMPLETED" and row.steps_done == 4 and row.audit_ok, row
+    with SQLiteStore(tmp_path / "node.db") as store:
+        records = store.completions("depth-pi")
+    called = [r for r in records if r.response_message.get("tool_calls")]
+    assert called and all(str(r.response_message["content"]).endswith("\n") for r in called)  # vLLM's
+    assert all(r.response_ids and r.response_logprobs for r in records)  # the server's own tokens
+    later = [r for r in records if r.seq > called[0].seq]
+    assert later and all("quirk:tool_call_separator_restored" in r.flags for r in later)
+    for prev, nxt in itertools.pairwise(records):
+        sampled = list(prev.prompt_ids or []) + list(prev.response_ids or [])
+        assert list(nxt.prompt_ids or [])[: len(sampled)] == sampled
+    assert row.breaks == {} and row.drift == 0 and row.merged == 1 and row.per_request == len(records), row
