@@ -117,6 +117,17 @@ SUBAGENT = {
                                        "subagent_type": "Explore"})),
     "codex": ("multi_agent_v1__spawn_agent", _compact({"message": SUBAGENT_TASK})),
 }  # fmt: skip
+# The same triggers on the real vLLM, whose Qwen3 tokens are ~4.4 bytes each: the windows scaled to stay just
+# above each CLI's prompt. Claude Code is left out: its window cannot go below 100000 tokens, three times the
+# served context (32768), so it never compacts there.
+COMPACTING_REAL = {
+    "codex": Twist(settings=(("context_window", 12000),)),
+    "gemini_cli": Twist(settings=(("config", {"model": {"compressionThreshold": 0.0125}}),)),
+    "qwen_code": Twist(settings=(("config", {"context": {"autoCompactThreshold": 0.145},
+        "model": {"generationConfig": {"contextWindowSize": 120000}}}),)),
+    "opencode": Twist(settings=(("context_window", 13000), ("max_output_tokens", 4000))),
+    "pi": Twist(settings=(("context_window", 8000),)),
+}  # fmt: skip
 TWISTS: dict[str, dict[str, Twist]] = {
     "compaction": COMPACTING,
     "discovery": DISCOVERING,
@@ -145,8 +156,15 @@ def _last_tool_results(messages: list[dict[str, Any]]) -> list[Any]:
     return tail
 
 
-def supports(cli: CLI, scenario: str) -> bool:
-    return scenario in ("loop", "fault") or cli.harness in TWISTS.get(scenario, {})
+def twists(scenario: str, real: bool = False) -> dict[str, Twist]:
+    """The scenario's twist per CLI that has the feature (on the real vLLM when `real`)."""
+    if real and scenario == "compaction":
+        return COMPACTING_REAL
+    return TWISTS.get(scenario, {})
+
+
+def supports(cli: CLI, scenario: str, real: bool = False) -> bool:
+    return scenario in ("loop", "fault") or cli.harness in twists(scenario, real)
 
 
 def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, Any]], Any]:
@@ -258,7 +276,7 @@ async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm:
 
     from polar.gateway.backends.base import BackendOptions
 
-    twist = TWISTS.get(scenario, {}).get(cli.harness, Twist())
+    twist = twists(scenario, vllm is not None).get(cli.harness, Twist())
     settings = dict(cli.settings) | dict(twist.settings)
     task = shell_task(
         "unused",
@@ -368,7 +386,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         vllm = stack.enter_context(real_vllm(args.vllm)) if args.vllm else None
         for scenario in args.scenario:
-            for cli in (c for c in chosen if supports(c, scenario)):
+            for cli in (c for c in chosen if supports(c, scenario, vllm is not None)):
                 with tempfile.TemporaryDirectory(prefix=f"polar-depth-{cli.harness}-") as tmp:
                     row = asyncio.run(run_one(cli, args.steps, Path(tmp), scenario, vllm))
                 print(row.line(), flush=True)
