@@ -116,3 +116,36 @@ async def test_a_session_on_the_real_vllm_stays_one_chain(tmp_path: Path, vllm_s
         sampled = list(prev.prompt_ids or []) + list(prev.response_ids or [])
         assert list(nxt.prompt_ids or [])[: len(sampled)] == sampled
     assert row.breaks == {} and row.drift == 0 and row.merged == 1 and row.per_request == len(records), row
+
+
+@pytest.mark.vllm
+def test_the_relay_makes_vllm_sample_exactly_the_scripted_turn(vllm_server: Any) -> None:
+    """The stand-in's contract (tests/vllm_scripted.py): vLLM samples the forced ids, each with logprob 0.0,
+    parses them as its hermes parser parses a model's tool call, and refuses a malformed script."""
+    import httpx
+
+    from tests.fakes.fake_vllm import Reply
+    from tests.vllm_scripted import ScriptedRelay, relayed
+
+    reply = Reply(content="Looking.", tool_calls=[("bash", '{"command":"ls"}')])
+    body = {
+        "model": vllm_server.name,
+        "messages": [{"role": "user", "content": "go"}],
+        "tools": [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}],
+        "return_token_ids": True,
+        "logprobs": True,
+    }
+    with relayed(vllm_server.url, vllm_server.model_dir, lambda _: reply) as url:
+        out = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    forced = ScriptedRelay(vllm_server.url, vllm_server.model_dir, lambda _: reply).forced_ids(reply)
+    assert out["token_ids"] == forced
+    assert [t["logprob"] for t in out["logprobs"]["content"]] == [0.0] * len(forced)
+    call = out["message"]["tool_calls"][0]["function"]
+    assert (call["name"], call["arguments"]) == ("bash", '{"command": "ls"}')
+    assert out["message"]["content"] == "Looking.\n"  # the parser keeps the newline before <tool_call>
+    bad = httpx.post(
+        f"{vllm_server.url}/v1/chat/completions",
+        json={**body, "vllm_xargs": {"polar_forced": "x"}},
+        timeout=60,
+    )
+    assert bad.status_code == 400, bad.text
