@@ -73,6 +73,7 @@ def test_the_newline_before_a_tool_call_is_given_back_once() -> None:
     memory = ToolArguments()
     memory.remember((ToolCall("c1", "shell", SPACED), ToolCall("c2", "shell", SPACED)), "Step 0.\n")
     memory.remember((ToolCall("c3", "shell", SPACED),), "Step 1.")  # no newline at the end: nothing to do
+    memory.remember((ToolCall("c4", "shell", SPACED),), "\n")  # emptied, it would lose the template's newline
     fixed, n = memory.restore_separators(_said("Step 0.\n"))
     assert n == 1 and fixed.messages[1]["content"] == "Step 0."
     parts = [{"type": "text", "text": "Step "}, {"type": "text", "text": "0.\n"}]
@@ -85,6 +86,7 @@ def test_the_newline_before_a_tool_call_is_given_back_once() -> None:
         _said("Step 0.\n", call_id="c2"),  # not the turn's first call
         _said("Step 1."),
         _said("Step 1.\n", call_id="c3"),
+        _said("\n", call_id="c4"),
         _said([{"type": "image_url", "image_url": {"url": "x"}}]),
     ):
         assert memory.restore_separators(req) == (req, 0)

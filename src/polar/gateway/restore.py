@@ -71,8 +71,9 @@ class ToolArguments:
             self._by_id.popitem(last=False)
 
     def remember_content(self, first_call_id: str, content: str) -> None:
-        """The content a tool-calling turn came with, when a template would add its separator to it."""
-        if content.endswith(SEPARATOR):
+        """The content a tool-calling turn came with, when a template would add its separator to it: not
+        when it is the separator alone (taken off, the content is empty, and templates add nothing then)."""
+        if content.endswith(SEPARATOR) and content != SEPARATOR:
             self._content[first_call_id] = content
             self._content.move_to_end(first_call_id)
             while len(self._content) > self._limit:
