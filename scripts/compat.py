@@ -150,23 +150,38 @@ def doc_rows() -> dict[tuple[str, str], str]:
     return rows
 
 
-def write(cells: list[Cell], steps: int, only: list[str] | None) -> None:
-    """The table into docs/compatibility.md; with `only`, those presets' rows replace theirs and every
-    other row stays (it must have been run with the same steps)."""
+def write(cells: list[Cell], steps: int, only: list[str] | None, pinned_only: bool = False) -> None:
+    """The table into docs/compatibility.md. A whole run (every preset, every version) writes the whole
+    table. A part of one (`only` some presets, or `pinned_only`) changes only what it ran and keeps every
+    other row, which must have been run with the same steps: with `only`, those presets' rows are replaced;
+    with `pinned_only`, each preset's pinned row is (its other versions stay)."""
     text = DOC.read_text()
     start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
     lines = [c.line() for c in cells]
-    if only:
+    if only or pinned_only:
         found = re.search(r"(\d+) steps per run", text[start:end])
         if found is None or int(found.group(1)) != steps:
-            sys.exit(f"{DOC}: the table was run with other steps; write every preset (no --only)")
+            sys.exit(f"{DOC}: the table was run with other steps; write every preset and version")
         kept = doc_rows()
         lines = []
         for cli in CLIS:
-            if cli.harness in only:
-                lines += [c.line() for c in cells if c.harness == cli.harness]
-            else:
-                lines += [line for (harness, _), line in kept.items() if harness == cli.harness]
+            ran = [c for c in cells if c.harness == cli.harness]
+            before = [(version, line) for (harness, version), line in kept.items() if harness == cli.harness]
+            if not ran:
+                lines += [line for _, line in before]
+                continue
+            if not pinned_only:
+                lines += [c.line() for c in ran]
+                continue
+            fresh = {c.version: c.line() for c in ran}
+            # The pinned row is replaced (also when the pin moved); other versions stay, a version run again
+            # takes its new row in its place.
+            for version, line in before:
+                if version in fresh:
+                    lines.append(fresh.pop(version))
+                elif "| pinned |" not in line:
+                    lines.append(line)
+            lines += list(fresh.values())
     note = f"\n\n{steps} steps per run.\n\n"
     DOC.write_text(text[:start] + note + "\n".join([HEADER, *lines]) + "\n\n" + text[end:])
 
@@ -180,7 +195,11 @@ def main() -> None:
         "--only", nargs="*", help="presets (default: all seven); with --write only their rows change"
     )
     parser.add_argument("--pinned-only", action="store_true", help="only the pinned releases")
-    parser.add_argument("--write", action="store_true", help="write the table into docs/compatibility.md")
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="write into docs/compatibility.md: the whole table, or with --only/--pinned-only the rows run",
+    )
     args = parser.parse_args()
     cells = []
     for cli in CLIS:
@@ -195,7 +214,7 @@ def main() -> None:
     print()
     print(table(cells))
     if args.write:
-        write(cells, args.steps, args.only)
+        write(cells, args.steps, args.only, args.pinned_only)
         print(f"\nwritten into {DOC}")
 
 

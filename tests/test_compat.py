@@ -57,3 +57,30 @@ def test_writing_some_presets_keeps_the_other_rows(tmp_path: Path, monkeypatch: 
     with pytest.raises(SystemExit, match="other steps"):
         compat.write([cell], 3, ["pi"])
     assert compat.doc_rows() == after
+
+
+def test_writing_the_pinned_rows_keeps_the_other_versions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scripts/compat --pinned-only --write` replaces each preset's pinned row (a moved pin too) and keeps
+    the rows of every other version."""
+    import scripts.compat as compat
+
+    doc = tmp_path / "compatibility.md"
+    doc.write_text(compat.DOC.read_text())
+    monkeypatch.setattr(compat, "DOC", doc)
+    before = compat.doc_rows()
+    pins = {h: v for (h, v), line in before.items() if "| pinned |" in line}
+    others = {k: v for k, v in before.items() if "| pinned |" not in v}
+    assert others  # the committed table has more than the pins, or this proves nothing
+    cells = [compat.Cell(h, v, True, "yes", "5", "0", "1", "5.00x", "none", "ok") for h, v in pins.items()]
+    moved = compat.Cell("pi", "9.9.9", True, "yes", "5", "0", "1", "5.00x", "none", "ok")
+    cells = [c for c in cells if c.harness != "pi"] + [moved]
+    compat.write(cells, 5, None, pinned_only=True)
+    after = compat.doc_rows()
+    assert {k: v for k, v in after.items() if "| pinned |" not in v} == others
+    assert {k for k, v in after.items() if "| pinned |" in v} == {
+        *((h, v) for h, v in pins.items() if h != "pi"),
+        ("pi", "9.9.9"),
+    }
+    assert all(after[(c.harness, c.version)] == c.line() for c in cells)
