@@ -11,6 +11,11 @@ other route (models, tokenize, metrics, the RL routes) passes through untouched.
 
 A script that raises `tests.fakes.fake_vllm.HTTPError` answers that status in vLLM's error shape, without
 calling vLLM (the benchmark's `fault` scenario).
+
+A call the gateway sends again with only its output budget changed (vLLM refused a `max_tokens` above the
+context; the gateway resends it cut to what fits) gets the turn the script gave the first time, as a model
+would write the same turn for the same prompt: scripts count their calls, and a second call would advance
+them.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugins"
 # `start_vllm(..., extra=FORCING_FLAGS, env_extra=FORCING_ENV)` loads the processor the relay relies on.
 FORCING_FLAGS = ("--logits-processors", "forced_tokens:ForcedTokens")
 FORCING_ENV = {"PYTHONPATH": str(PLUGIN_DIR)}
+_BUDGET = ("max_tokens", "max_completion_tokens")
 _HOP = {b"transfer-encoding", b"connection"}  # hop-by-hop; the raw bytes pass on with their length
 
 
@@ -60,6 +66,7 @@ class ScriptedRelay:
         self.end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.script = script
         self.forced_calls = 0
+        self._replies: dict[bytes, Reply] = {}  # by the call without its output budget
 
     def forced_ids(self, reply: Reply) -> list[int]:
         ids: list[int] = self.tokenizer.encode(turn_text(reply), add_special_tokens=False)
@@ -84,14 +91,18 @@ class ScriptedRelay:
         path, method = scope["path"], scope["method"]
         if method == "POST" and path.endswith("/chat/completions"):
             body = orjson.loads(raw)
+            key = orjson.dumps(
+                {k: v for k, v in body.items() if k not in _BUDGET}, option=orjson.OPT_SORT_KEYS
+            )
             try:
-                reply = self.script(body)
+                reply = self._replies.get(key) or self.script(body)
             except HTTPError as e:
                 payload = orjson.dumps(error_body("vllm", e.status, e.message, e.err_type))
                 headers = [(b"content-type", b"application/json")]
                 await send({"type": "http.response.start", "status": e.status, "headers": headers})
                 await send({"type": "http.response.body", "body": payload})
                 return
+            self._replies[key] = reply
             body["vllm_xargs"] = {**(body.get("vllm_xargs") or {}), "polar_forced": self.forced_ids(reply)}
             raw = orjson.dumps(body)
             self.forced_calls += 1
