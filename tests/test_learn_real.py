@@ -30,8 +30,9 @@ def test_the_short_run_trains_both_modes_through_the_real_stack(tmp_path: Path) 
         [sys.executable, str(ROOT / "bench" / "learn_real.py"), "--out", str(out), "--quick"],
         capture_output=True,
         text=True,
-        # ~10 minutes on a machine of this kind with AVX-512; on one without (an AMD EPYC of 2026-12-02)
-        # the trainer's steps and vLLM's generation ran ~5x slower and the run took ~45 minutes.
+        # Well under 30 minutes in earlier CI runs; on one machine of this kind (an AMD EPYC without
+        # AVX-512, 2026-12-02) a full fine-tuning step took 340 s where docs/learning.md measured 69 s for
+        # four times the tokens, and the run passed 30 minutes.
         timeout=3600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
