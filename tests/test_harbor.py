@@ -322,7 +322,9 @@ async def test_an_agent_cannot_raise_its_reward_in_shared_mode(
     )
     done = await agent.exec(tamper, timeout_s=30)
     assert done.exit_code == 0, done.stderr
-    assert "1" in (await agent.exec(["cat", "/logs/verifier/reward.txt"])).stdout
+    # The loop truncates, then writes: a read may land in between, so read until it sees the 1.
+    seen = [(await agent.exec(["cat", "/logs/verifier/reward.txt"])).stdout for _ in range(20)]
+    assert any("1" in text for text in seen), seen
     result = await grade(example, pair)
     assert (result.reward, result.details["reason"]) == (0.0, "reward.txt: 0"), result.details
     left = await agent.exec(["bash", "-c", "ps -eo args | grep -c '[w]hile true'"])
