@@ -84,6 +84,7 @@ class ToolArguments:
         if not self._content:
             return req, 0
         messages: list[dict[str, Any]] | None = None
+        restored = 0
         for i, msg in enumerate(req.messages):
             calls = msg.get("tool_calls") if msg.get("role") == "assistant" else None
             if not calls or not isinstance(calls[0], dict):
@@ -102,11 +103,10 @@ class ToolArguments:
             if messages is None:
                 messages = list(req.messages)
             messages[i] = {**msg, "content": new_content}
+            restored += 1
         if messages is None:
             return req, 0
-        return replace(req, messages=messages), sum(
-            a is not b for a, b in zip(messages, req.messages, strict=True)
-        )
+        return replace(req, messages=messages), restored
 
     def restore(self, req: CanonicalRequest) -> tuple[CanonicalRequest, int]:
         """`req` with re-serialized arguments replaced by the sampled text, and how many were."""
