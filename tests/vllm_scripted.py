@@ -30,7 +30,7 @@ import httpx
 import orjson
 
 from tests.fakes.fake_vllm import HTTPError, Reply
-from tests.fakes.server import serve
+from tests.fakes.server import lifespan, read_body, serve
 from tests.fakes.wire import error_body
 
 PLUGIN_DIR = Path(__file__).resolve().parent / "vllm_plugins"
@@ -74,20 +74,11 @@ class ScriptedRelay:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                kind = msg["type"].rsplit(".", 1)[-1]
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
+            await lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
-        raw = b""
-        more = True
-        while more:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            more = msg.get("more_body", False)
+        raw = await read_body(receive)
         path, method = scope["path"], scope["method"]
         if method == "POST" and path.endswith("/chat/completions"):
             body = orjson.loads(raw)

@@ -43,6 +43,7 @@ import orjson
 from polar.gateway.backends.openai import TOKEN_CHECK_MESSAGES
 from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, text_of
 from tests.fakes.prefix_cache import PrefixCache
+from tests.fakes.server import lifespan, read_body
 from tests.fakes.stream import StreamFaults, StreamWriter, stream_body
 from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message, vllm_032_context_check
 
@@ -162,24 +163,14 @@ class FakeInferenceServer:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         method, path = scope["method"], scope["path"]
         if method == "POST":
             self.last_headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        raw = b""
-        more = True
-        while more:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            more = msg.get("more_body", False)
+        raw = await read_body(receive)
         query = dict(parse_qsl(scope.get("query_string", b"").decode()))
         try:
             if path in _DEV_ROUTES:
