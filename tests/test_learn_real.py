@@ -30,10 +30,9 @@ def test_the_short_run_trains_both_modes_through_the_real_stack(tmp_path: Path) 
         [sys.executable, str(ROOT / "bench" / "learn_real.py"), "--out", str(out), "--quick"],
         capture_output=True,
         text=True,
-        # Well under 30 minutes in earlier CI runs; on one machine of this kind (an AMD EPYC without
-        # AVX-512, 2026-12-02) a full fine-tuning step took 340 s where docs/learning.md measured 69 s for
-        # four times the tokens, and the run passed 30 minutes.
-        timeout=3600,
+        # A generous bound: the run picks float32 on a CPU without bf16 units (bench/learn_real.native_bf16),
+        # where bf16 autocast once made it pass 30 minutes.
+        timeout=2400,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((out / "summary.json").read_text())
@@ -45,7 +44,7 @@ def test_the_short_run_trains_both_modes_through_the_real_stack(tmp_path: Path) 
             assert s["sync_s"] > 0  # synced (a failed logprob check would have stopped the run)
         for when in ("before", "after"):
             scored = [x for xs in r[when]["by_task"].values() for x in xs]
-            assert r[when]["errors"] == 0 and len(scored) == 48 and set(scored) <= {0.0, 1.0}
+            assert r[when]["errors"] == 0 and len(scored) == 16 and set(scored) <= {0.0, 1.0}
     # LoRA trains a few adapters: its trainer needs less memory than full fine-tuning's.
     assert results[1]["trainer_peak_rss_gb"] < results[0]["trainer_peak_rss_gb"]
     table = (out / "table.md").read_text()

@@ -6,7 +6,8 @@ Found here: vLLM's CPU build (0.32) does not serve reloaded weights as it ships.
 checkpoint, but linear layers run on weights prepacked at start-up (`dispatch_cpu_unquantized_gemm` keeps
 them in a closure the layerwise reload does not replace), so the server keeps sampling from a mix of old and
 new weights, silently. `scripts/install-vllm-cpu` installs a plugin that fixes it (contrib/vllm-cpu-reload);
-the last test serves without it and proves the sync's check catches the stale weights.
+the last test serves without it and proves the sync's check catches the stale weights (on CPUs where oneDNN
+prepacks; see that test).
 
 The session's server serves the tool-calling test model (`tests.vllm_support`); the default random-weight
 model answers the same prompt very differently. Tests put the server's own weights back before they end.
@@ -117,13 +118,29 @@ async def test_a_reload_the_server_does_not_serve_fails_the_sync_and_stays_pause
     vllm_as_shipped: VLLMServer, tmp_path: Path
 ) -> None:
     """The default model pushed to the CPU build as it ships: the check finds the server still scoring the
-    probe text its old way, pauses it again and fails the sync, so no rollout samples from it."""
+    probe text its old way, pauses it again and fails the sync, so no rollout samples from it.
+
+    Whether the shipped build keeps stale weights depends on the CPU: oneDNN prepacks the linear weights into
+    its own layout where it has AVX-512 kernels, and computes on them in place where it has not (an AMD EPYC
+    with AVX2 only, 2026-12-02: the shipped build reloads correctly). Where the sync passes, the test
+    samples from the server to tell which: a server that serves the trainer's weights means nothing was
+    stale to catch (skipped); one that does not means the check missed stale weights (fails)."""
     trainer = Trainer.load(TrainerConfig(device="cpu"))
     sync = VLLMSync(vllm_as_shipped.url, tmp_path / "weights")
     try:
-        with pytest.raises(PartialSyncError, match="does not serve the weights of version 1") as failed:
+        try:
             await sync.push(trainer, 1)
-        assert list(failed.value.failed) == [vllm_as_shipped.url] and failed.value.synced == ()
-        assert await is_paused(vllm_as_shipped)
+        except PartialSyncError as failed:
+            assert "does not serve the weights of version 1" in str(failed)
+            assert list(failed.failed) == [vllm_as_shipped.url] and failed.synced == ()
+            assert await is_paused(vllm_as_shipped)
+            return
     finally:
         await sync.aclose()
+    gw = start_gateway(vllm_as_shipped.url, tmp_path, served_model=vllm_as_shipped.name)
+    try:
+        sampled = await ask(gw, gw.new_session(), temperature=1.0, seed=7)
+    finally:
+        gw.server.stop()
+    assert worst_gap(trainer, sampled) < 0.1, "the sync passed while the server samples from other weights"
+    pytest.skip("vLLM's CPU build as shipped reloads weights correctly on this CPU: nothing stale to catch")
