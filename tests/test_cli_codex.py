@@ -3,16 +3,21 @@ in bubblewrap with no network but the gateway, against the scripted fake policy 
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomli_w
 from hypothesis import given
 from hypothesis import strategies as st
 
 from polar.harness import HarnessContext, cli_common, get_harness
+from polar.harness.install import pip_prefix
 from polar.harness.presets import codex
 from polar.rollout.protocol import SessionStatus
 from polar.runtime import RuntimeSpec, make_runtime
@@ -210,6 +215,84 @@ async def test_codex_spawns_a_sub_agent_through_the_namespaced_tool(tmp_path: Pa
     main_ids = {r.completion_id for r in main}
     (trace,) = [t for t in traj.traces if set(t.metadata.get("completion_ids", [])) & main_ids]
     assert set(trace.metadata["completion_ids"]) == main_ids
+    assert audit(traj, run.records).ok
+
+
+# -- tool search over deferred MCP tools ---------------------------------------------------------------------
+
+MCP_SERVER = Path(__file__).parent / "mcp_weather.py"
+# 0.171.0 offers `tool_search` only to a model its catalog marks `supports_search_tool` (gpt-5.5 is one); the
+# gateway serves whatever model the node runs under any name asked.
+SEARCHING_MODEL = "gpt-5.5"
+SEARCH_ARGS = '{"query":"forecast"}'  # compact: not what json.dumps of Codex's echoed object gives
+
+
+class CodexWithMCP(codex.CodexHarness):
+    """The preset plus a stdio MCP server (`tests/mcp_weather.py`, on the official `mcp` SDK), its tools
+    deferred behind `tool_search` (`features.tool_search`, `tool_search_always_defer_mcp_tools`)."""
+
+    async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
+        await super().setup(runtime, ctx)
+        sdk = await asyncio.to_thread(pip_prefix, "mcp", "2.3.0")
+        config = tomllib.loads(codex.config_toml(ctx))
+        config["features"] |= {"tool_search": True, "tool_search_always_defer_mcp_tools": True}
+        server = {"command": sys.executable, "args": [str(MCP_SERVER)], "env": {"PYTHONPATH": str(sdk)}}
+        config["mcp_servers"] = {"weather": server}
+        await cli_common.write_file(runtime, f"{self.codex_home(ctx)}/config.toml", tomli_w.dumps(config))
+
+    def command(self, ctx: HarnessContext) -> str:
+        return super().command(dataclasses.replace(ctx, model=SEARCHING_MODEL))
+
+
+def searching_script(body: dict[str, Any]) -> Reply:
+    """The policy: search for a forecast tool (again after a second, while Codex still starts the MCP
+    server and the search finds nothing), call what it loaded, write the answer to hello.txt, stop. Codex
+    may put a developer message after a tool result ("Added deferred tool namespaces: ..."): the script
+    reads the last tool result."""
+    messages = body["messages"]
+    calls = [c["function"] for m in messages for c in m.get("tool_calls") or []]
+    results = [str(m["content"]) for m in messages if m["role"] == "tool"]
+    last = results[-1] if results else ""
+    if any("hello.txt" in c["arguments"] for c in calls):
+        return Reply("Done.")
+    if "sunny in Oslo" in last:
+        return Reply("Writing it down.", tool_calls=[(TOOL, '{"cmd":"printf sunny > hello.txt"}')])
+    if "mcp__weather__forecast" in last:
+        return Reply("Asking.", tool_calls=[("mcp__weather__forecast", '{"city":"Oslo"}')])
+    if [c["name"] for c in calls].count("tool_search") >= 10:
+        return Reply("There is no forecast tool.")
+    if last == "No tools matched." and calls[-1]["name"] == "tool_search":
+        return Reply("Waiting for the tools.", tool_calls=[(TOOL, '{"cmd":"sleep 1"}')])
+    return Reply("Searching.", tool_calls=[("tool_search", SEARCH_ARGS)])
+
+
+@pytest.mark.cli
+@needs_npm
+async def test_codex_searches_its_deferred_mcp_tools_and_calls_what_it_loaded(tmp_path: Path) -> None:
+    """The policy's `tool_search` call reaches Codex as a `tool_search_call`; Codex runs the search over its
+    MCP server's tools and sends the loaded namespace back; the policy calls `mcp__weather__forecast`, which
+    reaches Codex as `forecast` in namespace `mcp__weather` and runs on the MCP server. The main loop stays
+    one trace: the loaded tools are in the tool message, not in `tools`, and the search call's own text
+    (compact JSON, which Codex echoes as an object) is restored."""
+    run = await run_preset(
+        tmp_path, "tests.test_cli_codex:CodexWithMCP", {}, searching_script, expect="sunny"
+    )
+    assert run.result.status == SessionStatus.COMPLETED and run.result.reward == 1.0, run.result.reason
+    last = run.records[-1].request["input"]
+    searches = [i for i in last if i.get("type") == "tool_search_call"]
+    outputs = [i for i in last if i.get("type") == "tool_search_output"]
+    assert searches and all(s["arguments"] == {"query": "forecast"} for s in searches)
+    assert [t["name"] for t in outputs[-1]["tools"]] == ["mcp__weather"]
+    called = [i for i in last if i.get("type") == "function_call" and i["name"] == "forecast"]
+    assert [(i.get("namespace"), i["arguments"]) for i in called] == [("mcp__weather", '{"city":"Oslo"}')]
+    answers = [i["output"] for i in last if i.get("type") == "function_call_output"]
+    assert any("sunny in Oslo" in str(a) for a in answers)
+    assert all("tool_search" in [t["function"]["name"] for t in r.tools or []] for r in run.records)
+    # Codex echoed the search's arguments as an object; the policy's compact text was put back.
+    assert any("quirk:tool_arguments_restored" in r.flags for r in run.records[1:])
+    traj = Trajectory.model_validate(run.result.trajectory)
+    (trace,) = traj.traces
+    assert set(trace.metadata["completion_ids"]) == {r.completion_id for r in run.records}
     assert audit(traj, run.records).ok
 
 

@@ -14,7 +14,7 @@ from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects import responses_schema as s
 from polar.gateway.dialects.base import SSEOnly, StreamFormat
 from polar.gateway.dialects.openai_wire import OPENAI_STYLE, settle_tool_choice, upstream_effort
-from polar.gateway.dialects.responses_input import convert_history
+from polar.gateway.dialects.responses_input import convert_history, searched_tools
 from polar.gateway.dialects.responses_render import error_body, render_response
 from polar.gateway.dialects.responses_stream import ResponsesEventWriter, ResponsesStreamEncoder, synthesize
 from polar.gateway.dialects.responses_tools import convert_tool_choice, convert_tools
@@ -52,10 +52,16 @@ class ResponsesDialect(SSEOnly):
         if instructions:
             messages.append({"role": "system", "content": instructions})
         items = req["input"]
+        custom, namespaced = converted.custom, converted.namespaced
         if isinstance(items, str):
             messages.append({"role": "user", "content": items})
         else:
-            messages.extend(convert_history(items, codec))
+            # Tools a client-executed tool search loaded are callable from there on: their calls answer
+            # in kind (namespace, custom) like the request's own tools.
+            loaded = searched_tools(items)
+            for more in loaded.values():
+                custom, namespaced = custom | more.custom, {**more.namespaced, **namespaced}
+            messages.extend(convert_history(items, codec, loaded))
         if not messages:
             raise invalid("'input' must contain at least one item.", "input")
 
@@ -79,8 +85,9 @@ class ResponsesDialect(SSEOnly):
         store = req.get("store")
         render: dict[str, Any] = {
             "model": req["model"],
-            "custom_tools": converted.custom,
-            "namespaced_tools": converted.namespaced,
+            "custom_tools": custom,
+            "namespaced_tools": namespaced,
+            "tool_search": converted.search,
             "dropped_tools": converted.dropped,
             "include_encrypted": INCLUDE_ENCRYPTED in (req.get("include") or ()),
             "tools": body.get("tools") or [],

@@ -4,20 +4,48 @@ Consecutive assistant items (reasoning, message, function_call, custom_tool_call
 message, as the policy produced them in one completion, so the chat template renders what the model
 actually sampled. Reasoning is restored verbatim from the `encrypted_content` we issued. A call to a
 namespace member (it carries `namespace`) is named as its tool went upstream (`responses_tools.flat_name`).
+
+A client-executed tool search (Codex 0.171.0 with deferred MCP tools) is a call of the function
+`tool_search` whose arguments come back as an object (written as JSON here; the gateway's argument restore
+puts the policy's own text back by call id), and its `tool_search_output` is a tool message holding the
+loaded definitions, one Chat function per line as Hermes/Qwen templates list `<tools>`. On OpenAI's server
+the loaded tools enter the context where the output is, not the request's `tools`; keeping them in the tool
+message does the same here, so the next prompt extends the last one (no `tools_changed` split).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from polar.gateway.dialects.responses_tools import flat_name
+from polar.gateway.dialects.responses_tools import SEARCH, ConvertedTools, convert_tools, flat_name
 from polar.gateway.dialects.wire import SignatureCache
 from polar.gateway.signatures import ReasoningCodec
 
 
-def convert_history(items: list[Any], codec: ReasoningCodec) -> list[dict[str, Any]]:
-    """Input items -> Chat messages, merging each run of assistant items into one assistant message."""
+def searched_tools(items: list[Any]) -> dict[int, ConvertedTools]:
+    """The tools each `tool_search_output` item loaded, by the item's index."""
+    return {
+        k: convert_tools(item["tools"], f"input[{k}].tools")
+        for k, item in enumerate(items)
+        if item.get("type") == "tool_search_output"
+    }
+
+
+def loaded_text(loaded: ConvertedTools) -> str:
+    """A tool search's result as the policy reads it: the loaded functions, one JSON object per line."""
+    if not loaded.tools:
+        return "No tools matched."
+    return "\n".join(json.dumps(t, ensure_ascii=False) for t in loaded.tools)
+
+
+def convert_history(
+    items: list[Any], codec: ReasoningCodec, loaded: Mapping[int, ConvertedTools] | None = None
+) -> list[dict[str, Any]]:
+    """Input items -> Chat messages, merging each run of assistant items into one assistant message.
+    `loaded`: `searched_tools(items)`, when the caller has it already."""
+    loaded = searched_tools(items) if loaded is None else loaded
     out: list[dict[str, Any]] = []
     turn: dict[str, Any] | None = None  # the assistant message being assembled
     turns: list[dict[str, Any]] = []
@@ -28,7 +56,7 @@ def convert_history(items: list[Any], codec: ReasoningCodec) -> list[dict[str, A
         turns.append(msg)
         return msg
 
-    for item in items:
+    for k, item in enumerate(items):
         kind = item.get("type", "message")
         if kind == "reasoning":
             # A reasoning item starts a new completion unless the current one has produced nothing yet.
@@ -51,6 +79,13 @@ def convert_history(items: list[Any], codec: ReasoningCodec) -> list[dict[str, A
             # Same text `json.dumps` gives (and Qwen-style models write): `{"input": "..."}`.
             arguments = json.dumps({"input": item["input"]}, ensure_ascii=False)
             turn.setdefault("tool_calls", []).append(_call(item["call_id"], _called(item), arguments))
+        elif kind == "tool_search_call":
+            turn = turn or open_turn()
+            arguments = json.dumps(item["arguments"], ensure_ascii=False)
+            turn.setdefault("tool_calls", []).append(_call(item["call_id"], SEARCH, arguments))
+        elif kind == "tool_search_output":
+            turn = None
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": loaded_text(loaded[k])})
         elif kind == "message":
             turn = None
             # `developer` (Codex's permissions and instructions) is `system` to a chat template.

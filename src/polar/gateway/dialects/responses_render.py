@@ -4,7 +4,10 @@ Output order follows OpenAI's: reasoning, message, then one item per tool call. 
 one summary part holding the full text (Codex shows it, and resends it when it has nothing better), and,
 when the client includes `reasoning.encrypted_content`, also as our codec token, which restores it verbatim
 on the next turn. Tool calls to Responses custom tools become `custom_tool_call` items carrying `input`; a
-call to a namespace member (`responses_tools`) carries its `namespace` and its name within it.
+call to a namespace member (`responses_tools`) carries its `namespace` and its name within it. A call of a
+client-executed `tool_search` becomes a `tool_search_call` item whose `arguments` is the parsed object, as
+Codex 0.171.0 reads it; arguments that are not a JSON object go back as a plain `function_call`, which Codex
+answers as an unsupported call (the policy sees its mistake, and the record keeps what it wrote).
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects.openai_wire import error_object, unix_now
+from polar.gateway.dialects.responses_tools import SEARCH
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 
-ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]
+ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call", "tool_search_call"]
 
 _INCOMPLETE_REASON = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -67,6 +71,28 @@ def custom_input(arguments: str) -> str:
     return arguments
 
 
+def search_arguments(req: CanonicalRequest, name: str, arguments: str) -> dict[str, Any] | None:
+    """The arguments of a call the client runs as its tool search, or None when it is not one."""
+    if name != SEARCH or not req.render.get("tool_search"):
+        return None
+    try:
+        value = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def search_item(item_id: str, call_id: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "tool_search_call",
+        "status": "completed",
+        "call_id": call_id,
+        "execution": "client",
+        "arguments": arguments,
+    }
+
+
 def call_item(req: CanonicalRequest, kind: str, item_id: str, call_id: str, name: str) -> dict[str, Any]:
     """The head of a call item (no `arguments`/`input` yet) to the tool the policy called by its Chat name:
     a namespace member's item names the namespace and the member, as OpenAI's server does."""
@@ -104,7 +130,10 @@ def output_items(req: CanonicalRequest, comp: Completion, codec: ReasoningCodec)
         items.append(OutputItem("message", message, text))
     custom: frozenset[str] = req.render.get("custom_tools") or frozenset()
     for i, tc in enumerate(comp.tool_calls):
-        if tc.name in custom:
+        searched = search_arguments(req, tc.name, tc.arguments)
+        if searched is not None:
+            items.append(OutputItem("tool_search_call", search_item(f"tsc_{base}_{i}", tc.id, searched), ""))
+        elif tc.name in custom:
             value = custom_input(tc.arguments)
             call = call_item(req, "custom_tool_call", f"ctc_{base}_{i}", tc.id, tc.name)
             call["input"] = value

@@ -100,13 +100,35 @@ class CustomToolCallOutputItem(TypedDict):
     output: str | list[OutputPart]
 
 
+class ToolSearchCallItem(TypedDict):
+    """The policy searched the deferred tools (Codex 0.171.0, `tool_search` with `execution: "client"`):
+    `arguments` is the parsed object (`{"query": ..., "limit": ...}`), not JSON text."""
+
+    type: Literal["tool_search_call"]
+    call_id: str
+    arguments: dict[str, Any]
+    execution: NotRequired[Literal["client", "server"] | None]
+
+
+class ToolSearchOutputItem(TypedDict):
+    """What the client's search loaded: tool definitions (namespaces of `defer_loading` members for MCP
+    servers), callable from here on without being in the request's `tools`."""
+
+    type: Literal["tool_search_output"]
+    call_id: str
+    tools: list[ToolSpec]
+    execution: NotRequired[Literal["client", "server"] | None]
+
+
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
-    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
+    | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
+    | Annotated[ToolSearchOutputItem, Tag("tool_search_output")],
     Discriminator(_item_type),
 ]
 
@@ -140,6 +162,17 @@ class NamespaceTool(TypedDict):
     tools: list[NamespaceMember]
 
 
+class ToolSearchTool(TypedDict):
+    """Search over deferred tools. `execution: "client"` (what Codex 0.171.0 sends when its model supports it
+    and MCP tools are deferred): the client runs the search, so the policy calls it like a function;
+    `server`: OpenAI's own search, which the policy cannot run (dropped like a hosted tool)."""
+
+    type: Literal["tool_search"]
+    execution: NotRequired[Literal["client", "server"] | None]
+    description: NotRequired[str | None]
+    parameters: NotRequired[dict[str, Any] | None]
+
+
 class HostedTool(TypedDict):
     """A tool OpenAI runs itself (web_search, file_search, code_interpreter, ...): the policy cannot."""
 
@@ -149,13 +182,14 @@ class HostedTool(TypedDict):
 
 def _tool_type(value: Any) -> str:
     t = value.get("type") if isinstance(value, dict) else None
-    return t if t in ("function", "custom", "namespace") else "hosted"
+    return t if t in ("function", "custom", "namespace", "tool_search") else "hosted"
 
 
 ToolSpec = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[CustomTool, Tag("custom")]
     | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[ToolSearchTool, Tag("tool_search")]
     | Annotated[HostedTool, Tag("hosted")],
     Discriminator(_tool_type),
 ]

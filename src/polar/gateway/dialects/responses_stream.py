@@ -9,6 +9,7 @@ streamed upstream, `synthesize` from one finished `Completion`, the way OpenAI w
         message:   content_part.added, output_text.delta*, output_text.done, content_part.done
         function:  function_call_arguments.delta*, function_call_arguments.done
         custom:    custom_tool_call_input.delta*, custom_tool_call_input.done
+        tool search call: nothing between (its `arguments` is an object)
     response.output_item.done, ...,
     response.completed (or response.incomplete when the policy hit max_output_tokens).
 """
@@ -31,9 +32,12 @@ from polar.gateway.dialects.responses_render import (
     final_status,
     output_items,
     response_object,
+    search_arguments,
+    search_item,
     strip_id,
     usage,
 )
+from polar.gateway.dialects.responses_tools import SEARCH
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 
@@ -212,6 +216,8 @@ def _item_events(w: ResponsesEventWriter, index: int, out: OutputItem) -> Iterat
                 yield w.text_delta(index, item_id, piece)
         yield w.text_done(index, item_id, out.text)
         yield w.text_part("response.content_part.done", index, item_id, out.text)
+    elif out.kind == "tool_search_call":
+        yield w.item_added(index, item)  # no deltas: `arguments` is an object, whole or not at all
     elif out.kind == "function_call":
         yield w.item_added(index, {**item, "status": "in_progress", "arguments": ""})
         for piece in split_text(out.text, parts=3):
@@ -227,6 +233,9 @@ def _item_events(w: ResponsesEventWriter, index: int, out: OutputItem) -> Iterat
     yield w.item_done(index, item)
 
 
+_CALLS = ("function_call", "custom_tool_call", "tool_search_call")
+
+
 class ResponsesStreamEncoder:
     """A Responses stream as it is sampled (a `StreamEncoder`).
 
@@ -238,7 +247,9 @@ class ResponsesStreamEncoder:
       policy hit its token limit;
     - function call: argument deltas as they come;
     - custom tool call: held back and sent whole when the call is complete, because its `input` is the
-      string inside the model's `{"input": ...}` arguments (`custom_input`), known only from the whole text.
+      string inside the model's `{"input": ...}` arguments (`custom_input`), known only from the whole text;
+    - tool search call: held back entirely (even its `output_item.added`): whether the arguments parse to
+      the object a `tool_search_call` carries, or the call goes back as a `function_call`, is known only then.
     `close` adds the empty message a Responses answer has when the policy said nothing and called nothing,
     then `response.completed` (or `incomplete`) with every item and the usage.
     """
@@ -283,7 +294,7 @@ class ResponsesStreamEncoder:
             out += w.text_delta(self._index, self._item["id"], chunk.content)
             self._parts.append(chunk.content)
         for tc in chunk.tool_calls:
-            if tc.index != self._tool_index or self._kind not in ("function_call", "custom_tool_call"):
+            if tc.index != self._tool_index or self._kind not in _CALLS:
                 out += self._begin_call(tc)
             if tc.arguments:
                 self._parts.append(tc.arguments)
@@ -307,6 +318,11 @@ class ResponsesStreamEncoder:
     def _begin_call(self, tc: ToolCallDelta) -> bytes:
         self._tool_index = tc.index
         name = tc.name or ""
+        if name == SEARCH and self._req.render.get("tool_search"):
+            out = self._end()
+            head = {"id": f"tsc_{self._base}_{tc.index}", "call_id": tc.call_id}
+            self._kind, self._item, self._parts = "tool_search_call", head, []
+            return out
         if name in self._custom:
             item = call_item(self._req, "custom_tool_call", f"ctc_{self._base}_{tc.index}", tc.call_id, name)
             return self._begin("custom_tool_call", {**item, "status": "in_progress", "input": ""})
@@ -337,6 +353,20 @@ class ResponsesStreamEncoder:
             self._has_answer = True
             done = {**item, "status": "completed", "arguments": text}
             out = w.arguments_done(index, item_id, item["name"], text)
+        elif kind == "tool_search_call":
+            self._has_answer = True
+            searched = search_arguments(self._req, SEARCH, text)
+            if searched is not None:
+                done = search_item(item_id, item["call_id"], searched)
+                out = w.item_added(index, done)
+            else:  # not an object: a plain function call, as `output_items` answers it
+                head = call_item(
+                    self._req, "function_call", f"fc_{self._base}_{self._tool_index}", item["call_id"], SEARCH
+                )
+                done = {**head, "arguments": text}
+                out = w.item_added(index, {**head, "status": "in_progress", "arguments": ""})
+                out += w.arguments_delta(index, head["id"], text) if text else b""
+                out += w.arguments_done(index, head["id"], SEARCH, text)
         else:
             self._has_answer = True
             value = custom_input(text)

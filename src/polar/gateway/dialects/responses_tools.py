@@ -15,6 +15,9 @@ Chat has no groups, so each member goes upstream as one function under a flat na
   name; that request is refused with a 400 naming the second one, never answered with a call routed to
   the wrong tool.
 - The namespace's own description has no place in a Chat tool list and is not sent upstream.
+
+A `tool_search` tool with `execution: "client"` (Codex 0.171.0 with deferred MCP tools) goes upstream as the
+function `tool_search`; its calls and results are `responses_input`'s and `responses_render`'s.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.errors import invalid
 
 SEPARATOR = "__"
+# The Chat name of a client-executed `tool_search` tool (the name Codex's own tool router uses for it).
+SEARCH = "tool_search"
 
 
 def flat_name(namespace: str, name: str) -> str:
@@ -42,26 +47,32 @@ class ConvertedTools:
     dropped: list[str]  # hosted tools the policy cannot call
     callable: frozenset[str]  # every Chat name the policy may call
     namespaced: dict[str, tuple[str, str]]  # Chat name -> (namespace, name) of namespace members
+    search: bool = False  # a client-executed `tool_search` went upstream as the function SEARCH
 
 
-def convert_tools(specs: list[Any] | None) -> ConvertedTools:
+def convert_tools(specs: list[Any] | None, field: str = "tools") -> ConvertedTools:
+    """`field` names the list in errors: `tools`, or `input[i].tools` for what a tool search loaded."""
     tools: list[dict[str, Any]] = []
     custom: set[str] = set()
     dropped: list[str] = []
     namespaced: dict[str, tuple[str, str]] = {}
     where: dict[str, str] = {}  # Chat name -> the first field that declared it (for a clash's message)
+    search = False
 
     def add(spec: Any, field: str, name: str, member: bool) -> None:
         # Two top-level tools of one name pass as before (a call to it goes back as it came); a clash
         # involving a namespace member would route a call to the wrong tool.
-        if name in where and (member or name in namespaced):
+        if name in where and (member or name in namespaced or (search and name == SEARCH)):
             raise invalid(
                 f"Invalid value for '{field}.name': it is called {name!r} upstream, like {where[name]}; "
-                f"namespace members are called as <namespace>{SEPARATOR}<name>.",
+                f"namespace members are called as <namespace>{SEPARATOR}<name>, a client tool_search as "
+                f"{SEARCH}.",
                 f"{field}.name",
             )
         where.setdefault(name, field)
-        if spec["type"] == "custom":
+        if spec["type"] == "tool_search":
+            tools.append(_function({**spec, "name": SEARCH}, field, name))
+        elif spec["type"] == "custom":
             tools.append(_custom_as_function(spec, name))
             custom.add(name)
         else:
@@ -70,16 +81,20 @@ def convert_tools(specs: list[Any] | None) -> ConvertedTools:
     for i, t in enumerate(specs or ()):
         kind = t["type"]
         if kind in ("function", "custom"):
-            add(t, f"tools[{i}]", t["name"], member=False)
+            add(t, f"{field}[{i}]", t["name"], member=False)
         elif kind == "namespace":
             for j, inner in enumerate(t["tools"]):
                 name = flat_name(t["name"], inner["name"])
-                add(inner, f"tools[{i}].tools[{j}]", name, member=True)
+                add(inner, f"{field}[{i}].tools[{j}]", name, member=True)
                 namespaced[name] = (t["name"], inner["name"])
+        elif kind == "tool_search" and t.get("execution", "client") in ("client", None):
+            # Refused if anything else is called `tool_search`: its calls answer as `tool_search_call`.
+            add(t, f"{field}[{i}]", SEARCH, member=True)
+            search = True
         else:
             # Hosted tools (web_search, file_search, ...) run on OpenAI's side; the policy cannot call them.
             dropped.append(t.get("name") or kind)
-    return ConvertedTools(tools, frozenset(custom), dropped, frozenset(where), namespaced)
+    return ConvertedTools(tools, frozenset(custom), dropped, frozenset(where), namespaced, search)
 
 
 def _function(t: Any, field: str, name: str) -> dict[str, Any]:
