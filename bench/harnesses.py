@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.multi_backend import prefix_counters  # noqa: E402
+from tests import mcp_weather  # noqa: E402
 
 from polar.harness.registry import get_harness  # noqa: E402
 from polar.store.sqlite import SQLiteStore  # noqa: E402
@@ -108,11 +109,18 @@ COMPACTING = {
 DISCOVERING = {
     "claude_code": Twist(env=(("ENABLE_TOOL_SEARCH", "true"),)),  # off by default for non-Anthropic hosts
     "qwen_code": Twist(),  # on by default; its system prompt lists the deferred tools
+    # An MCP server (tests/mcp_weather.py) whose tools Codex defers behind `tool_search`; the scenario's
+    # model name is one Codex's catalog offers tool search to (`run_one` installs the server's SDK first).
+    "codex": Twist(settings=(("config", mcp_weather.codex_config()),)),
 }
 SEARCH = {
     "claude_code": ("ToolSearch", _compact({"query": "select:TaskCreate", "max_results": 3})),
     "qwen_code": ("tool_search", _compact({"query": "select:web_fetch"})),
+    "codex": ("tool_search", _compact({"query": "forecast"})),
 }
+# What a CLI's history shows once its deferred tools can be found: Codex starts MCP servers in the background
+# (a search before they are up finds nothing) and says so in a developer message when they are.
+SEARCH_WHEN = {"codex": "Added deferred tool namespaces"}
 # The request a CLI compacts its history with, when it keeps its tools in it (its last message says so).
 COMPACT_ASK = {"claude_code": "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools."}
 SUBAGENT_TASK = "List the files here."
@@ -207,7 +215,13 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
         if shown:
             issued = max(shown) + 1
         done = issued
-        if scenario == "discovery" and cli.harness in SEARCH and not searched and done >= steps // 2:
+        if (
+            scenario == "discovery"
+            and cli.harness in SEARCH
+            and not searched
+            and done >= steps // 2
+            and (cli.harness not in SEARCH_WHEN or SEARCH_WHEN[cli.harness] in json.dumps(messages))
+        ):
             searched = True
             return Reply(content="Loading a tool first.", tool_calls=[SEARCH[cli.harness]])
         if done >= steps:
@@ -281,6 +295,8 @@ async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm:
     from polar.gateway.backends.base import BackendOptions
 
     twist = twists(scenario, vllm is not None).get(cli.harness, Twist())
+    if scenario == "discovery" and cli.harness == "codex":
+        await asyncio.to_thread(mcp_weather.install)  # before Codex waits for its MCP server
     settings = dict(cli.settings) | dict(twist.settings)
     task = shell_task(
         "unused",

@@ -97,6 +97,22 @@ async def test_qwen_code_tool_search_returns_the_schema_and_leaves_tools_alone(t
     assert row.breaks == {} and row.merged == 1, row
 
 
+async def test_codex_tool_search_loads_the_mcp_tools_into_the_tool_message_and_stays_one_chain(
+    tmp_path: Path,
+) -> None:
+    """Codex 0.171.0 with an MCP server whose tools it defers: the search's result reaches the policy as the
+    tool message listing the loaded functions, `tools` never change, the main loop stays one chain."""
+    row, records, _ = await run(tmp_path, "codex", "discovery")
+    assert row.status == "COMPLETED" and row.steps_done == STEPS and row.audit_ok, row
+    search, _args = depth.SEARCH["codex"]
+    (at,) = [i for i, r in enumerate(records) if search in str(r.response_message.get("tool_calls"))]
+    found = [m for m in records[at + 1].upstream_request["messages"] if m["role"] == "tool"][-1]
+    assert "mcp__weather__forecast" in str(found["content"])
+    names = [[t["function"]["name"] for t in r.tools or []] for r in records]
+    assert all(n == names[0] for n in names) and "tool_search" in names[0]
+    assert row.breaks == {} and row.merged == 1, row
+
+
 @pytest.mark.vllm
 async def test_a_session_on_the_real_vllm_stays_one_chain(tmp_path: Path, vllm_server: Any) -> None:
     """Pi through the gateway to the real vLLM, the scripted turns forced token by token (tests/vllm_scripted):

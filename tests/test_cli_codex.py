@@ -4,26 +4,23 @@ in bubblewrap with no network but the gateway, against the scripted fake policy 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomli_w
 from hypothesis import given
 from hypothesis import strategies as st
 
 from polar.harness import HarnessContext, cli_common, get_harness
-from polar.harness.install import pip_prefix
 from polar.harness.presets import codex
 from polar.rollout.protocol import SessionStatus
 from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
 from polar.trajectory import Trajectory, audit
+from tests import mcp_weather
 from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import (
     check_run,
@@ -220,28 +217,7 @@ async def test_codex_spawns_a_sub_agent_through_the_namespaced_tool(tmp_path: Pa
 
 # -- tool search over deferred MCP tools ---------------------------------------------------------------------
 
-MCP_SERVER = Path(__file__).parent / "mcp_weather.py"
-# 0.171.0 offers `tool_search` only to a model its catalog marks `supports_search_tool` (gpt-5.5 is one); the
-# gateway serves whatever model the node runs under any name asked.
-SEARCHING_MODEL = "gpt-5.5"
 SEARCH_ARGS = '{"query":"forecast"}'  # compact: not what json.dumps of Codex's echoed object gives
-
-
-class CodexWithMCP(codex.CodexHarness):
-    """The preset plus a stdio MCP server (`tests/mcp_weather.py`, on the official `mcp` SDK), its tools
-    deferred behind `tool_search` (`features.tool_search`, `tool_search_always_defer_mcp_tools`)."""
-
-    async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
-        await super().setup(runtime, ctx)
-        sdk = await asyncio.to_thread(pip_prefix, "mcp", "2.3.0")
-        config = tomllib.loads(codex.config_toml(ctx))
-        config["features"] |= {"tool_search": True, "tool_search_always_defer_mcp_tools": True}
-        server = {"command": sys.executable, "args": [str(MCP_SERVER)], "env": {"PYTHONPATH": str(sdk)}}
-        config["mcp_servers"] = {"weather": server}
-        await cli_common.write_file(runtime, f"{self.codex_home(ctx)}/config.toml", tomli_w.dumps(config))
-
-    def command(self, ctx: HarnessContext) -> str:
-        return super().command(dataclasses.replace(ctx, model=SEARCHING_MODEL))
 
 
 def searching_script(body: dict[str, Any]) -> Reply:
@@ -273,10 +249,11 @@ async def test_codex_searches_its_deferred_mcp_tools_and_calls_what_it_loaded(tm
     MCP server's tools and sends the loaded namespace back; the policy calls `mcp__weather__forecast`, which
     reaches Codex as `forecast` in namespace `mcp__weather` and runs on the MCP server. The main loop stays
     one trace: the loaded tools are in the tool message, not in `tools`, and the search call's own text
-    (compact JSON, which Codex echoes as an object) is restored."""
-    run = await run_preset(
-        tmp_path, "tests.test_cli_codex:CodexWithMCP", {}, searching_script, expect="sunny"
-    )
+    (compact JSON, which Codex echoes as an object) is restored. The MCP server, the feature flags and the
+    catalog model come from the preset's `config` setting."""
+    await asyncio.to_thread(mcp_weather.install)  # before Codex waits for the server
+    settings = {"config": mcp_weather.codex_config()}
+    run = await run_preset(tmp_path, "codex", settings, searching_script, expect="sunny")
     assert run.result.status == SessionStatus.COMPLETED and run.result.reward == 1.0, run.result.reason
     last = run.records[-1].request["input"]
     searches = [i for i in last if i.get("type") == "tool_search_call"]
@@ -320,6 +297,17 @@ async def test_no_connection_but_the_gateway(tmp_path: Path, harness: str) -> No
         assert addresses == {("127.0.0.1", port)}
     else:
         assert addresses - {("127.0.0.1", port)}, addresses
+
+
+def test_the_config_setting_merges_into_config_toml_and_names_the_model(tmp_path: Path) -> None:
+    overlay = {"model": "gpt-5.5", "features": {"tool_search": True}, "mcp_servers": {"w": {"command": "w"}}}
+    harness = get_harness("codex", {"config": overlay, "binary": "/opt/codex"})
+    c = ctx(tmp_path)
+    config = tomllib.loads(codex.config_toml(c, overlay=harness.config))  # type: ignore[attr-defined]
+    assert config["features"] == {"plugins": False, "tool_search": True}  # merged, not replaced
+    assert config["mcp_servers"] == {"w": {"command": "w"}} and config["model"] == "gpt-5.5"
+    assert config["model_providers"]["polar"]["base_url"] == "http://127.0.0.1:9999/v1"
+    assert " -m gpt-5.5 " in harness.command(c)
 
 
 def test_config_points_codex_at_the_gateway(tmp_path: Path) -> None:
@@ -367,6 +355,14 @@ def test_any_model_name_stays_one_toml_string(model: str) -> None:
         ({"reasoning_effort": "max"}, "settings.reasoning_effort"),
         ({"max_retries": -1}, "settings.max_retries"),
         ({"sandbox": "none"}, "unknown settings"),
+        ({"config": ["features"]}, "settings.config must be a mapping"),
+        (
+            {"config": {"model_providers": {"polar": {"base_url": "http://x"}}}},
+            "settings.config.model_providers",
+        ),
+        ({"config": {"model_provider": "openai"}}, "settings.config.model_provider"),
+        ({"config": {"model": ""}}, "settings.config.model"),
+        ({"config": {"features": {"x": None}}}, "settings.config cannot be written as TOML"),
     ],
 )
 def test_bad_settings_are_refused_by_name(settings: dict[str, object], field: str) -> None:

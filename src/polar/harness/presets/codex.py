@@ -10,7 +10,17 @@ Settings: `binary` (an installed `codex` to use instead of the pinned npm packag
 has no metadata for our model names and otherwise falls back to its defaults, which decide when it
 compacts), `reasoning_effort` (sent as `reasoning.effort`; without it Codex asks only for a reasoning
 summary), `max_retries` (the provider's `request_max_retries` and `stream_max_retries`; Codex retries a
-failed call 5 times by default).
+failed call 5 times by default), `config` (a mapping merged into config.toml, as Gemini CLI's and Qwen Code's
+`config`: MCP servers, feature flags; its `model` is the name Codex asks for and looks up in its own
+catalog, which decides features such as tool search; the provider is the preset's and cannot be replaced).
+
+    agent:
+      harness: codex
+      settings:
+        config:
+          model: gpt-5.5          # a catalog model with `supports_search_tool`
+          features: {tool_search: true, tool_search_always_defer_mcp_tools: true}
+          mcp_servers: {weather: {command: python3, args: [weather_server.py]}}
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import tomli_w
 from polar.harness.base import HarnessContext, gateway_env
 from polar.harness.cli_common import (
     absolute_binary,
+    deep_merge,
     node_cli,
     one_of,
     optional_count,
@@ -47,11 +58,14 @@ BINARY = "codex"
 DIALECT = "responses"
 CONFIGURES = (
     "$CODEX_HOME/config.toml: a `polar` provider (wire_api=responses, base_url=<gateway>/v1, key from "
-    "POLAR_SESSION_ID) and the model; analytics, plugins, web search, OTel export and update checks off"
+    "POLAR_SESSION_ID) and the model; analytics, plugins, web search, OTel export and update checks off; "
+    "settings.config merged in (MCP servers, features)"
 )
 LIMITS = (
     "sub-agents (the `multi_agent_v1` namespace tools, called upstream as `multi_agent_v1__spawn_agent` "
-    "& co) run in the same session and are tagged `side_call`, `subagent`; a sub-agent cannot spawn its own"
+    "& co) run in the same session and are tagged `side_call`, `subagent`; a sub-agent cannot spawn its own; "
+    "tool search over deferred MCP tools (a catalog model such as gpt-5.5 in settings.config) answers as "
+    "`tool_search_call`, the loaded tools reach the policy in the tool message"
 )
 
 PROVIDER = "polar"
@@ -67,7 +81,9 @@ COMPACTION_MARKER = "CONTEXT CHECKPOINT COMPACTION"
 # (`"thread_source": "subagent"`, `parent_thread_id`).
 SUBAGENT_KEY = "x-openai-subagent"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # Codex 0.171.0's model_reasoning_effort
-_SETTINGS = ("binary", "context_window", "reasoning_effort", "max_retries")
+_SETTINGS = ("binary", "context_window", "reasoning_effort", "max_retries", "config")
+# The gateway wiring a `config` overlay may not replace: every call must reach the session's gateway.
+_WIRING = ("model_provider", "model_providers")
 
 
 def config_toml(
@@ -75,8 +91,9 @@ def config_toml(
     context_window: int | None = None,
     reasoning_effort: str | None = None,
     max_retries: int | None = None,
+    overlay: dict[str, Any] | None = None,
 ) -> str:
-    """`$CODEX_HOME/config.toml` for this session."""
+    """`$CODEX_HOME/config.toml` for this session, with the `config` setting's `overlay` merged in."""
     top: dict[str, str | int | bool] = {
         "model": ctx.model,
         "model_provider": PROVIDER,
@@ -104,7 +121,7 @@ def config_toml(
         "features": {"plugins": False},
         "otel": {"exporter": "none"},
     }
-    return tomli_w.dumps(config)
+    return tomli_w.dumps(deep_merge(config, overlay or {}))
 
 
 # The npm package's launcher (`bin/codex.js`, a node script) picks the platform package's static binary and
@@ -142,6 +159,7 @@ class CodexHarness:
             self.name, "reasoning_effort", settings.get("reasoning_effort"), EFFORTS, optional=True
         )
         retries = optional_count(self.name, "max_retries", settings.get("max_retries"))
+        self.config: dict[str, Any] = _overlay(settings.get("config"))
         self.binary: str | None = binary
         self.reasoning_effort: str | None = effort
         self.max_retries: int | None = retries
@@ -162,7 +180,7 @@ class CodexHarness:
         await write_file(
             runtime,
             f"{self.codex_home(ctx)}/config.toml",
-            config_toml(ctx, self.context_window, self.reasoning_effort, self.max_retries),
+            config_toml(ctx, self.context_window, self.reasoning_effort, self.max_retries, self.config),
         )
         await write_instruction(runtime, ctx)
 
@@ -173,7 +191,8 @@ class CodexHarness:
         # 0.171.0: its own sandbox helper fails when CODEX_HOME is under /tmp, and approvals would block a
         # headless run; our runtime is the sandbox.
         argv += ["--dangerously-bypass-approvals-and-sandbox", "--color", "never"]
-        argv += ["-C", ctx.workdir, "-m", ctx.model, "-o", under(ctx.artifacts, LAST_MESSAGE)]
+        model = self.config.get("model", ctx.model)
+        argv += ["-C", ctx.workdir, "-m", model, "-o", under(ctx.artifacts, LAST_MESSAGE)]
         # `-` reads the prompt from stdin: any instruction text, even one starting with a dash.
         return stdin_from_instruction([*argv, "-"], ctx)
 
@@ -200,6 +219,28 @@ class CodexHarness:
         if isinstance(metadata, dict) and metadata.get(SUBAGENT_KEY):
             return ("side_call", "subagent")
         return () if record.tools else ("side_call",)
+
+
+def _overlay(value: Any) -> dict[str, Any]:
+    """The `config` setting: a mapping TOML can hold, not touching the gateway wiring."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"codex harness: settings.config must be a mapping, not {value!r}")
+    wiring = sorted(set(value) & set(_WIRING))
+    if wiring:
+        raise ValueError(
+            f"codex harness: settings.config.{wiring[0]}: the preset's provider is the session's gateway "
+            "and cannot be replaced"
+        )
+    model = value.get("model")
+    if model is not None and not (isinstance(model, str) and model):
+        raise ValueError(f"codex harness: settings.config.model must be a model name, not {model!r}")
+    try:
+        tomli_w.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"codex harness: settings.config cannot be written as TOML: {exc}") from None
+    return dict(value)
 
 
 PRESET = CodexHarness
