@@ -215,6 +215,58 @@ async def test_codex_spawns_a_sub_agent_through_the_namespaced_tool(tmp_path: Pa
     assert audit(traj, run.records).ok
 
 
+V2_SPAWN = "collaboration__spawn_agent"  # multi_agent_v2's tools are the `collaboration` namespace
+V2_WAIT = "collaboration__wait_agent"
+
+
+def delegating_v2_script(body: dict[str, Any]) -> Reply:
+    """`delegating_script` for `features.multi_agent_v2`: the sub-agent (no parent history) gets its task as
+    an `agent_message` ("Message Type: NEW_TASK ... Payload:" and the task), the parent its answer the same
+    way after `wait_agent`."""
+    messages = body["messages"]
+    outputs = [m["content"] for m in messages if m["role"] == "tool"]
+    users = [str(m["content"]) for m in messages if m["role"] == "user"]
+    if any("Message Type: NEW_TASK" in u and SUBTASK in u for u in users):
+        if not outputs:
+            return Reply("On it.", tool_calls=[(TOOL, '{"cmd":"printf sub > sub.txt"}')])
+        return Reply("sub.txt is written.")
+    if not outputs:
+        spawn = {"message": SUBTASK, "task_name": "helper", "fork_turns": "none"}
+        return Reply("Delegating sub.txt.", tool_calls=[(V2_SPAWN, json.dumps(spawn))])
+    if len(outputs) == 1:
+        return Reply("Waiting for it.", tool_calls=[(V2_WAIT, json.dumps({"timeout_ms": 60000}))])
+    if len(outputs) == 2:
+        return Reply("Now hello.txt.", tool_calls=[(TOOL, '{"cmd":"printf main > hello.txt"}')])
+    return Reply("Done.")
+
+
+@pytest.mark.cli
+@needs_npm
+async def test_codex_multi_agent_v2_spawns_through_the_collaboration_namespace(tmp_path: Path) -> None:
+    """`features.multi_agent_v2` (the preset's `config` setting): the sub-agent tools are the
+    `collaboration` namespace, and agents talk in `agent_message` items, which reach the policy as user
+    turns; the sub-agent's calls are tagged `subagent`, the main loop stays one trace."""
+    settings = {"config": {"features": {"multi_agent_v2": True}}}
+    run = await run_preset(
+        tmp_path, "codex", settings, delegating_v2_script, expect="mainsub", check="cat hello.txt sub.txt"
+    )
+    assert run.result.status == SessionStatus.COMPLETED and run.result.reward == 1.0, run.result.reason
+    tags = [run.preset.classify(r) for r in run.records]
+    sub = [r for r, t in zip(run.records, tags, strict=True) if t == ("side_call", "subagent")]
+    main = [r for r, t in zip(run.records, tags, strict=True) if not t]
+    assert len(sub) == 2 and len(main) == 4, tags
+    task = [i for i in sub[0].request["input"] if i.get("type") == "agent_message"]
+    assert task and task[0]["content"][-1] == {"type": "encrypted_content", "encrypted_content": SUBTASK}
+    answer = [i for i in main[-2].request["input"] if i.get("type") == "agent_message"]
+    assert answer and "sub.txt is written." in json.dumps(answer[-1])
+    assert "sub.txt is written." in str(main[-2].upstream_request["messages"][-1]["content"])
+    traj = Trajectory.model_validate(run.result.trajectory)
+    main_ids = {r.completion_id for r in main}
+    (trace,) = [t for t in traj.traces if set(t.metadata.get("completion_ids", [])) & main_ids]
+    assert set(trace.metadata["completion_ids"]) == main_ids
+    assert audit(traj, run.records).ok
+
+
 # -- tool search over deferred MCP tools ---------------------------------------------------------------------
 
 SEARCH_ARGS = '{"query":"forecast"}'  # compact: not what json.dumps of Codex's echoed object gives

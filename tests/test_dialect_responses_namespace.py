@@ -340,3 +340,40 @@ def test_any_mutation_of_a_namespaced_body_is_parsed_or_refused_by_field(data: s
         {"type": "function_call_output", "call_id": "call_a", "output": "{}"},
     ]
     assert_parsed_or_refused(RESP, mutate(body(history), data), CODEC, CALLS)
+
+
+# ------------------------------------------------------------------------------------- multi_agent_v2
+
+NEW_TASK = {
+    "type": "agent_message",
+    "author": "/root",
+    "recipient": "/root/helper",
+    "content": [
+        {
+            "type": "input_text",
+            "text": "Message Type: NEW_TASK\nTask name: /root/helper\nSender: /root\nPayload:\n",
+        },
+        {"type": "encrypted_content", "encrypted_content": "List the files here."},
+    ],
+}
+
+
+def test_an_agent_message_is_a_user_turn_of_its_text() -> None:
+    """Codex 0.171.0's `multi_agent_v2` hands a spawned agent its task (and a parent its child's answer) as
+    an `agent_message`; the `encrypted_content` part holds the policy's own argument text, verbatim."""
+    req = RESP.parse(body([*CONTEXT, NEW_TASK]), CODEC)
+    assert req.messages[-1] == {
+        "role": "user",
+        "content": "Message Type: NEW_TASK\nTask name: /root/helper\nSender: /root\nPayload:\nList the files here.",
+    }
+
+
+@pytest.mark.parametrize(
+    ("part", "param"),
+    [
+        ({"type": "output_text", "text": "x"}, "input[1].content[0].type"),
+        ({"type": "encrypted_content"}, "input[1].content[0].encrypted_content"),
+    ],
+)
+def test_a_malformed_agent_message_is_a_400(part: dict[str, Any], param: str) -> None:
+    openai_refusal(RESP, body([*CONTEXT, {**NEW_TASK, "content": [part]}]), CODEC, param)

@@ -11,6 +11,9 @@ puts the policy's own text back by call id), and its `tool_search_output` is a t
 loaded definitions, one Chat function per line as Hermes/Qwen templates list `<tools>`. On OpenAI's server
 the loaded tools enter the context where the output is, not the request's `tools`; keeping them in the tool
 message does the same here, so the next prompt extends the last one (no `tools_changed` split).
+
+An `agent_message` (Codex's `multi_agent_v2`: a task from the parent agent, an answer from a child) is a user
+message: its parts' text joined, the payload of an `encrypted_content` part taken as the text it is here.
 """
 
 from __future__ import annotations
@@ -86,6 +89,12 @@ def convert_history(
         elif kind == "tool_search_output":
             turn = None
             out.append({"role": "tool", "tool_call_id": item["call_id"], "content": loaded_text(loaded[k])})
+        elif kind == "agent_message":
+            # Another agent speaking (Codex's multi_agent_v2): to the policy, a user turn. Its header part
+            # names sender and task; the payload follows it without a separator, as Codex writes them.
+            turn = None
+            text = "".join(p.get("text") or p.get("encrypted_content") or "" for p in item["content"])
+            out.append({"role": "user", "content": text})
         elif kind == "message":
             turn = None
             # `developer` (Codex's permissions and instructions) is `system` to a chat template.

@@ -100,6 +100,28 @@ class CustomToolCallOutputItem(TypedDict):
     output: str | list[OutputPart]
 
 
+class EncryptedText(TypedDict):
+    """A part of an `agent_message`: the text of a tool argument its schema marks `"encrypted": true`
+    (Codex's `multi_agent_v2` message arguments). OpenAI's server would have encrypted it; through the
+    gateway the policy's own text comes back in it, verbatim."""
+
+    type: Literal["encrypted_content"]
+    encrypted_content: str
+
+
+AgentMessagePart = Annotated[InputText | EncryptedText, Field(discriminator="type")]
+
+
+class AgentMessageItem(TypedDict):
+    """A message between Codex 0.171.0's agents under `features.multi_agent_v2`: a spawned agent's task
+    ("Message Type: NEW_TASK ... Payload:" and the task) or an agent's answer to its parent."""
+
+    type: Literal["agent_message"]
+    author: NotRequired[str | None]
+    recipient: NotRequired[str | None]
+    content: list[AgentMessagePart]
+
+
 class ToolSearchCallItem(TypedDict):
     """The policy searched the deferred tools (Codex 0.171.0, `tool_search` with `execution: "client"`):
     `arguments` is the parsed object (`{"query": ..., "limit": ...}`), not JSON text."""
@@ -128,7 +150,8 @@ InputItem = Annotated[
     | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
     | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[ToolSearchCallItem, Tag("tool_search_call")]
-    | Annotated[ToolSearchOutputItem, Tag("tool_search_output")],
+    | Annotated[ToolSearchOutputItem, Tag("tool_search_output")]
+    | Annotated[AgentMessageItem, Tag("agent_message")],
     Discriminator(_item_type),
 ]
 
