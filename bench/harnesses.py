@@ -122,7 +122,12 @@ SEARCH = {
 # (a search before they are up finds nothing) and says so in a developer message when they are.
 SEARCH_WHEN = {"codex": "Added deferred tool namespaces"}
 # The request a CLI compacts its history with, when it keeps its tools in it (its last message says so).
-COMPACT_ASK = {"claude_code": "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools."}
+COMPACT_ASK = {
+    "claude_code": "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",
+    "qwen_code": "Do not call tools; tool execution is disabled for this request.",  # its cache-sharing fork
+}
+# Qwen Code 0.24.4 takes a summary only with a non-empty <state_snapshot> (else it asks its summarizer again).
+SUMMARY_FORMAT = {"qwen_code": "<state_snapshot>{}</state_snapshot>"}
 SUBAGENT_TASK = "List the files here."
 SUBAGENT = {
     "claude_code": ("Agent", _compact({"description": "look around", "prompt": SUBAGENT_TASK,
@@ -198,7 +203,8 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
         if cli.tool not in tools:
             return Reply(content="Noted.")  # a side call (title, summary, small model)
         if cli.harness in COMPACT_ASK and COMPACT_ASK[cli.harness] in str(messages[-1].get("content")):
-            return Reply(content=f"Summary: {issued} of {steps} steps are in steps.txt; go on from there.")
+            summary = f"Summary: {issued} of {steps} steps are in steps.txt; go on from there."
+            return Reply(content=SUMMARY_FORMAT.get(cli.harness, "{}").format(summary))
         if scenario == "subagent" and cli.harness in SUBAGENT and is_subagent(cli, messages):
             return Reply(content="Only steps.txt may be here.")  # the subagent's own loop: done at once
         if (

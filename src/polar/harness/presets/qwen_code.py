@@ -59,6 +59,10 @@ MAIN_PROMPT = re.compile(r"You are Qwen Code, [^.\n]{1,80} developed by Alibaba 
 # 0.24: `agent` with subagent_type "fork" runs a worker on the main loop's own system prompt and history,
 # told apart only by the user message that starts its task (FORK_BOILERPLATE_TAG in the CLI's fork-subagent.ts).
 FORK_TASK = "<fork-boilerplate>"
+# 0.24.4 first compacts on the main loop's own prompt and tools ("cache sharing", with an OpenAI-compatible
+# provider: `supportsCompressionCacheSharing`), the history plus one user message of the summarizer's prompt and
+# this sentence; only when that answer has no <state_snapshot> does it fall back to the tool-less summarizer.
+COMPACTION_FORK = "Do not call tools; tool execution is disabled for this request."
 # Both: a JSON side query (next-speaker check, permission classifier, memory recall) offers only this tool and
 # forces a call of it; the next-speaker check sends no system prompt at all.
 JSON_TOOL = "respond_in_schema"
@@ -144,9 +148,22 @@ class QwenCodeHarness:
             return ("side_call", "no_tools")
         if [t.get("function", {}).get("name") for t in record.tools] == [JSON_TOOL]:
             return ("side_call", "json_query")
+        if _last_user_has(body, COMPACTION_FORK):
+            return ("side_call", "compaction")
         if not MAIN_PROMPT.match(system) or _is_fork(body):
             return ("subagent",)
         return ()
+
+
+def _last_user_has(body: dict[str, Any], marker: str) -> bool:
+    """Whether the request's last message is a user message whose text holds `marker`."""
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else None
+    return (
+        isinstance(last, dict)
+        and last.get("role") == "user"
+        and any(marker in t for t in texts(last.get("content")))
+    )
 
 
 PRESET = QwenCodeHarness
