@@ -283,6 +283,10 @@ def test_a_live_stream_holds_the_search_call_back_until_it_is_complete(arguments
         EVENT.validate_python(e)
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert calls_of(done) == [first, exec_call]
+    assert [d["id"] for d in done[1:]] == [
+        "tsc_ts1_0" if kind == "tool_search_call" else "fc_ts1_0",
+        "fc_ts1_1",
+    ]
     assert [e["output_index"] for e in events if e["type"] == "response.output_item.added"] == [0, 1, 2]
     client = openai_client(lambda _: sse_response(frames))
     with client.responses.stream(model="gpt-5.5", input="go") as s:

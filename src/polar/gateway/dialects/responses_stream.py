@@ -360,9 +360,8 @@ class ResponsesStreamEncoder:
                 done = search_item(item_id, item["call_id"], searched)
                 out = w.item_added(index, done)
             else:  # not an object: a plain function call, as `output_items` answers it
-                head = call_item(
-                    self._req, "function_call", f"fc_{self._base}_{self._tool_index}", item["call_id"], SEARCH
-                )
+                # The id from the item's own (`tsc_<base>_<index>`): a next call may have moved _tool_index on.
+                head = call_item(self._req, "function_call", "fc_" + item_id[4:], item["call_id"], SEARCH)
                 done = {**head, "arguments": text}
                 out = w.item_added(index, {**head, "status": "in_progress", "arguments": ""})
                 out += w.arguments_delta(index, head["id"], text) if text else b""
