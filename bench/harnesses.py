@@ -120,7 +120,8 @@ SEARCH = {
 }
 # What a CLI's history shows once its deferred tools can be found: Codex starts MCP servers in the background
 # (a search before they are up finds nothing) and says so in a developer message when they are.
-SEARCH_WHEN = {"codex": "Added deferred tool namespaces"}
+# ("Added deferred tool namespaces:\n- mcp__weather", or "Deferred tool namespaces:" when they were up at once).
+SEARCH_WHEN = {"codex": "tool namespaces:\n- mcp__weather"}
 # The request a CLI compacts its history with, when it keeps its tools in it (its last message says so).
 COMPACT_ASK = {
     "claude_code": "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.",
@@ -192,9 +193,10 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
     calls = 0
     issued = 0  # commands asked for so far: a compacted history no longer shows them
     searched = False  # the discovery scenario's one tool search
+    waited = 0  # seconds the discovery scenario waited for the CLI's deferred tools (SEARCH_WHEN)
 
     def script(body: dict[str, Any]) -> Reply:
-        nonlocal calls, issued, searched
+        nonlocal calls, issued, searched, waited
         calls += 1
         if scenario == "fault" and calls == 3:
             raise HTTPError(502, "bench: this call fails once")
@@ -221,13 +223,15 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
         if shown:
             issued = max(shown) + 1
         done = issued
-        if (
-            scenario == "discovery"
-            and cli.harness in SEARCH
-            and not searched
-            and done >= steps // 2
-            and (cli.harness not in SEARCH_WHEN or SEARCH_WHEN[cli.harness] in json.dumps(messages))
-        ):
+        if scenario == "discovery" and cli.harness in SEARCH and not searched and done >= steps // 2:
+            ready = cli.harness not in SEARCH_WHEN or any(
+                SEARCH_WHEN[cli.harness] in str(m.get("content")) for m in messages
+            )
+            if (
+                not ready and waited < 120
+            ):  # a second at a time (no step), until the CLI says the tools are up
+                waited += 1
+                return Reply(content="Waiting for the tools.", tool_calls=[(cli.tool, cli.args("sleep 1"))])
             searched = True
             return Reply(content="Loading a tool first.", tool_calls=[SEARCH[cli.harness]])
         if done >= steps:

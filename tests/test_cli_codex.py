@@ -269,14 +269,16 @@ async def test_codex_multi_agent_v2_spawns_through_the_collaboration_namespace(t
 
 # -- tool search over deferred MCP tools ---------------------------------------------------------------------
 
+# What Codex's developer message says once the MCP server's tools can be found ("Added deferred tool
+# namespaces:", or "Deferred tool namespaces:" when the server was up before the first call).
+MCP_READY = "tool namespaces:\n- mcp__weather"
 SEARCH_ARGS = '{"query":"forecast"}'  # compact: not what json.dumps of Codex's echoed object gives
 
 
 def searching_script(body: dict[str, Any]) -> Reply:
-    """The policy: search for a forecast tool (again after a second, while Codex still starts the MCP
-    server and the search finds nothing), call what it loaded, write the answer to hello.txt, stop. Codex
-    may put a developer message after a tool result ("Added deferred tool namespaces: ..."): the script
-    reads the last tool result."""
+    """The policy: wait (a second at a time) until Codex says its MCP server's tools are there (a developer
+    message, "Added deferred tool namespaces: ..."; a search before finds nothing), search for a forecast
+    tool, call what it loaded, write the answer to hello.txt, stop."""
     messages = body["messages"]
     calls = [c["function"] for m in messages for c in m.get("tool_calls") or []]
     results = [str(m["content"]) for m in messages if m["role"] == "tool"]
@@ -287,11 +289,12 @@ def searching_script(body: dict[str, Any]) -> Reply:
         return Reply("Writing it down.", tool_calls=[(TOOL, '{"cmd":"printf sunny > hello.txt"}')])
     if "mcp__weather__forecast" in last:
         return Reply("Asking.", tool_calls=[("mcp__weather__forecast", '{"city":"Oslo"}')])
-    if [c["name"] for c in calls].count("tool_search") >= 10:
-        return Reply("There is no forecast tool.")
-    if last == "No tools matched." and calls[-1]["name"] == "tool_search":
+    ready = any(MCP_READY in str(m["content"]) for m in messages if m["role"] == "system")
+    if ready and "tool_search" not in [c["name"] for c in calls]:
+        return Reply("Searching.", tool_calls=[("tool_search", SEARCH_ARGS)])
+    if len(calls) < 120 and "tool_search" not in [c["name"] for c in calls]:
         return Reply("Waiting for the tools.", tool_calls=[(TOOL, '{"cmd":"sleep 1"}')])
-    return Reply("Searching.", tool_calls=[("tool_search", SEARCH_ARGS)])
+    return Reply("There is no forecast tool.")
 
 
 @pytest.mark.cli
