@@ -1,5 +1,6 @@
-"""What the dialect tests share: refusals, an `openai` SDK client on a mock transport, and a JSON mutator
-for property tests that every mutated body is either parsed and answerable or refused by field."""
+"""What the dialect tests share: refusals, an `openai` SDK client on a mock transport, a Responses stream cut
+into SDK-validated events, and a JSON mutator for property tests that every mutated body is either parsed
+and answerable or refused by field."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import openai
 import orjson
 import pytest
 from hypothesis import strategies as st
+from openai.types.responses import ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from polar.gateway.canonical import Completion
 from polar.gateway.dialects.base import Dialect
@@ -54,6 +57,24 @@ def sse_response(frames: list[bytes]) -> httpx2.Response:
 
 
 # Integers stay in the range orjson (the gateway's JSON decoder) can produce.
+RESPONSES_EVENT = TypeAdapter(ResponseStreamEvent)
+
+
+def frames_of(blob: bytes) -> list[bytes]:
+    """An SSE byte stream cut into its frames (each with its blank line)."""
+    return [f + b"\n\n" for f in blob.split(b"\n\n") if f]
+
+
+def events_of(frames: list[bytes]) -> list[dict[str, Any]]:
+    """The `data` of each Responses SSE frame, each validated as an event of the openai SDK's own types."""
+    events = []
+    for frame in frames:
+        data = orjson.loads(frame.rstrip(b"\n").split(b"\n")[1].removeprefix(b"data: "))
+        RESPONSES_EVENT.validate_python(data)
+        events.append(data)
+    return events
+
+
 JSON = json_values(int_max=2**64 - 1, allow_infinity=True, text_size=8, key_size=8, size=3, max_leaves=10)
 
 

@@ -14,8 +14,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from openai.types.responses import Response
 
 from polar.gateway.canonical import (
     CanonicalRequest,
@@ -30,6 +29,8 @@ from polar.gateway.dialects.responses_tools import flat_name
 from polar.gateway.signatures import ReasoningCodec
 from tests.dialect_support import (
     assert_parsed_or_refused,
+    events_of,
+    frames_of,
     mutate,
     openai_client,
     openai_refusal,
@@ -38,7 +39,6 @@ from tests.dialect_support import (
 
 CODEC = ReasoningCodec(b"test-key")
 RESP = ResponsesDialect()
-EVENT = TypeAdapter(ResponseStreamEvent)
 
 EXEC_COMMAND = {
     "type": "function",
@@ -193,19 +193,6 @@ def test_an_answer_calls_members_with_their_namespace() -> None:
     assert (
         spawn.type == "function_call" and spawn.namespace == "multi_agent_v1" and spawn.name == "spawn_agent"
     )
-
-
-def frames_of(blob: bytes) -> list[bytes]:
-    return [f + b"\n\n" for f in blob.split(b"\n\n") if f]
-
-
-def events_of(frames: list[bytes]) -> list[dict[str, Any]]:
-    events = []
-    for frame in frames:
-        data = orjson.loads(frame.rstrip(b"\n").split(b"\n")[1].removeprefix(b"data: "))
-        EVENT.validate_python(data)
-        events.append(data)
-    return events
 
 
 def check_stream(frames: list[bytes]) -> None:

@@ -13,12 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from openai.types.responses import Response
 
 from polar.gateway.canonical import (
     CanonicalRequest,
@@ -32,6 +30,8 @@ from polar.gateway.dialects.responses import ResponsesDialect
 from polar.gateway.signatures import ReasoningCodec
 from tests.dialect_support import (
     assert_parsed_or_refused,
+    events_of,
+    frames_of,
     mutate,
     openai_client,
     openai_refusal,
@@ -40,7 +40,6 @@ from tests.dialect_support import (
 
 CODEC = ReasoningCodec(b"test-key")
 RESP = ResponsesDialect()
-EVENT = TypeAdapter(ResponseStreamEvent)
 
 EXEC_COMMAND = {
     "type": "function",
@@ -230,16 +229,8 @@ def test_without_a_search_tool_a_call_named_so_is_a_plain_function_call() -> Non
     assert calls_of(RESP.render(req, SEARCHING, CODEC)["output"])[0]["type"] == "function_call"
 
 
-def frames_of(blob: bytes) -> list[bytes]:
-    return [f + b"\n\n" for f in blob.split(b"\n\n") if f]
-
-
 def check_stream(frames: list[bytes], expected: list[dict[str, Any]]) -> None:
-    events = []
-    for frame in frames:
-        data = orjson.loads(frame.rstrip(b"\n").split(b"\n")[1].removeprefix(b"data: "))
-        EVENT.validate_python(data)
-        events.append(data)
+    events = events_of(frames)
     added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert calls_of(added) == calls_of(done) == expected  # one whole item: no deltas for an object
@@ -278,9 +269,7 @@ def test_a_live_stream_holds_the_search_call_back_until_it_is_complete(arguments
     )
     exec_call = {"type": "function_call", "name": "exec_command", "call_id": "call_c", "arguments": "{}"}
     frames = frames_of(blob)
-    events = [orjson.loads(f.rstrip(b"\n").split(b"\n")[1].removeprefix(b"data: ")) for f in frames]
-    for e in events:
-        EVENT.validate_python(e)
+    events = events_of(frames)
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert calls_of(done) == [first, exec_call]
     assert [d["id"] for d in done[1:]] == [

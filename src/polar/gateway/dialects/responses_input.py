@@ -44,11 +44,10 @@ def loaded_text(loaded: ConvertedTools) -> str:
 
 
 def convert_history(
-    items: list[Any], codec: ReasoningCodec, loaded: Mapping[int, ConvertedTools] | None = None
+    items: list[Any], codec: ReasoningCodec, loaded: Mapping[int, ConvertedTools]
 ) -> list[dict[str, Any]]:
     """Input items -> Chat messages, merging each run of assistant items into one assistant message.
-    `loaded`: `searched_tools(items)`, when the caller has it already."""
-    loaded = searched_tools(items) if loaded is None else loaded
+    `loaded`: `searched_tools(items)` (the caller needs it too, for the answer's tool maps)."""
     out: list[dict[str, Any]] = []
     turn: dict[str, Any] | None = None  # the assistant message being assembled
     turns: list[dict[str, Any]] = []
