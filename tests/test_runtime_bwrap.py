@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import polar
 from polar.runtime import RuntimeFailure, RuntimeSpec, make_runtime
 from polar.runtime.bwrap import BwrapRuntime
 from tests.conftest import Gateway
@@ -68,11 +69,15 @@ async def test_host_is_read_only_and_session_dir_writable(rt: BwrapRuntime, tmp_
     r = await rt.exec(f"echo ok > here && cat here && test ! -e {host_tmp}")
     host_tmp.unlink()
     assert (r.exit_code, r.stdout) == (0, "ok\n"), r.stderr
-    host_dir = Path(__file__).parent  # a writable host directory outside /tmp
+    # polar's own sources are visible (the builtin harness runs from them), read-only
+    host_dir = Path(polar.__file__).parent
     escape = host_dir / f"polar-escape-{rt.session_dir.name}"
-    r = await rt.exec(f"echo x > {escape}")
+    r = await rt.exec(f"test -f {host_dir}/__init__.py && echo x > {escape}")
     assert r.exit_code != 0 and "Read-only file system" in r.stderr
     assert not escape.exists()
+    # the rest of the checkout (where a run's stores may live) is not visible at all
+    r = await rt.exec(f"ls {Path(__file__).parent}")
+    assert r.exit_code != 0 and "No such file or directory" in r.stderr
     r = await rt.exec(f"echo x > {tmp_path}/outside")  # lands in the sandbox's private /tmp
     assert not (tmp_path / "outside").exists()
     r = await rt.exec("touch /etc/polar-escape || mount -o remount,rw / ; touch /usr/polar-escape")

@@ -1,6 +1,7 @@
 """The first process inside a sandbox's namespaces: loopback, the gateway forward, capabilities, init.
 
-    python -I -S fwd_inside.py [--lo] [--forward HOST PORT SOCK] [--setpriv PATH] [--status-fd N] -- ARGV
+    python -I -S fwd_inside.py [--lo] [--forward HOST PORT SOCK] [--setpriv PATH] [--status-fd N]
+        [--user UID GID] [--chdir DIR] -- ARGV
 
 `--lo` brings the loopback interface up: a network namespace made by `unshare --net` starts with `lo` DOWN
 (bwrap brings it up itself), so nothing could even listen on 127.0.0.1. `--forward` listens on HOST:PORT
@@ -12,11 +13,17 @@ unmount the private /proc or `setns` back into the host's network namespace. `--
 that descriptor the signal that killed the command, because as PID 1 of a namespace this process cannot
 die by a signal of its own to pass it on (the kernel ignores an init's default-action signals). As that
 PID 1 it also reaps orphans and forwards SIGTERM to the command; when it exits, the kernel kills whatever
-is left in the namespace. Standard library only, so it runs under `-I -S` in any Python.
+is left in the namespace. `--user` (bwrap started by a root node) becomes the sandbox's unprivileged uid
+once the listener is bound, for good (no supplementary groups, no capabilities, `no_new_privs`: no setuid
+binary gives them back), and only then enters `--chdir`: the session directory is that uid's, mode 0700,
+which root without CAP_DAC_OVERRIDE may not enter. The forward is then served by a child that stays uid 0
+without capabilities, so the bridge socket stays out of the agent's reach. Standard library only, so it runs under `-I -S` in any
+Python.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import signal
@@ -69,6 +76,59 @@ def _serve(listener: socket.socket, unix_path: str) -> None:
             threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
 
+_PR_SET_PDEATHSIG, _PR_SET_NO_NEW_PRIVS, _PR_CAPBSET_DROP, _CAP_LAST = 1, 38, 24, 63
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _prctl(option: int, arg: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, arg, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option})")
+
+
+def _drop_bounding_set() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(_CAP_LAST + 1):  # needs CAP_SETPCAP (bwrap keeps it for this); unknown caps fail
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)
+
+
+def become(uid: int, gid: int) -> None:
+    """Drop to `uid`/`gid` for good: every capability, the bounding set, supplementary groups."""
+    _drop_bounding_set()
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # from root to a non-zero uid: permitted and effective sets are cleared
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def drop_capabilities() -> None:
+    """Stay uid 0 with no capability at all: enough to use root's own 0700 folder (the bridge's), nothing
+    more; and no way to regain any."""
+    _drop_bounding_set()
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: empty (two 32-bit words each)
+    if libc.capset(header, data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def forwarder_process(listener: socket.socket, unix_path: str) -> None:
+    """Serve `listener` from a child process that keeps uid 0 (without capabilities) while this one drops
+    to the sandbox uid: the bridge's socket stays in root's 0700 folder, which the agent cannot open, so
+    its only way to the gateway is this listener. The agent cannot signal or trace a process of another
+    uid; the child dies with us (PDEATHSIG) and with the sandbox's PID namespace."""
+    if os.fork() != 0:
+        listener.close()
+        return
+    try:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        drop_capabilities()
+        _serve(listener, unix_path)
+    finally:
+        os._exit(0)
+
+
 def _found(name: str) -> bool:
     if "/" in name:
         return os.path.exists(name)
@@ -91,7 +151,7 @@ def _wait(child: subprocess.Popen[bytes]) -> int:
 
 def _options(args: list[str]) -> tuple[dict[str, list[str]], list[str]] | None:
     """(options, argv) from `[--lo] [--forward H P S] [--setpriv PATH] [--status-fd N] -- ARGV`."""
-    arity = {"--lo": 0, "--forward": 3, "--setpriv": 1, "--status-fd": 1}
+    arity = {"--lo": 0, "--forward": 3, "--setpriv": 1, "--status-fd": 1, "--user": 2, "--chdir": 1}
     options: dict[str, list[str]] = {}
     while args and args[0] in arity and len(args) > arity[args[0]]:
         n = arity[args[0]]
@@ -105,7 +165,7 @@ def main(args: list[str]) -> int:
     parsed = _options(args)
     if parsed is None:
         print("usage: fwd_inside.py [--lo] [--forward HOST PORT SOCK] [--setpriv PATH] "
-              "[--status-fd N] -- ARGV...", file=sys.stderr)  # fmt: skip
+              "[--status-fd N] [--user UID GID] [--chdir DIR] -- ARGV...", file=sys.stderr)  # fmt: skip
         return 2
     options, argv = parsed
     forward, setpriv = options.get("--forward"), options.get("--setpriv")
@@ -117,7 +177,19 @@ def main(args: list[str]) -> int:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((forward[0], int(forward[1])))
         listener.listen(128)
+    if "--user" in options:
+        if forward is not None:
+            forwarder_process(listener, forward[2])
+        uid, gid = (int(v) for v in options["--user"])
+        become(uid, gid)
+    elif forward is not None:
         threading.Thread(target=_serve, args=(listener, forward[2]), daemon=True).start()
+    if "--chdir" in options:
+        try:
+            os.chdir(options["--chdir"][0])
+        except OSError as exc:
+            print(f"polar: cannot enter {options['--chdir'][0]}: {exc.strerror}", file=sys.stderr)
+            return 126
     if not _found(argv[0]):
         print(f"polar: command not found: {argv[0]}", file=sys.stderr)
         return 127

@@ -281,10 +281,19 @@ class LocalRuntime:
 
     # -- files -----------------------------------------------------------------------------------
 
+    def _host_path(self, path: str) -> str:
+        """A path as the runtime's commands name it, as the host names it (the inverse of `runtime_path`)."""
+        return path
+
     def _inside(self, path: str) -> Path:
-        """A runtime path (relative to workdir, or absolute) as a host path inside the session dir."""
-        host = Path(os.path.normpath(self.workdir / path))
-        if not host.is_relative_to(self.session_dir):
+        """A runtime path (relative to workdir, or absolute) as a host path inside the session dir, also
+        once symlinks are followed: the node copies as root, and a link the agent planted (`tests ->
+        /etc`) must not make it read or write a host file."""
+        host = Path(os.path.normpath(self.workdir / self._host_path(path)))
+        real = Path(os.path.realpath(host))
+        if not host.is_relative_to(self.session_dir) or not real.is_relative_to(
+            os.path.realpath(self.session_dir)
+        ):
             raise RuntimeFailure(f"path {path!r} is outside the session directory {self.session_dir}")
         return host
 
@@ -299,7 +308,7 @@ class LocalRuntime:
     async def download(self, src: str, dst: Path) -> None:
         if self._state == "new":
             raise RuntimeFailure(f"runtime for session {self.session_id} is not started")
-        source = Path(os.path.normpath(self.workdir / src))
+        source = self._inside(src)
         try:
             await asyncio.to_thread(_copy, source, Path(dst))
         except OSError as exc:
