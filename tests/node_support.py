@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,11 @@ async def running_node(
         # Frozen side-call models in tests listen on loopback, which an operator must allow.
         outbound=overrides.pop("outbound", OutboundPolicy(allow=("127.0.0.1",))),
     )
-    defaults: dict[str, Any] = {"runtime_root": tmp_path / "runtimes", "node_id": "node-test"}
+    defaults: dict[str, Any] = {
+        "runtime_root": tmp_path / "runtimes",
+        "node_id": "node-test",
+        "sandbox_paths": (PROGRAMS,),
+    }
     node = Node(NodeConfig(gateway=gateway, **(defaults | overrides)))
     if wrap_model_api is not None:
         node.data_server.app = wrap_model_api(node.data_server.app)
@@ -79,10 +85,27 @@ async def running_node(
         await node.stop()
 
 
+# Programs the tests' sessions run: one folder, which every test node shows (read-only) to its sandboxes, as
+# an operator shares a toolchain (`polar node --sandbox-path`). A session sees nothing of the test's own
+# tmp_path (a sandbox shows only what the node and the task name).
+PROGRAMS = Path(tempfile.mkdtemp(prefix="pt-programs-"))
+PROGRAMS.chmod(0o755)
+
+
+def program(name: str, text: str) -> Path:
+    """`text` saved as PROGRAMS/<hash>-<name>, a path every test session can run."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = PROGRAMS / f"{digest}-{name}"
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o644)
+        tmp.replace(path)
+    return path
+
+
 def write_caller(tmp_path: Path) -> Path:
-    script = tmp_path / "call_gateway.py"
-    script.write_text(CALL_GATEWAY)
-    return script
+    return program("call_gateway.py", CALL_GATEWAY)
 
 
 def shell_task(command: str, task_id: str = "t1", **fields: Any) -> Task:

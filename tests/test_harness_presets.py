@@ -38,7 +38,7 @@ NASTY = 'it\'s "quoted" $(touch pwned) `touch pwned2` $HOME * ; rm -rf / & {work
 
 @pytest.fixture
 async def rt(tmp_path: Path, gateway: Gateway) -> AsyncIterator[LocalRuntime]:
-    """A local runtime whose network reaches only the gateway, at `rt.gateway_url`."""
+    """A sandbox (the default runtime) whose network reaches only the gateway, at `rt.gateway_url`."""
     runtime = make_runtime(RuntimeSpec(root=tmp_path), "preset-session", gateway_url=gateway.url)
     assert isinstance(runtime, LocalRuntime) and runtime.gateway_url is not None
     await runtime.start()
@@ -54,9 +54,9 @@ def context(rt: LocalRuntime, sid: str, gw_url: str, instruction: str, **env: st
         gateway_url=gw_url,
         model="preset-model",
         instruction=instruction,
-        home=str(rt.home),
-        workdir=str(rt.workdir),
-        artifacts=str(rt.artifacts),
+        home=rt.runtime_path(rt.home),
+        workdir=rt.runtime_path(rt.workdir),
+        artifacts=rt.runtime_path(rt.artifacts),
         env=env,
     )
 

@@ -99,7 +99,8 @@ async def test_nonzero_exit_is_evaluated_not_an_error(tmp_path: Path) -> None:
 async def test_bwrap_session_reaches_only_the_gateway(tmp_path: Path) -> None:
     """In a bubblewrap sandbox (network=gateway) the harness reaches the node's gateway through the URL the
     runtime publishes; the caller script arrives by an upload prepare step (the host's /tmp is hidden)."""
-    caller = write_caller(tmp_path)
+    caller = tmp_path / "call_gateway.py"
+    caller.write_bytes(write_caller(tmp_path).read_bytes())
     task = shell_task(
         f"{PY} call_gateway.py 2 > answer.txt",
         runtime={

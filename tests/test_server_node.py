@@ -94,6 +94,9 @@ def _task(task_id: str, command: str, **fields: Any) -> dict[str, Any]:
         "instruction": "do it",
         "timeout_seconds": 60,
         "agent": {"harness": "shell", "settings": {"command": command}},
+        # These sessions coordinate with the test through host files (gates, pid files): a trusted program
+        # on the host's files, which only `local` gives (a sandbox sees none of the test's tmp_path).
+        "runtime": {"backend": "local"},
         **fields,
     }
 

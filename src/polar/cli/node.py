@@ -140,6 +140,30 @@ class _NodeCommand(click.Command):
     type=click.Path(path_type=Path, file_okay=False, exists=True),
     help="A directory upload prepare actions may copy from (repeatable; default: none).",
 )
+@click.option(
+    "--allow-runtime",
+    "allow_runtimes",
+    multiple=True,
+    type=click.Choice(["bwrap", "docker", "podman", "apptainer", "local"]),
+    help="A runtime backend tasks may use here (repeatable; default: any this machine runs). "
+    "Leave out `local` when submitters are not trusted with this machine's files.",
+)
+@click.option(
+    "--allow-network",
+    "allow_networks",
+    multiple=True,
+    type=click.Choice(["gateway", "none", "host"]),
+    help="A runtime network tasks may use here (repeatable; default: any). Leave out `host` to keep "
+    "agents off this machine's network.",
+)
+@click.option(
+    "--sandbox-path",
+    "sandbox_paths",
+    multiple=True,
+    type=click.Path(path_type=Path, exists=True),
+    help="A host path every sandbox here sees read-only, besides what its task names (a toolchain, "
+    "datasets; repeatable). Never a store or token.",
+)
 @click.option("--heartbeat", "heartbeat_s", default=5.0, show_default=True, type=float, help="Seconds.")
 @log_level_option
 def node(
@@ -166,6 +190,9 @@ def node(
     plugins: tuple[str, ...],
     allow_callback: tuple[str, ...],
     upload_roots: tuple[Path, ...],
+    allow_runtimes: tuple[str, ...],
+    allow_networks: tuple[str, ...],
+    sandbox_paths: tuple[Path, ...],
     heartbeat_s: float,
     log_level: str,
     log_json: bool,
@@ -183,6 +210,9 @@ def node(
       # on another machine than the server: a control listener the server can reach
       POLAR_TOKEN=... polar node --server http://head:8300 --backend http://gpu:8000 --control-host 0.0.0.0
       polar node drain node-gpu3    # take a node out gracefully (see `polar node drain --help`)
+      # submitters you do not trust with this machine: sandboxes only, no host network
+      polar node --server http://head:8300 --backend http://gpu:8000 --allow-runtime bwrap \
+          --allow-runtime docker --allow-network gateway --allow-network none
 
     A node restarted with the same --store and --node-id reports the outcomes its predecessor had not
     delivered (sessions that were running end ERROR "node restarted"; none runs twice).
@@ -218,6 +248,9 @@ def node(
             runtime_root=runtime_root,
             keep=keep,  # type: ignore[arg-type]
             upload_roots=tuple(root.resolve() for root in upload_roots),
+            allowed_runtimes=allow_runtimes or None,
+            allowed_networks=allow_networks or None,
+            sandbox_paths=tuple(path.resolve() for path in sandbox_paths),
             heartbeat_s=heartbeat_s,
             **extra,  # type: ignore[arg-type]
         )

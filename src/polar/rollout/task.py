@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from polar.runtime.base import RuntimeBackend
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -46,10 +48,12 @@ class ImageBuild(_Model):
 class RuntimeConfig(_Model):
     """Where a session's harness runs: a fresh runtime per session, prepared before the agent starts."""
 
-    backend: Literal["local", "bwrap", "docker", "podman", "apptainer"] = Field(
-        "local",
-        description="local: a session directory on the host (no isolation); bwrap: a sandbox of it; docker, "
-        "podman, apptainer: a container of `image`.",
+    backend: RuntimeBackend | None = Field(
+        None,
+        description="null: the node's strongest sandbox (bwrap; an error where it cannot run). bwrap: the "
+        "agent as an unprivileged user seeing the system read-only and its session directory; docker, "
+        "podman, apptainer: a container of `image`; local: the host's files as the node's user, for "
+        "policies you trust (docs/security.md).",
     )
     image: str | None = Field(None, description="Container image; required by docker, podman and apptainer.")
     build: ImageBuild | None = Field(
@@ -61,11 +65,25 @@ class RuntimeConfig(_Model):
         "absolute in a container.",
     )
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables of the runtime.")
+    read_only_paths: list[str] = Field(
+        default_factory=list,
+        description="Host paths the agent may read (a toolchain, a dataset), mounted read-only at the same "
+        "path (bwrap, docker, podman, apptainer). Absolute; never the node's own state.",
+    )
     network: Literal["gateway", "host", "none"] = Field(
         "gateway",
         description="gateway: only the gateway is reachable; host: the host's network; none: nothing. "
         "Enforced by bwrap, docker and podman (and local where namespaces work); apptainer: host or none.",
     )
+
+    @field_validator("read_only_paths")
+    @classmethod
+    def _absolute(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            if not path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(f"{path!r} must be an absolute path without '..'")
+        return paths
+
     cpus: float | None = Field(None, gt=0, description="CPUs the container may use (docker, podman).")
     memory_mb: int | None = Field(None, gt=0, description="Memory limit in MiB (docker, podman).")
     pids_limit: int | None = Field(None, gt=0, description="Most processes at once (docker, podman).")

@@ -16,7 +16,7 @@ RuntimeBackend = Literal["local", "bwrap", "docker", "podman", "apptainer"]
 
 @dataclass(frozen=True)
 class RuntimeSpec:
-    backend: RuntimeBackend = "local"
+    backend: RuntimeBackend = "bwrap"
     image: str | None = None  # docker/podman/apptainer image; unused by local and bwrap
     workdir: str = "workspace"  # relative to the session directory (local/bwrap) or absolute in a container
     env: dict[str, str] = field(default_factory=dict)
@@ -24,7 +24,7 @@ class RuntimeSpec:
     root: Path | None = None  # where session directories are made (default: a temp dir)
     read_only_paths: tuple[
         str, ...
-    ] = ()  # extra host paths made visible read-only (bwrap), e.g. a CLI prefix
+    ] = ()  # extra host paths made visible read-only (bwrap, containers), e.g. a CLI prefix
     # Resource limits (docker, podman): CPUs (fractions allowed), memory in MiB, processes.
     cpus: float | None = None
     memory_mb: int | None = None
@@ -48,6 +48,9 @@ class Runtime(Protocol):
     spec: RuntimeSpec
     session_dir: Path  # host path of the session's private directory (home, workspace, artifacts)
     workdir: Path  # host path of the working directory the harness sees as its cwd
+    home: Path  # host path of the harness's HOME (in the session directory)
+    artifacts: Path  # host path where a harness leaves what outlives the session (logs, transcripts)
+    gateway_url: str | None  # the gateway as the runtime's commands reach it (None: unreachable)
 
     async def start(self) -> None: ...
 

@@ -42,6 +42,13 @@ class NodeConfig:
     # Host directories upload prepare actions may copy from (empty: none, so a remote submitter cannot make
     # the node copy its files into a sandbox); `polar run` gives the task file's directory.
     upload_roots: tuple[Path, ...] = ()
+    # What tasks may ask of this node (None: anything this machine can run): an operator serving untrusted
+    # submitters refuses `local` (no file-system boundary) and `host` (the host's network).
+    allowed_runtimes: tuple[str, ...] | None = None
+    allowed_networks: tuple[str, ...] | None = None
+    # Host paths every sandbox of this node sees read-only, besides what its task names (a shared
+    # toolchain, datasets): `polar node --sandbox-path`.
+    sandbox_paths: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("capacity", "init_workers", "run_workers", "post_workers", "ready_buffer"):
@@ -55,6 +62,19 @@ class NodeConfig:
             raise ValueError("tombstone_ttl_s must be positive")
         if self.report_attempts < 1:
             raise ValueError("report_attempts must be at least 1")
+        from polar.runtime.factory import BACKENDS
+
+        for name, value, known in (
+            ("allowed_runtimes", self.allowed_runtimes, BACKENDS),
+            ("allowed_networks", self.allowed_networks, ("gateway", "none", "host")),
+        ):
+            unknown = sorted(set(value or ()) - set(known))
+            if unknown or value == ():
+                raise ValueError(f"{name} must name some of {', '.join(known)}, not {list(value or ())}")
+        if any(not Path(p).is_absolute() or not Path(p).exists() for p in self.sandbox_paths):
+            raise ValueError(
+                f"sandbox_paths must be existing absolute paths, not {list(map(str, self.sandbox_paths))}"
+            )
         if any(not Path(root).is_absolute() for root in self.upload_roots):
             raise ValueError(f"upload_roots must be absolute paths, not {list(map(str, self.upload_roots))}")
         for name in ("server_url", "advertise_url", "runtime_gateway_url"):

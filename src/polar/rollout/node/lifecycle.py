@@ -28,7 +28,7 @@ from polar.rollout.protocol import SessionStatus
 from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE, assign_rewards
 from polar.rollout.task import ExecAction, Task, UploadAction
 from polar.runtime.base import ExecResult, Runtime, RuntimeSpec
-from polar.runtime.factory import CONTAINER_BACKENDS, make_runtime
+from polar.runtime.factory import IMAGE_BACKENDS, default_backend, make_runtime
 from polar.runtime.local import Keep
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
@@ -57,6 +57,7 @@ class StageEnv:
     gateway_url: str  # the gateway as the host reaches it
     runtime_root: Path | None
     post_run_timeout_s: float
+    sandbox_paths: tuple[Path, ...] = ()  # read-only in every sandbox (NodeConfig.sandbox_paths)
     keep: Keep = "nothing"  # what of the agent's session directory survives teardown (logs, transcripts)
     count_evaluation: Callable[[str], None] = _uncounted  # the node's metrics (`evaluate`)
 
@@ -70,18 +71,23 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def runtime_spec(task: Task, root: Path | None) -> RuntimeSpec:
+def runtime_spec(task: Task, root: Path | None, shared: tuple[Path, ...] = ()) -> RuntimeSpec:
+    """The runtime a session of `task` gets here; a task that names none gets the node's strongest
+    (`default_backend`, which raises `RuntimeFailure` where there is none). `shared`: the node's own
+    read-only paths for every sandbox."""
     rt = task.runtime
-    mounts: tuple[str, ...] = ()
-    if rt.backend in CONTAINER_BACKENDS and runs_from_tool_cache(task.agent.harness):
+    backend = rt.backend or default_backend()
+    mounts: tuple[str, ...] = (*rt.read_only_paths, *map(str, shared))
+    if backend in IMAGE_BACKENDS and runs_from_tool_cache(task.agent.harness):
         # The CLI presets install their pinned program into the node's tool cache during setup, after the
         # container started (READY buffer): the whole cache is mounted read-only at its host path, so the
-        # installed binary shows up inside at the path the preset runs it by.
+        # installed binary shows up inside at the path the preset runs it by. (bwrap shows the cache to
+        # every sandbox: `polar.runtime.sandbox.visible_paths`.)
         cache = tools_home()
         cache.mkdir(parents=True, exist_ok=True)
-        mounts = (str(cache),)
+        mounts = (*mounts, str(cache))
     return RuntimeSpec(
-        backend=rt.backend,
+        backend=backend,
         image=rt.image,
         workdir=rt.workdir,
         env=dict(rt.env),
@@ -142,7 +148,7 @@ async def start_runtime(
 ) -> Runtime:
     """A started and prepared runtime for `task`; stopped again if anything fails (or is cancelled)."""
     try:
-        spec = runtime_spec(task, env.runtime_root)
+        spec = runtime_spec(task, env.runtime_root, env.sandbox_paths)
         runtime = make_runtime(spec, session_id, gateway_url=env.gateway_url, keep=keep)
     except Exception as exc:
         raise SessionEnd(ERROR, f"runtime failed to start: {_describe(exc)}") from exc
@@ -169,9 +175,9 @@ async def stop_runtime(runtime: Runtime) -> None:
 
 def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:
     task = s.spec.task
-    home = runtime.runtime_path(getattr(runtime, "home", runtime.session_dir / "home"))
-    artifacts = runtime.runtime_path(getattr(runtime, "artifacts", runtime.session_dir / "artifacts"))
-    gateway = getattr(runtime, "gateway_url", None) or env.gateway_url
+    home = runtime.runtime_path(runtime.home)
+    artifacts = runtime.runtime_path(runtime.artifacts)
+    gateway = runtime.gateway_url or env.gateway_url
     return HarnessContext(
         session_id=s.session_id,
         gateway_url=str(gateway).rstrip("/"),

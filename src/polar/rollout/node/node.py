@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import tempfile
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Any
 
-from polar.evaluate.registry import fresh_runtime_wanted, get_evaluator
-from polar.harness.registry import get_harness
+from polar.auth import default_token_file
 from polar.rollout.node.app import create_node_app
 from polar.rollout.node.config import NodeConfig
 from polar.rollout.node.deadline import Deadline
@@ -55,6 +57,7 @@ from polar.rollout.protocol import (
     SessionSpec,
     SessionStatus,
 )
+from polar.rollout.resolve import Resolved, TaskProblem, resolve_task
 from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
 from polar.rollout.uploads import upload_violations
 from polar.runtime import namespaces
@@ -63,7 +66,6 @@ from polar.runtime.docker import reap_containers
 from polar.runtime.factory import check_runtime
 from polar.runtime.leftovers import reap_leftovers
 from polar.serving import EmbeddedServer, start_all, stop_all
-from polar.trajectory import get_builder
 
 log = logging.getLogger("polar.node")
 
@@ -147,6 +149,7 @@ class Node:
             store_path=gw.store_path,
             gateway_url=self.config.runtime_gateway_url or self.url,
             runtime_root=self.config.runtime_root,
+            sandbox_paths=self.config.sandbox_paths,
             post_run_timeout_s=self.config.post_run_timeout_s,
             keep=self.config.keep,
             count_evaluation=self.metrics.evaluated,
@@ -211,29 +214,55 @@ class Node:
             self.journal = None
 
     # -- admission ----------------------------------------------------------------------------------------
-    def _validate(self, spec: SessionSpec) -> tuple[Any, Any, bool]:
+    def _validate(self, spec: SessionSpec) -> Resolved:
         task = spec.task
         try:
-            harness = get_harness(task.agent.harness, dict(task.agent.settings))
-        except Exception as exc:
-            raise AdmissionError(422, f"task.agent: {exc}", "task.agent.harness") from exc
+            resolved = resolve_task(task)
+        except TaskProblem as problem:
+            raise AdmissionError(422, f"task.{problem}", f"task.{problem.field}") from None
         try:
-            evaluator = get_evaluator(task.evaluator.strategy, dict(task.evaluator.config))
-            fresh = fresh_runtime_wanted(evaluator, task.evaluator.fresh_runtime)
-        except Exception as exc:
-            raise AdmissionError(422, f"task.evaluator: {exc}", "task.evaluator.strategy") from exc
-        try:
-            get_builder(task.builder)
-        except Exception as exc:
-            raise AdmissionError(422, f"task.builder: {exc}", "task.builder") from exc
-        try:
-            check_runtime(runtime_spec(task, self.config.runtime_root))
+            runtime = runtime_spec(task, self.config.runtime_root, self.config.sandbox_paths)
+            check_runtime(runtime)
         except Exception as exc:
             raise AdmissionError(422, f"task.runtime: {exc}", "task.runtime.backend") from exc
+        for field, asked, allowed in (
+            ("backend", runtime.backend, self.config.allowed_runtimes),
+            ("network", runtime.network, self.config.allowed_networks),
+        ):
+            if allowed is not None and asked not in allowed:
+                raise AdmissionError(
+                    422,
+                    f"task.runtime.{field}: {asked!r} is not allowed on this node "
+                    f"(allowed: {', '.join(allowed)})",
+                    f"task.runtime.{field}",
+                )
+        for i, path in enumerate(task.runtime.read_only_paths):
+            why = self._private_path(path)
+            if why is not None:
+                field = f"task.runtime.read_only_paths[{i}]"
+                raise AdmissionError(422, f"{field}: {path!r} {why}", field)
         for i, reason in upload_violations(task, self.config.upload_roots):
             field = f"task.runtime.prepare[{i}].src"
             raise AdmissionError(422, f"{field}: {reason}", field)
-        return harness, evaluator, fresh
+        return resolved
+
+    def _private_path(self, path: str) -> str | None:
+        """Why a sandbox may not see `path` (it is or holds the node's stores or token, or lies among the
+        session directories), or None."""
+        store = self.config.gateway.store_path.resolve()
+        held = [store, store.with_name(store.name + "-wal"), default_token_file().resolve()]
+        sessions = (self.config.runtime_root or Path(tempfile.gettempdir())).resolve()
+        target = Path(os.path.realpath(path))
+        for item in held:
+            if item == target or item.is_relative_to(target):
+                return f"holds the node's own state ({item})"
+        if target == sessions or sessions.is_relative_to(target):
+            return f"holds the session directories ({sessions})"
+        if self.config.runtime_root is not None and target.is_relative_to(sessions):
+            return f"lies among the session directories ({sessions})"
+        if target.parent == sessions and target.name.startswith("polar-"):
+            return "is a session directory"
+        return None
 
     def _known(self, session_id: str) -> bool:
         """Whether this node (or its store) holds the id: admitted once, it is never admitted again."""
@@ -270,9 +299,10 @@ class Node:
         if len(self._sessions) >= self.config.capacity:
             raise self._refuse(spec, 429, f"the node is full ({self.config.capacity} sessions)")
         try:
-            harness, evaluator, fresh = self._validate(spec)
+            resolved = self._validate(spec)
         except AdmissionError as exc:
             raise self._refuse(spec, exc.status, exc.message, exc.field) from None
+        harness, evaluator, fresh = resolved.harness, resolved.evaluator, resolved.fresh_runtime
         self.journal.admit(sid, token, spec.task.task_id, spec.server_url or self.config.server_url)
         deadline = Deadline(spec.task.timeout_seconds)
         s = NodeSession(spec=spec, harness=harness, evaluator=evaluator, deadline=deadline, wants_fresh=fresh)

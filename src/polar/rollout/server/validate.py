@@ -1,25 +1,18 @@
-"""Submit-time checks beyond the Task schema, so a task that cannot run fails at submit, not mid-run.
+"""Submit-time checks, so a task that cannot run fails at submit (a 400 naming the field), not mid-run.
 
-The schema already rejects unknown fields, bad numbers and an unknown runtime backend (a Literal). Here the
-harness is built with its settings and the evaluator with its config, by the same registries the nodes use
-(`polar.harness.registry`, `polar.evaluate.registry`), and the trajectory builder is resolved; so an
-unknown name, an import path that does not load, or a bad setting is a 400 naming the field. (Server and
-nodes are expected to share an installation, as `polar run` and one-image clusters do.) Checks that depend
-on the node's host (is `bwrap` or `docker` installed?) stay with the node, which refuses such a session
-with the reason and the server records it as ERROR.
+The task itself is checked by `polar.rollout.resolve`, as the nodes check it at admission (server and nodes
+are expected to share an installation, as `polar run` and one-image clusters do); here only what the server
+alone decides: its outbound policy for callback and side-call URLs.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from urllib.parse import urlsplit
 
-from polar.evaluate.registry import evaluator_names, fresh_runtime_wanted, get_evaluator
-from polar.harness.registry import get_harness, harness_names
 from polar.netguard import OutboundPolicy, OutboundRefused
+from polar.rollout.resolve import TaskProblem, resolve_task
 from polar.rollout.task import Task
-from polar.trajectory import get_builder
 
 
 class SubmitError(ValueError):
@@ -31,48 +24,10 @@ class SubmitError(ValueError):
 
 def check_task(task: Task, prefix: str = "") -> None:
     """Raise SubmitError naming the field (`prefix` locates the task in a list, e.g. 'tasks[2].')."""
-    agent = task.agent
     try:
-        get_harness(agent.harness, dict(agent.settings))
-    except Exception as exc:
-        known = agent.harness in harness_names()
-        field = "agent.settings" if known else "agent.harness"
-        raise SubmitError(f"{field}: {exc}", f"{prefix}{field}") from None
-    ev = task.evaluator
-    try:
-        evaluator = get_evaluator(ev.strategy, dict(ev.config))
-    except Exception as exc:
-        field = "evaluator.config" if ev.strategy in evaluator_names() else "evaluator.strategy"
-        raise SubmitError(f"{field}: {exc}", f"{prefix}{field}") from None
-    try:
-        fresh_runtime_wanted(evaluator, ev.fresh_runtime)
-    except ValueError as exc:
-        raise SubmitError(f"evaluator.fresh_runtime: {exc}", f"{prefix}evaluator.fresh_runtime") from None
-    try:
-        get_builder(task.builder)
-    except Exception as exc:
-        raise SubmitError(f"builder: {exc}", f"{prefix}builder") from None
-    if task.runtime.backend in ("docker", "podman", "apptainer") and not task.runtime.image:
-        raise SubmitError(
-            f"runtime.image: the {task.runtime.backend} runtime needs an image", f"{prefix}runtime.image"
-        )
-    side = task.agent.side_call_backend
-    if side is not None:
-        parts = urlsplit(side.url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            field = "agent.side_call_backend.url"
-            raise SubmitError(f"{field} must be an http(s) URL, not {side.url!r}", f"{prefix}{field}")
-    if task.callback_url is not None:
-        parts = urlsplit(task.callback_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise SubmitError(
-                f"callback_url must be an http(s) URL, not {task.callback_url!r}", f"{prefix}callback_url"
-            )
-    if task.early_stop_min_usable is not None and task.early_stop_min_usable > task.num_samples:
-        raise SubmitError(
-            f"early_stop_min_usable ({task.early_stop_min_usable}) exceeds num_samples ({task.num_samples})",
-            f"{prefix}early_stop_min_usable",
-        )
+        resolve_task(task)
+    except TaskProblem as problem:
+        raise SubmitError(str(problem), f"{prefix}{problem.field}") from None
 
 
 async def check_outbound(tasks: Sequence[tuple[Task, str]], policy: OutboundPolicy) -> None:
