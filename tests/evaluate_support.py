@@ -62,7 +62,7 @@ async def edit(runtime: Runtime, rel: str, old: str, new: str) -> None:
 
 @pytest.fixture
 async def make_repo(tmp_path: Path) -> AsyncIterator[MakeRepo]:
-    """`await make_repo(files, git=True, **spec)`: a started runtime (local by default) whose workdir holds `files`,
+    """`await make_repo(files, git=True, **spec)`: a started runtime (bwrap, the default) whose workdir holds `files`,
     committed as the base (tag `polar-base`) when `git`; stopped at the end of the test. `spec` fields
     (e.g. `backend="bwrap"`) go to the `RuntimeSpec`."""
     started: list[Runtime] = []

@@ -407,7 +407,7 @@ async def test_claude_code_connects_to_nothing_but_the_gateway(
     """Every socket the CLI opens, traced: with the preset's switches the only internet-family connects
     go to the gateway's port on loopback (no DNS, telemetry, update check or error reporting)."""
     fake_backend.app.reset(script)
-    runtime = make_runtime(RuntimeSpec(root=tmp_path), "cc-strace", gateway_url=gateway.url)
+    runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path), "cc-strace", gateway_url=gateway.url)
     assert isinstance(runtime, LocalRuntime) and runtime.gateway_url is not None
     await runtime.start()
     try:

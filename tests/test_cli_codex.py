@@ -105,7 +105,7 @@ async def test_codex_runs_its_static_binary_as_its_launcher_would(tmp_path: Path
     launcher = (prefix / "node_modules/@openai/codex/bin/codex.js").read_text()
     assert "process.execve(binaryPath" in launcher and "CODEX_MANAGED_PACKAGE_ROOT" in launcher
     harness = get_harness("codex")
-    runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), "sess-x")
+    runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path / "rt"), "sess-x")
     await runtime.start()
     try:
         c = ctx(tmp_path)
@@ -452,7 +452,7 @@ def test_classify_tags_compaction_sub_agents_and_tool_less_calls() -> None:
 
 
 async def test_setup_that_cannot_write_fails_naming_the_file(tmp_path: Path) -> None:
-    runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), "codex-setup")
+    runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path / "rt"), "codex-setup")
     await runtime.start()
     try:
         blocker = tmp_path / "not-a-dir"

@@ -174,7 +174,7 @@ def test_command_and_env_point_at_the_session() -> None:
 async def test_setup_and_post_run_failures_are_clear(tmp_path: Path) -> None:
     """A home the runtime cannot write fails setup naming the file; a run that left no home collects nothing
     and says why (the node records post-run metadata, it does not fail the session)."""
-    runtime = make_runtime(RuntimeSpec(root=tmp_path), "failing")
+    runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path), "failing")
     await runtime.start()
     try:
         blocker = tmp_path / "not-a-dir"

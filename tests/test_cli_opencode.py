@@ -213,7 +213,7 @@ async def test_opencode_connects_to_nothing_but_the_gateway(
 
 async def test_post_run_reads_events_without_logs(tmp_path: Path) -> None:
     """A run that died before OpenCode wrote its log still has its events summarized; none at all: zeros."""
-    runtime = make_runtime(RuntimeSpec(root=tmp_path), "oc-post")
+    runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path), "oc-post")
     assert isinstance(runtime, LocalRuntime)
     await runtime.start()
     try:

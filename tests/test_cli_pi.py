@@ -215,7 +215,7 @@ def test_classify_tags_compaction_and_tool_less_calls() -> None:
 
 
 async def test_setup_that_cannot_write_fails_naming_the_file(tmp_path: Path) -> None:
-    runtime = make_runtime(RuntimeSpec(root=tmp_path / "rt"), "pi-setup")
+    runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path / "rt"), "pi-setup")
     await runtime.start()
     try:
         blocker = tmp_path / "not-a-dir"

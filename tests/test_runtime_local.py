@@ -277,8 +277,8 @@ async def test_stop_cleans_up_and_keeps_artifacts_when_asked(
 
 
 async def test_two_runtimes_for_one_session_get_separate_dirs(tmp_path: Path) -> None:
-    a = make_runtime(RuntimeSpec(root=tmp_path), "same")
-    b = make_runtime(RuntimeSpec(root=tmp_path), "same")
+    a = make_runtime(RuntimeSpec(backend="local", root=tmp_path), "same")
+    b = make_runtime(RuntimeSpec(backend="local", root=tmp_path), "same")
     assert a.session_dir != b.session_dir
 
 
@@ -301,7 +301,7 @@ async def test_absolute_workdir_lives_in_the_session_dir(tmp_path: Path) -> None
 
 def test_factory_refuses_unknown_backends() -> None:
     with pytest.raises(
-        RuntimeFailure, match="unknown runtime backend 'lxc'; known: local, bwrap, docker, podman"
+        RuntimeFailure, match="unknown runtime backend .lxc.; known: bwrap, docker, podman, apptainer, local"
     ):
         make_runtime(RuntimeSpec(backend="lxc"), "x")  # type: ignore[arg-type]
 
