@@ -29,7 +29,7 @@ def test_docker_command_lines(tmp_path: Path) -> None:
     assert rt.name == rt.session_dir.name and rt.name.startswith("polar-s_1-")
     assert rt.start_argv() == [
         "docker", "run", "-d", "--init", "--name", rt.name, "--network", "none",
-        "--label", f"polar.owner={owner_label()}", "--label", "polar.session=s/1",
+        "--security-opt", "no-new-privileges", "--label", f"polar.owner={owner_label()}", "--label", "polar.session=s/1",
         "-v", f"{s}:/polar", "-v", "/opt/cli:/opt/cli:ro", "python:3.12-slim", "sleep", "infinity",
     ]  # fmt: skip
     # network gateway: no network, and a listener on the container's loopback at the gateway's port

@@ -47,7 +47,8 @@ def err(e):
 found = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups()), "read": {}, "list": {},
          "named_sockets": {}, "sockets": {}, "abstract": {}}
 with open("/proc/self/status") as f:
-    found["cap_eff"] = next(l.split()[1] for l in f if l.startswith("CapEff:"))
+    status = dict(line.split(":", 1) for line in f if ":" in line)
+found["cap_eff"], found["no_new_privs"] = status["CapEff"].strip(), status["NoNewPrivs"].strip()
 for name, path in json.loads(os.environ["SECRETS"]).items():
     try:
         with open(path, "rb") as f:
@@ -236,7 +237,7 @@ async def test_bwrap_sessions_see_no_host_socket_secret_or_session(tmp_path: Pat
     found, host = await _probe(tmp_path, {"backend": "bwrap"}, sys.executable, walk=True)
     _nothing_of_the_host(found, host)
     assert found["uid"] != 0 and found["gid"] != 0 and found["groups"] in ([], [found["gid"]])
-    assert int(found["cap_eff"], 16) == 0
+    assert int(found["cap_eff"], 16) == 0 and found["no_new_privs"] == "1"
     # /root holds only the folders above what the node binds (the Python, the tool cache), never its files
     assert all(not name.startswith("polar-probe-") for name in found["list"]["root"]), found["list"]
 
@@ -251,6 +252,7 @@ async def test_container_sessions_see_no_host_socket_secret_or_session(
     found, host = await _probe(tmp_path, runtime, "python3", walk=True)
     _nothing_of_the_host(found, host)
     # root of its own container only: none of the capabilities that reach past it
+    assert found["no_new_privs"] == "1"  # a setuid binary in the image gives nothing more
     cap_eff = int(found["cap_eff"], 16)
     for cap in (21, 19, 12, 16):  # SYS_ADMIN, SYS_PTRACE, NET_ADMIN, SYS_MODULE
         assert not cap_eff & (1 << cap), (cap, found["cap_eff"])

@@ -39,6 +39,8 @@ class DockerRuntime(ContainerRuntime):
         # --init: an init as PID 1 that reaps the orphans agents leave (`sleep infinity` would not, and their
         # zombies count against --pids-limit). docker ships docker-init; podman needs catatonit.
         argv = [self.binary, "run", "-d", "--init", "--name", self.name, "--network", network]
+        # No setuid binary or file capability in the image raises the agent above what it starts with.
+        argv += ["--security-opt", "no-new-privileges"]
         argv += ["--label", f"{OWNER_LABEL}={owner_label()}", "--label", f"{SESSION_LABEL}={self.session_id}"]
         argv += ["-v", f"{session}:{INSIDE}"]
         for path in self.spec.read_only_paths:
