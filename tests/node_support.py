@@ -108,6 +108,11 @@ def write_caller(tmp_path: Path) -> Path:
     return program("call_gateway.py", CALL_GATEWAY)
 
 
+# For sessions that coordinate with their test through host files (gates, pid files, run logs): a trusted
+# program on the host's files, which only `local` gives (a sandbox sees none of the test's tmp_path).
+ON_HOST: dict[str, Any] = {"backend": "local"}
+
+
 def shell_task(command: str, task_id: str = "t1", **fields: Any) -> Task:
     """A task running `command` with the shell harness; `fields` override Task fields (dicts merge)."""
     data: dict[str, Any] = {

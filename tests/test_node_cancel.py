@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from polar.rollout.protocol import NodeSessionState, SessionStatus
-from tests.node_support import control_client, fake_policy, pids_under, running_node, shell_task, spec, until
+from tests.node_support import (
+    ON_HOST,
+    control_client,
+    fake_policy,
+    pids_under,
+    running_node,
+    shell_task,
+    spec,
+    until,
+)
 
 # A harness with a grandchild: the runtime's process group, a subshell, and a background sleep.
 _TREE = "(sleep 60 & wait) & wait"
@@ -37,7 +46,11 @@ async def test_cancel_mid_run_kills_the_process_tree(tmp_path: Path) -> None:
 async def test_delete_over_http_and_cancel_of_a_queued_session(tmp_path: Path) -> None:
     gate = tmp_path / "go"
     blocker = shell_task(
-        "true", runtime={"prepare": [{"type": "exec", "cmd": f"while [ ! -f {gate} ]; do sleep 0.05; done"}]}
+        "true",
+        runtime={
+            **ON_HOST,
+            "prepare": [{"type": "exec", "cmd": f"while [ ! -f {gate} ]; do sleep 0.05; done"}],
+        },
     )
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path, init_workers=1) as node:

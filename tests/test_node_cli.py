@@ -15,7 +15,7 @@ import httpx
 from polar.rollout.protocol import SessionSpec
 from polar.serving import free_port
 from tests.conftest import SERVED_MODEL
-from tests.node_support import fake_policy, pids_under, shell_task
+from tests.node_support import ON_HOST, fake_policy, pids_under, shell_task
 from tests.server_support import AUTH, TOKEN, start_server, wait_until
 
 
@@ -65,7 +65,7 @@ def test_polar_node_process(tmp_path: Path) -> None:
                     assert state["result"]["reward"] == 1.0
 
                     pid_file = tmp_path / "child.pid"
-                    hang = shell_task(f"sleep 60 & echo $! > {pid_file}; wait")
+                    hang = shell_task(f"sleep 60 & echo $! > {pid_file}; wait", runtime=ON_HOST)
                     spec = SessionSpec(session_id="cli-sess-2", task=hang)
                     assert client.post("/node/sessions", content=spec.model_dump_json()).status_code == 202
                     wait_until(pid_file.exists, what="the harness to run")
@@ -130,7 +130,7 @@ def test_a_node_killed_mid_session_reports_it_after_a_restart_and_never_reruns_i
             start()
             wait_until(lambda: http.get("/nodes").json()["nodes"], timeout=30, what="registration")
             command = f'echo "$POLAR_SESSION_ID" >> {runs}; while [ ! -f {gate} ]; do sleep 0.05; done'
-            task = {"task_id": "killed", "instruction": "x", "agent": {"harness": "shell", "settings": {"command": command}}}  # fmt: skip
+            task = {"task_id": "killed", "instruction": "x", "agent": {"harness": "shell", "settings": {"command": command}}, "runtime": ON_HOST}  # fmt: skip
             assert http.post("/rollout/task/submit", json=task).status_code == 201
             wait_until(
                 lambda: session()["status"] == "RUNNING" or runs.exists(), timeout=30, what="the agent"

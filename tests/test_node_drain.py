@@ -18,6 +18,7 @@ from polar.rollout.node import AdmissionError
 from polar.rollout.protocol import SessionStatus
 from polar.rollout.server.store import ServerStore
 from tests.node_support import (
+    ON_HOST,
     control_client,
     eventually,
     fake_policy,
@@ -61,6 +62,7 @@ async def test_polar_node_drain_hands_back_finishes_and_leaves(tmp_path: Path) -
                     "instruction": "x",
                     "num_samples": 2,
                     "agent": {"harness": "shell", "settings": {"command": _blocking(runs, gate)}},
+                    "runtime": ON_HOST,
                 }
                 assert (await client.post("/rollout/task/submit", json=task)).status_code == 201
                 await until(
@@ -115,9 +117,9 @@ async def test_a_drain_timeout_cancels_what_still_runs(tmp_path: Path) -> None:
     runs, gate = tmp_path / "runs", tmp_path / "never"
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path, capacity=2, run_workers=1) as node:
-            await node.submit(spec(shell_task(_blocking(runs, gate)), "sess-run"))
+            await node.submit(spec(shell_task(_blocking(runs, gate), runtime=ON_HOST), "sess-run"))
             await until(lambda: node.status().by_stage == {"RUNNING": 1}, "the first to run")
-            await node.submit(spec(shell_task(_blocking(runs, gate)), "sess-ready"))
+            await node.submit(spec(shell_task(_blocking(runs, gate), runtime=ON_HOST), "sess-ready"))
             await until(lambda: node.status().by_stage.get("READY") == 1, "the second to wait READY")
             await node.drain("maintenance", timeout_s=0.3)
             cancelled = node.state("sess-run")

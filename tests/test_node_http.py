@@ -10,7 +10,7 @@ import pytest
 
 from polar.rollout.node import AdmissionError
 from polar.rollout.protocol import NodeSessionState, NodeStatus, SessionResult, SessionStatus
-from tests.node_support import control_client, fake_policy, running_node, shell_task, spec, until
+from tests.node_support import ON_HOST, control_client, fake_policy, running_node, shell_task, spec, until
 
 
 def _body(session_id: str, **task: object) -> dict[str, object]:
@@ -53,7 +53,8 @@ async def test_capacity_is_the_admission_limit(tmp_path: Path) -> None:
             for sid in ("sess-cap-1", "sess-cap-2"):
                 assert (
                     await client.post(
-                        "/node/sessions", json=_body(sid, agent={"settings": {"command": hold}})
+                        "/node/sessions",
+                        json=_body(sid, agent={"settings": {"command": hold}}, runtime=ON_HOST),
                     )
                 ).status_code == 202
             full = await client.post("/node/sessions", json=_body("sess-cap-3"))
@@ -82,7 +83,7 @@ async def test_capacity_is_the_admission_limit(tmp_path: Path) -> None:
         ),
         (
             {"session_id": "x1", "task": {"task_id": "t", "instruction": "i", "agent": {"harness": "shell"}}},
-            "task.agent.harness",
+            "task.agent.settings",  # the shell preset without its command
         ),
         (
             {
@@ -100,7 +101,7 @@ async def test_capacity_is_the_admission_limit(tmp_path: Path) -> None:
                 "session_id": "x1",
                 "task": {"task_id": "t", "instruction": "i", "runtime": {"backend": "docker"}},
             },
-            "task.runtime.backend",
+            "task.runtime.image",
         ),
     ],
 )

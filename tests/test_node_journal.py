@@ -14,12 +14,21 @@ import httpx
 from polar.rollout.node.journal import RESTARTED, Journal, State
 from polar.rollout.protocol import RESULT_TOKEN_HEADER, SessionResult, SessionStatus
 from polar.serving import free_port
-from tests.node_support import control_client, eventually, fake_policy, running_node, shell_task, spec, until
+from tests.node_support import (
+    ON_HOST,
+    control_client,
+    eventually,
+    fake_policy,
+    running_node,
+    shell_task,
+    spec,
+    until,
+)
 from tests.server_support import AUTH, start_server
 
 
 def _dispatch(session_id: str, token: str, command: str = "true") -> dict[str, Any]:
-    return spec(shell_task(command), session_id, result_token=token).model_dump(mode="json")
+    return spec(shell_task(command, runtime=ON_HOST), session_id, result_token=token).model_dump(mode="json")
 
 
 async def _registered(client: httpx.AsyncClient) -> bool:
@@ -130,7 +139,7 @@ async def test_a_restarted_node_reports_what_its_predecessor_could_not_deliver(t
             ):
                 await eventually(lambda: _registered(client), "registration")
                 command = f"while [ ! -f {gate} ]; do sleep 0.05; done"
-                task = {"task_id": "jr", "instruction": "x", "agent": {"harness": "shell", "settings": {"command": command}}}  # fmt: skip
+                task = {"task_id": "jr", "instruction": "x", "agent": {"harness": "shell", "settings": {"command": command}}, "runtime": ON_HOST}  # fmt: skip
                 assert (await client.post("/rollout/task/submit", json=task)).status_code == 201
                 await until(lambda: node.status().by_stage.get("RUNNING") == 1, "the session to run")
                 (sid,) = [s.session_id for s in node.sessions()]

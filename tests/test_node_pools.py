@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from polar.rollout.protocol import SessionStatus
-from tests.node_support import fake_policy, running_node, shell_task, spec, until
+from tests.node_support import ON_HOST, fake_policy, running_node, shell_task, spec, until
 
 
 def _wait_for(gate: Path) -> str:
@@ -17,7 +17,7 @@ async def test_long_run_does_not_block_init_and_ready_buffer_is_bounded(tmp_path
     gate = tmp_path / "go"
     prepared = tmp_path / "prepared.log"
     task = shell_task(
-        _wait_for(gate), runtime={"prepare": [{"type": "exec", "cmd": f"echo x >> {prepared}"}]}
+        _wait_for(gate), runtime={**ON_HOST, "prepare": [{"type": "exec", "cmd": f"echo x >> {prepared}"}]}
     )
     ids = [f"sess-pool-{i}" for i in range(5)]
     with fake_policy() as (url, _):
@@ -48,7 +48,10 @@ async def test_evaluator_runtime_is_prepared_while_the_agent_runs(tmp_path: Path
     prepared = tmp_path / "prepared.log"
     task = shell_task(
         f"{_wait_for(gate)}; echo agent-was-here > mark.txt",
-        runtime={"prepare": [{"type": "exec", "cmd": f"echo x >> {prepared}; echo clean > state.txt"}]},
+        runtime={
+            **ON_HOST,
+            "prepare": [{"type": "exec", "cmd": f"echo x >> {prepared}; echo clean > state.txt"}],
+        },
         # A fresh runtime is a clean copy of the task: the agent's mark is not in it.
         evaluator={
             "strategy": "tests.test_node_pools:FreshChecker",
@@ -74,7 +77,7 @@ async def test_evaluator_runtime_that_fails_to_prepare_is_an_error(tmp_path: Pat
     cmd = f"if [ -f {flag} ]; then echo fresh-broken >&2; exit 1; fi; touch {flag}"
     task = shell_task(
         "true",
-        runtime={"prepare": [{"type": "exec", "cmd": cmd}]},
+        runtime={**ON_HOST, "prepare": [{"type": "exec", "cmd": cmd}]},
         evaluator={"strategy": "tests.test_node_pools:FreshChecker", "fresh_runtime": True},
     )
     with fake_policy() as (url, _):
@@ -107,6 +110,7 @@ async def test_slow_evaluations_do_not_hold_run_slots(tmp_path: Path) -> None:
     task = shell_task(
         "true",
         evaluator={"strategy": "test_on_output", "config": {"command": _wait_for(gate)}},
+        runtime=ON_HOST,
     )
     ids = [f"sess-post-{i}" for i in range(3)]
     with fake_policy() as (url, _):

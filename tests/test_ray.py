@@ -74,6 +74,7 @@ def _task(task_id: str, command: str, num_samples: int) -> dict[str, Any]:
         "timeout_seconds": 120,
         "num_samples": num_samples,
         "agent": {"harness": "shell", "settings": {"command": command}},
+        "runtime": {"backend": "local"},  # the sessions coordinate through the test's host files
     }
 
 

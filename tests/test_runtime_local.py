@@ -301,7 +301,7 @@ async def test_absolute_workdir_lives_in_the_session_dir(tmp_path: Path) -> None
 
 def test_factory_refuses_unknown_backends() -> None:
     with pytest.raises(
-        RuntimeFailure, match="unknown runtime backend .lxc.; known: bwrap, docker, podman, apptainer, local"
+        RuntimeFailure, match="unknown runtime backend 'lxc'; known: bwrap, docker, podman, apptainer, local"
     ):
         make_runtime(RuntimeSpec(backend="lxc"), "x")  # type: ignore[arg-type]
 

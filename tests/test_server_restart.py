@@ -97,7 +97,7 @@ async def test_after_a_restart_queued_sessions_run_and_kept_results_are_collecte
 
                 await eventually(healthy, "a healthy node")
                 body = [
-                    task("first", agent=wait_gate),
+                    task("first", agent=wait_gate, runtime={"backend": "local"}),  # reads a host gate
                     task("second", agent={"harness": "shell", "settings": {"command": "true"}}),
                 ]
                 assert (await client.post("/rollout/task/submit", json=body)).status_code == 201
