@@ -47,7 +47,6 @@ def task(skill: str, word: str, split: str, samples: int) -> dict[str, object]:
         "timeout_seconds": 300,
         "metadata": {"skill": skill, "word": word, "answer": answer(word), "split": split},
         "runtime": {
-            "backend": "local",
             "prepare": [
                 {"type": "upload", "src": "ask.py", "dst": "ask.py"},
                 {"type": "upload", "src": f"shots-{skill}.json", "dst": "shots.json"},
