@@ -103,21 +103,45 @@ async def test_deleted_file_is_replayed(make_repo) -> None:
     assert res.reward == 1.0, res.details
 
 
-async def test_protected_paths_are_dropped(make_repo) -> None:
+async def test_a_diff_touching_protected_paths_is_refused(make_repo) -> None:
     agent, fresh = await make_repo(), await make_repo()
     # Reward hacking: make the tests assert the bugs instead of fixing them.
     await edit(agent, "tests/test_calc.py", "add(2, 3), 5", "add(2, 3), -1")
     await edit(agent, "tests/test_calc.py", "mul(2, 3), 6", "mul(2, 3), 5")
     assert (await command().evaluate(context(agent, fresh))).reward == 1.0  # unprotected: hacked
-    fresh2 = await make_repo()
-    res = await command(protect=["tests"]).evaluate(context(agent, fresh2))
-    assert res.details == {"reason": "no changes"}
+    res = await command(protect=["tests"]).evaluate(context(agent, await make_repo()))
+    assert res.reward == 0.0 and res.passed is False
+    assert res.details["reason"] == "refused: tests/test_calc.py: touches a protected path"
+    assert res.details["refused"] == [{"path": "tests/test_calc.py", "why": "touches a protected path"}]
+    # A real fix next to the edit is refused too; the fix alone passes, with the tests the task had.
     await edit(agent, "calc.py", *FIX_ADD)
     await edit(agent, "calc.py", *FIX_MUL)
+    res = await command(protect=["tests"]).evaluate(context(agent, await make_repo()))
+    assert res.details["reason"].startswith("refused:")
+    await must(agent, "git checkout HEAD -- tests")  # (the evaluator staged the edits)
     fresh3 = await make_repo()
     res = await command(protect=["tests"]).evaluate(context(agent, fresh3))
     assert res.reward == 1.0, res.details
     assert "add(2, 3), 5" in (fresh3.workdir / "tests" / "test_calc.py").read_text()
+
+
+async def test_build_products_never_travel(make_repo) -> None:
+    """A stale, unchecked-hash .pyc of a fixed calc.py, beside the buggy source: Python would load it."""
+    files = {k: v for k, v in CALC.items() if k != ".gitignore"}  # nothing ignores __pycache__
+    agent, fresh = await make_repo(files), await make_repo(files)
+    fixed = CALC["calc.py"].replace(*FIX_ADD).replace(*FIX_MUL)
+    await must(
+        agent,
+        f"{PY} -c 'import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], "
+        "invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)' /dev/stdin "
+        f"__pycache__/calc.cpython-{sys.version_info.major}{sys.version_info.minor}.pyc <<'EOF'\n{fixed}EOF",
+    )
+    await must(
+        agent, f"cp __pycache__/calc.cpython-{sys.version_info.major}{sys.version_info.minor}.pyc calc.pyc"
+    )
+    assert (await agent.exec(UNITTEST, timeout_s=60)).exit_code == 0  # the hack works where it was made
+    res = await command().evaluate(context(agent, fresh))
+    assert res.details == {"reason": "no changes"}
 
 
 async def test_agent_commits_count_from_base_ref(make_repo) -> None:

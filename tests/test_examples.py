@@ -32,10 +32,11 @@ def test_suite_shape() -> None:
     for task in TASKS:
         assert task.num_samples == 2
         assert task.metadata["group_id"] == task.task_id
-        assert task.runtime.backend == "local"
+        assert task.runtime.backend is None  # the node's default sandbox
         assert task.agent.harness == "builtin"
         assert task.evaluator.strategy == "command" and task.evaluator.fresh_runtime is True
         ev = get_evaluator(task.evaluator.strategy, task.evaluator.config)
+        assert isinstance(ev, CommandEvaluator) and ev.config.runner == "unittest"  # the hardened form
         assert fresh_runtime_wanted(ev, task.evaluator.fresh_runtime)
         assert (EXAMPLES / "repos" / f"{task.metadata['repo']}.solution.patch").is_file()
 
@@ -90,7 +91,7 @@ async def test_task_fails_as_shipped_and_the_reference_fix_solves_it(
     runtimes.append(agent)
 
     # The shipped repo's tests fail on assertions (the bug), not on an import or syntax error.
-    base = await agent.exec(ev.config.test_command, timeout_s=60)
+    base = await agent.exec("python3 -m unittest", timeout_s=60)  # what the instruction says to run
     assert base.exit_code != 0
     assert "FAILED (failures=" in base.stderr, base.stderr
 
@@ -124,7 +125,8 @@ async def test_editing_the_tests_does_not_pay(
         )
     assert (await agent.exec("python3 -m unittest", timeout_s=60)).exit_code == 0
     result = await ev.evaluate(_ctx(agent, fresh))
-    assert result.reward == 0.0 and result.details == {"reason": "no changes"}
+    assert result.reward == 0.0 and result.details["reason"].startswith("refused: tests/"), result.details
+    assert {f["why"] for f in result.details["refused"]} == {"touches a protected path"}
 
 
 def _fixed_files(task: Task, tmp: Path) -> dict[str, str]:

@@ -30,33 +30,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.evaluate.base import EvalContext, EvalResult
-from polar.evaluate.support import EvaluatorError, StrictConfig, output_of, parse_config, tail
+from polar.evaluate.support import SWEEP, EvaluatorError, StrictConfig, output_of, parse_config, tail
 from polar.runtime.base import Runtime, RuntimeFailure
 
 TESTS_DIR = "/tests"
 VERIFIER_DIR = "/logs/verifier"
 ARTIFACTS_DIR = "/logs/artifacts"
 _FS_TIMEOUT_S = 120.0
-
-# Kill every process but PID 1 (the container's init), its oldest child (the container's main process)
-# and this script's own ancestry: what the agent left behind must not outlive its turn.
-_SWEEP = r"""
-keep=" 1 "
-kids=($(cat /proc/1/task/1/children 2>/dev/null))
-if [ ${#kids[@]} -gt 0 ]; then keep="$keep$(printf '%s\n' "${kids[@]}" | sort -n | head -n1) "; fi
-p=$$
-while [ -n "$p" ] && [ "$p" -gt 0 ]; do
-  keep="$keep$p "
-  p=$(while read -r k v; do [ "$k" = PPid: ] && echo "$v"; done < /proc/$p/status)
-done
-for round in 1 2 3; do
-  for d in /proc/[0-9]*; do
-    pid=${d#/proc/}
-    case "$keep" in *" $pid "*) ;; *) kill -9 "$pid" 2>/dev/null ;; esac
-  done
-done
-true
-"""
 
 
 class TestFile(BaseModel):
@@ -127,7 +107,7 @@ class HarborEvaluator:
             copied = await self._copy_artifacts(ctx.runtime, target)
         else:
             target = ctx.runtime
-            await self._sh(target, _SWEEP, "stopping the agent's processes", check=False)
+            await self._sh(target, SWEEP, "stopping the agent's processes", check=False)
             copied = []
         details: dict[str, Any] = {"environment_mode": cfg.environment_mode}
         if copied:

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from polar.runtime.base import ExecResult
+from polar.runtime.base import ExecResult, Runtime
 
 OUTPUT_TAIL = 2000  # characters of command output kept in `EvalResult.details`
 # bash: 126 "found but not executable", 127 "command not found": the runtime lacks what the check needs,
@@ -56,3 +56,33 @@ def require_environment(result: ExecResult, what: str) -> None:
         raise EvaluatorError(
             f"{what} could not run in the runtime (exit {result.exit_code}): {tail(result.stderr, 500)}"
         )
+
+
+# Kill every process but PID 1 (the container's init), its oldest child (the container's main process)
+# and this script's own ancestry: what the agent left behind must not outlive its turn.
+SWEEP = r"""
+keep=" 1 "
+kids=($(cat /proc/1/task/1/children 2>/dev/null))
+if [ ${#kids[@]} -gt 0 ]; then keep="$keep$(printf '%s\n' "${kids[@]}" | sort -n | head -n1) "; fi
+p=$$
+while [ -n "$p" ] && [ "$p" -gt 0 ]; do
+  keep="$keep$p "
+  p=$(while read -r k v; do [ "$k" = PPid: ] && echo "$v"; done < /proc/$p/status)
+done
+for round in 1 2 3; do
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    case "$keep" in *" $pid "*) ;; *) kill -9 "$pid" 2>/dev/null ;; esac
+  done
+done
+true
+"""
+
+
+async def stop_leftovers(runtime: Runtime) -> None:
+    """Kill what the agent left running in its own runtime before a check runs there (a leftover could
+    rewrite what the check reads). In a container, every process but its init and main process; local and
+    bwrap need nothing: each command runs in its own PID namespace, which dies with it."""
+    if runtime.spec.backend in ("docker", "podman"):
+        res = await runtime.exec(["bash", "-c", SWEEP], cwd="/", timeout_s=120)
+        require_environment(res, "stopping the agent's processes")
