@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import polar
+from polar.rollout.node.lifecycle import runtime_spec
+from polar.rollout.taskfile import TaskFileError, parse_tasks
 from polar.runtime import RuntimeFailure, RuntimeSpec, make_runtime
 from polar.runtime.bwrap import BwrapRuntime
 from tests.conftest import Gateway
@@ -190,6 +192,21 @@ def test_factory_refuses_when_bwrap_is_missing(monkeypatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(RuntimeFailure, match="apt-get install bubblewrap"):
         make_runtime(RuntimeSpec(backend="bwrap"), "x")
+
+
+def test_a_task_naming_no_runtime_gets_bwrap_or_a_clear_error_at_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default is the strongest sandbox; where it cannot run, a local run stops before anything starts
+    with the task's line and what to install (it never falls back to `local`)."""
+    text = "tasks:\n  - task_id: a\n    instruction: hi\n"
+    (task,) = parse_tasks(text, "t.yaml", tmp_path, resolve_imports=True)
+    assert task.runtime.backend is None and runtime_spec(task, None).backend == "bwrap"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(TaskFileError) as refused:
+        parse_tasks(text, "t.yaml", tmp_path, resolve_imports=True)
+    assert str(refused.value).startswith("t.yaml:2: tasks[0].runtime.backend: the task names no runtime")
+    assert "apt-get install bubblewrap" in str(refused.value) and "'local'" in str(refused.value)
 
 
 async def test_an_environment_under_tmp_stays_visible(

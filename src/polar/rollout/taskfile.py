@@ -75,9 +75,18 @@ def check_task(task: Task, locate: Callable[[tuple[Any, ...]], str]) -> None:
 
 def check_local(task: Task, base: Path, locate: Callable[[tuple[Any, ...]], str]) -> None:
     """Everything a task of a local run (`polar run`, `generate`, `train`) must pass before the run starts:
-    its import paths resolved relative to `base` and trusted (`trust_imports`), then `check_task`."""
+    its import paths resolved relative to `base` and trusted (`trust_imports`), `check_task`, and its
+    runtime able to run on this machine (bwrap installed for the default, docker's CLI for docker), so a
+    run whose every session would end ERROR says why at the task's line instead."""
     trust_imports(task, base, locate)
     check_task(task, locate)
+    from polar.rollout.node.lifecycle import runtime_spec
+    from polar.runtime.factory import check_runtime
+
+    try:
+        check_runtime(runtime_spec(task, None))
+    except Exception as exc:
+        raise TaskFileError(f"{locate(('runtime', 'backend'))}: {exc}") from None
 
 
 def parse_tasks(
