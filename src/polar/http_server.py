@@ -5,14 +5,26 @@ bytes after a body shorter than its `Content-Length`, read as the next request â
 "Invalid HTTP request received.". Every client of a polar server reads errors as JSON: the SDKs behind the
 harnesses and polar's own clients would fail on the body instead of reporting the error. Every uvicorn that
 polar starts uses `http_protocol()` (`uvicorn.Config(http=...)` takes a protocol class).
+
+The same protocols close a connection whose request headers are not complete within `header_timeout_s`.
+uvicorn times out only an idle keep-alive connection (and stops that timer at the first byte of the next
+request): a client that sends half a request line and then nothing held its connection, and a descriptor,
+forever. One sandboxed agent held 587 that way and took its node's model API down for every session.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+from typing import Any
 
+import h11
 import orjson
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+DEFAULT_HEADER_TIMEOUT_S = 30.0
+HEADER_TIMEOUT_ENV = "POLAR_HEADER_TIMEOUT_S"  # an operator's (or a test's) override, in seconds
 
 HINT = (
     "The request line, headers or framing could not be parsed (for example, bytes past the body's "
@@ -35,7 +47,65 @@ def _response(body: bytes, default_headers: list[tuple[bytes, bytes]]) -> bytes:
     return b"".join(head) + body
 
 
-class JSONErrorH11Protocol(H11Protocol):
+def header_timeout() -> float:
+    """`POLAR_HEADER_TIMEOUT_S` when set to a positive number, else `DEFAULT_HEADER_TIMEOUT_S`."""
+    try:
+        value = float(os.environ.get(HEADER_TIMEOUT_ENV, ""))
+    except ValueError:
+        return DEFAULT_HEADER_TIMEOUT_S
+    return value if value > 0 else DEFAULT_HEADER_TIMEOUT_S
+
+
+class _HeaderDeadline:
+    """A timer from the moment a connection waits for a request until that request's headers are complete;
+    when it fires the connection is closed (nothing is answered: the client never finished asking).
+
+    Mixed into uvicorn's protocols, which provide `loop`, `transport` and `cycle`."""
+
+    header_timeout_s = DEFAULT_HEADER_TIMEOUT_S
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def _await_headers(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._headers_late)
+
+    def _headers_done(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A request is still being answered and the late headers are a pipelined next one: the answer
+            # goes on (a stream may take minutes); the next one is looked at again later.
+            self._await_headers()
+            return
+        self.transport.close()
+
+
+class JSONErrorH11Protocol(_HeaderDeadline, H11Protocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_headers()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # h11 reports the peer IDLE until a request's headers are complete (SEND_BODY or DONE after).
+        if self.conn.their_state is h11.IDLE:
+            self._await_headers()
+        else:
+            self._headers_done()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._headers_done()
+        super().connection_lost(exc)
+
     def send_400_response(self, msg: str) -> None:
         # The connection is unusable past a parse error, and h11's state machine may be mid-response
         # (pipelining): write the answer as raw bytes, as uvicorn's httptools protocol does, then close.
@@ -51,15 +121,38 @@ except ImportError:  # httptools is optional in uvicorn; h11 is always there
 
 if HttpToolsProtocol is not None:
 
-    class JSONErrorHttpToolsProtocol(HttpToolsProtocol):
+    class JSONErrorHttpToolsProtocol(_HeaderDeadline, HttpToolsProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_headers()
+
+        def on_message_begin(self) -> None:  # the first byte of a request (a keep-alive connection's next)
+            super().on_message_begin()
+            self._await_headers()
+
+        def on_headers_complete(self) -> None:
+            self._headers_done()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._headers_done()
+            super().connection_lost(exc)
+
         def send_400_response(self, msg: str) -> None:
             if not self.transport.is_closing():
                 self.transport.write(_response(error_body(msg), self.server_state.default_headers))
             self.transport.close()
 
 
-def http_protocol() -> type[asyncio.Protocol]:
-    """What uvicorn's `http="auto"` picks (httptools when installed, else h11), with JSON errors."""
-    if HttpToolsProtocol is not None:
-        return JSONErrorHttpToolsProtocol
-    return JSONErrorH11Protocol
+@functools.cache
+def _with_timeout(header_timeout_s: float) -> type[asyncio.Protocol]:
+    base: type[asyncio.Protocol] = (
+        JSONErrorHttpToolsProtocol if HttpToolsProtocol is not None else JSONErrorH11Protocol
+    )
+    return type(base.__name__, (base,), {"header_timeout_s": header_timeout_s})
+
+
+def http_protocol(header_timeout_s: float | None = None) -> type[asyncio.Protocol]:
+    """What uvicorn's `http="auto"` picks (httptools when installed, else h11), with JSON errors and a
+    deadline for request headers (`header_timeout()` when not given)."""
+    return _with_timeout(header_timeout_s if header_timeout_s is not None else header_timeout())

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 import uvicorn
 
+from polar.edge import prepare_server_process
 from polar.http_server import http_protocol
 
 Lifespan = Literal["auto", "on", "off"]
@@ -181,7 +182,7 @@ class EmbeddedServer:
         self.app, self.host, self.port = app, host, port
         self.lifespan = lifespan
         self.label = label
-        # JSON errors for malformed HTTP (polar.http_server), like every other answer polar gives. No
+        # JSON errors for malformed HTTP and a deadline for request headers (polar.http_server). No
         # log_config: uvicorn's loggers propagate to the process's handlers (polar.cli.common.setup_logging)
         # instead of printing in uvicorn's own format beside them.
         self.config = {
@@ -202,6 +203,7 @@ class EmbeddedServer:
         """Bind the address now (idempotent); `BindError` says why it cannot be."""
         if self._sock is not None:
             return
+        prepare_server_process()  # the open-files limit raised, accept errors throttled (polar.edge)
         try:
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             # IPPROTO_TCP named, not 0: asyncio turns Nagle's algorithm off only on sockets whose `proto`

@@ -125,3 +125,6 @@ def main() -> None:
     OpenCode, Pi, or your own program), records the exact tokens and log-probabilities of every call, and
     turns them into trainer-ready trajectories.
     """
+    from polar.edge import prepare_server_process
+
+    prepare_server_process()  # before any command binds or spawns: the open-files limit, throttled logs
