@@ -8,6 +8,7 @@ import base64
 import os
 import string
 import sys
+from collections.abc import Set as AbstractSet
 
 import pytest
 from hypothesis import given, settings
@@ -20,12 +21,12 @@ from tests.evaluate_support import make_repo, must  # noqa: F401  (make_repo is 
 
 def tree(
     *,
-    added: set[str] = frozenset(),  # type: ignore[assignment]
-    modified: set[str] = frozenset(),  # type: ignore[assignment]
-    deleted: set[str] = frozenset(),  # type: ignore[assignment]
-    files: set[str] = frozenset(),  # type: ignore[assignment]
-    protected: set[str] = frozenset(),  # type: ignore[assignment]
-    protected_files: set[str] = frozenset({"tests/test_a.py", "tests/__init__.py"}),
+    added: AbstractSet[str] = frozenset(),
+    modified: AbstractSet[str] = frozenset(),
+    deleted: AbstractSet[str] = frozenset(),
+    files: AbstractSet[str] = frozenset(),
+    protected: AbstractSet[str] = frozenset(),
+    protected_files: AbstractSet[str] = frozenset({"tests/test_a.py", "tests/__init__.py"}),
     links: dict[str, str] | None = None,
 ) -> Tree:
     return Tree(

@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 
 from polar.evaluate import CommandEvaluator, EvaluatorError, get_evaluator
 from polar.evaluate.runner import Report, judge, parse_report
+from polar.runtime.base import Runtime
 from tests.evaluate_support import (  # noqa: F401  (make_repo is a fixture)
     CALC,
     FIX_ADD,
     FIX_MUL,
+    MakeRepo,
     context,
     edit,
     make_repo,
@@ -29,12 +31,13 @@ IDS = [f"tests.test_calc.CalcTest.test_{n}" for n in ("add", "mul", "neg")]
 
 
 def runner(kind: str = "unittest", **config: object) -> CommandEvaluator:
-    ev = get_evaluator("command", {"runner": kind, "python": PY, "protect": ["tests"], **config})
+    config = {"runner": kind, "python": PY, "protect": ["tests"], "score": "fraction", **config}
+    ev = get_evaluator("command", config)
     assert isinstance(ev, CommandEvaluator)
     return ev
 
 
-async def fixed(make_repo, *fixes: tuple[str, str]):  # type: ignore[no-untyped-def]
+async def fixed(make_repo: MakeRepo, *fixes: tuple[str, str]) -> tuple[Runtime, Runtime]:
     agent, fresh = await make_repo(), await make_repo()
     for old, new in fixes:
         await edit(agent, "calc.py", old, new)
@@ -114,7 +117,7 @@ async def test_the_tested_code_cannot_talk_the_runner_into_a_pass(
     path = agent.workdir / "calc.py"
     path.write_text(path.read_text() + "\n" + hack)
     res = await runner(kind).evaluate(context(agent, fresh))
-    assert res.reward < 1.0 and res.passed is False, res.details
+    assert res.reward is not None and res.reward < 1.0 and res.passed is False, res.details
     assert reason in res.details["reason"], res.details
 
 
@@ -250,5 +253,6 @@ def test_judge() -> None:
     assert judge(expected, missing).details["missing"] == ["s"]
     skipped = Report(results={"a": "passed", "b": "skipped", "s": "skipped"}, canary="failed")
     assert judge(expected, skipped).reward == 0.5
+    assert judge(expected, skipped, fraction=False).reward == 0.0
     assert judge(expected, skipped, allow_skips=True).reward == 1.0
     assert judge(expected, Report(results=ok.results, canary="failed", error="boom")).reward == 0.0

@@ -282,7 +282,7 @@ def task() -> str:
         "    - {type: upload, src: repos/slugify, dst: .}\n"
         "    - {type: exec, cmd: git init -q && git add -A && git commit -qm base, retries: 1}\n"
         "agent: {harness: claude_code, budget_seconds: 600, side_calls: exclude}\n"
-        "evaluator: {strategy: command, config: {command: python3 -m unittest}}\n"
+        "evaluator: {strategy: command, config: {runner: unittest, protect: [tests]}}\n"
         "metadata: {group_id: repair-slugify}\n"
     )
     return _page(

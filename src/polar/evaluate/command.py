@@ -79,7 +79,7 @@ async def agent_diff(runtime: Runtime, base_ref: str, protect: Sequence[str], ti
         return local.read_bytes()
 
 
-_RUNNER_ONLY = ("python", "tests", "pattern", "expected_tests", "allow_skips")
+_RUNNER_ONLY = ("python", "tests", "pattern", "expected_tests", "allow_skips", "score")
 
 
 class CommandConfig(StrictConfig):
@@ -98,6 +98,8 @@ class CommandConfig(StrictConfig):
     pattern: str = Field("test*.py", min_length=1)
     expected_tests: list[str] | None = Field(None, min_length=1)
     allow_skips: bool = False
+    # With runner: 1 only when every counted test passed ("all"), or the passed fraction ("fraction").
+    score: Literal["all", "fraction"] = "all"
     base_ref: str = Field("HEAD", min_length=1)
     # Pathspecs the diff may not touch (the tests, what they read): such a diff is refused.
     protect: list[str] = Field(default_factory=list)
@@ -223,7 +225,7 @@ class CommandEvaluator:
             details |= {"exit_code": res.exit_code, "output": tail(res.stderr)}
             if res.timed_out:
                 return EvalResult(reward=0.0, passed=False, details={**details, "reason": "tests timed out"})
-            verdict = judge(expected, report, allow_skips=cfg.allow_skips)
+            verdict = judge(expected, report, allow_skips=cfg.allow_skips, fraction=cfg.score == "fraction")
             return EvalResult(reward=verdict.reward, passed=verdict.passed, details=details | verdict.details)
         return await self._command(fresh, env, details)
 

@@ -11,6 +11,14 @@ workdir, and the reward is `/logs/verifier/reward.json`'s `reward` (when that fi
 - `separate`: in the fresh container the node prepared from the task's image, which gets, as in Harbor, only
   `/logs/artifacts` and the paths the task lists in `artifacts`, copied from the agent's container.
 
+What it trusts: the reward file the verifier writes, and so whatever the verifier runs. In `shared` mode that
+is the agent's whole container outside `/tests` and `/logs/verifier`: a replaced `python3`, or a `pytest.py`
+or `conftest.py` where the verifier runs `python3 -m pytest`, decides the reward (tests/security/
+test_reward_hacks.py keeps one such case, a known limit). In `separate` mode only the artifact paths travel,
+but the verifier runs on them, so the same files inside an artifact (Harbor tasks often list the app's
+directory) count as well. Grade untrusted policies in `separate` mode with artifacts that hold data rather
+than code the verifier imports, or with the `command` evaluator (docs/security.md).
+
 Whose fault: a verifier that times out, writes no reward file, or an unreadable one is the agent's (reward 0,
 the reason in the details, as polar never guesses a reward). A runtime that is not a container, or one
 without bash, or copies that fail, are not (raise: ERROR, masked).
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import shlex
 import tempfile
@@ -37,6 +46,8 @@ TESTS_DIR = "/tests"
 VERIFIER_DIR = "/logs/verifier"
 ARTIFACTS_DIR = "/logs/artifacts"
 _FS_TIMEOUT_S = 120.0
+log = logging.getLogger("polar.evaluate.harbor")
+_warned: set[str] = set()
 
 
 class TestFile(BaseModel):
@@ -94,6 +105,13 @@ class HarborEvaluator:
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.config = parse_config(self.name, HarborEvalConfig, config)
         self.needs_fresh_runtime = self.config.environment_mode == "separate"
+        if self.config.environment_mode == "shared" and "shared" not in _warned:
+            _warned.add("shared")  # once per process: a dataset makes one evaluator per task
+            log.warning(
+                "harbor: environment_mode shared runs the verifier in the agent's container, among files the "
+                "agent may have planted (a pytest.py, a replaced python3); for untrusted policies use separate "
+                "(docs/security.md)"
+            )
 
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         cfg = self.config

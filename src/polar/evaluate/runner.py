@@ -185,8 +185,11 @@ class Verdict:
     details: dict[str, Any]
 
 
-def judge(expected: Mapping[str, str], report: Report | None, *, allow_skips: bool = False) -> Verdict:
-    """The reward for a run against the expected tests (id -> static marker from the collection)."""
+def judge(
+    expected: Mapping[str, str], report: Report | None, *, allow_skips: bool = False, fraction: bool = True
+) -> Verdict:
+    """The reward for a run against the expected tests (id -> static marker from the collection): the
+    passed fraction, or with `fraction=False` 1 only when every counted test passed."""
     if report is None:
         return Verdict(0.0, False, {"reason": "the test runner left no report (the process exited early)"})
     if report.error is not None:
@@ -216,7 +219,8 @@ def judge(expected: Mapping[str, str], report: Report | None, *, allow_skips: bo
         counted = [t for t in counted if report.results[t] != "skipped"]
     ok = [t for t in counted if report.results[t] == "passed"]
     failed = [t for t in counted if report.results[t] != "passed"]
-    fraction = len(ok) / len(counted) if counted else 0.0
+    passed = bool(counted) and not failed
+    share = len(ok) / len(counted) if counted else 0.0
     details: dict[str, Any] = {
         "reason": f"{len(ok)}/{len(counted)} tests passed",
         "tests_passed": len(ok),
@@ -225,4 +229,4 @@ def judge(expected: Mapping[str, str], report: Report | None, *, allow_skips: bo
     }
     if failed:
         details["failed"] = [f"{t} ({report.results[t]})" for t in failed[:50]]
-    return Verdict(fraction, bool(counted) and not failed, details)
+    return Verdict(share if fraction else float(passed), passed, details)

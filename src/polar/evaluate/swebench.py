@@ -1,11 +1,24 @@
 """`swebench`: grade a session as SWE-bench does, with the official `swebench` package.
 
 The agent's diff against the instance's `base_commit` is taken from its runtime, leaving out every file the
-instance's `test_patch` touches (an agent that edits the tests it will be judged by changes nothing). In a
-fresh runtime of the same image the diff is applied (`git apply`, then `patch --fuzz=5` as SWE-bench's
-harness does), the instance's `eval_script` runs (it checks out the test files, applies `test_patch`, runs
-the tests between `>>>>> Start Test Output` and `>>>>> End Test Output`), and the log is graded by
-`swebench.harness.grading.get_eval_report`: reward 1 when FAIL_TO_PASS now pass and PASS_TO_PASS still do.
+instance's `test_patch` touches (as in SWE-bench, whose eval script checks them out again: an agent that
+edits, or adds a regression test to, the tests it will be judged by changes nothing) and build products.
+In a fresh runtime of the same image the diff is applied (`git apply`, then `patch --fuzz=5` as SWE-bench's
+harness does) and reviewed (`polar.evaluate.review`): a diff that adds or changes `conftest.py`,
+`sitecustomize.py`, a `.pth`, a runner configuration file (`config_files`), a top-level module named like
+a standard-library or test-framework module, or a symlink out of the repository or onto the test files is
+refused (reward 0, "refused: ..."). Then the instance's `eval_script` runs (it checks out the test files,
+applies `test_patch`, runs the tests between `>>>>> Start Test Output` and `>>>>> End Test Output`), and
+the log is graded by `swebench.harness.grading.get_eval_report`: reward 1 when FAIL_TO_PASS now pass and
+PASS_TO_PASS still do.
+
+The log holds what the tested code prints too. Before a resolved verdict counts, polar checks that each
+marker appears once, and, for pytest's log parsers, that nothing follows pytest's final summary line and
+that the statuses in its last "short test summary info" block (the one pytest wrote, counted against that
+summary line) also resolve the instance: status lines printed by the tests elsewhere, or after pytest
+finished (an atexit hook), do not count. A test process that prints a complete, consistent fake summary
+block in place of pytest's is beyond what a log can show; `command` with `runner: pytest` is the
+tamper-evident alternative.
 
 Whose fault: no diff, a diff that applies neither way, tests that fail or time out are the agent's
 (reward 0, the reason and the per-test report in the details). A log swebench classifies as an environment
@@ -27,6 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from polar.evaluate import review
 from polar.evaluate.base import EvalContext, EvalResult
 from polar.evaluate.command import agent_diff
 from polar.evaluate.support import (
@@ -36,6 +50,7 @@ from polar.evaluate.support import (
     require_environment,
     tail,
 )
+from polar.evaluate.swebench_log import log_problem
 from polar.runtime.base import RuntimeFailure
 
 # Beside the working directory (in a SWE-bench image: /testbed's parent), never in the repository under test.
@@ -76,6 +91,8 @@ class SWEBenchConfig(StrictConfig):
     instance: SWEInstance
     timeout_seconds: float = Field(1800.0, gt=0)  # the eval script (SWE-bench's default)
     git_timeout_seconds: float = Field(120.0, gt=0)
+    # Runner configuration files the diff may not add or change (`[]` allows them).
+    config_files: list[str] = Field(default_factory=lambda: list(review.CONFIG_FILES))
 
 
 def patched_files(test_patch: str) -> list[str]:
@@ -112,10 +129,20 @@ class SWEBenchEvaluator:
         if not diff.strip():
             return EvalResult(reward=0.0, passed=False, details={**details, "reason": "no changes"})
 
+        start = await review.before(fresh, inst.base_commit, cfg.git_timeout_seconds)
         method = await self._apply(fresh, diff, details)
         if method is None:
             return EvalResult(reward=0.0, passed=False, details=details)
         details["applied_with"] = method
+        tests = [f":(literal){p}" for p in protected]
+        tree = await review.inspect(fresh, start, tests, cfg.git_timeout_seconds)
+        findings = review.review(tree, cfg.config_files)
+        if findings:
+            refused = [f.as_dict() for f in findings]
+            reason = review.refusal(findings)
+            return EvalResult(
+                reward=0.0, passed=False, details={**details, "reason": reason, "refused": refused}
+            )
 
         spec = make_test_spec(inst.model_dump())
         # The log goes to a file in the runtime, fetched whole: a command's captured output is capped (its
@@ -151,6 +178,13 @@ class SWEBenchEvaluator:
             )
         resolved = bool(report.get("resolved"))
         details["tests_status"] = report.get("tests_status")
+        if resolved:
+            problem = log_problem(
+                text, spec, inst.log_parser, inst.FAIL_TO_PASS, inst.PASS_TO_PASS, inst.eval_type
+            )
+            if problem is not None:
+                details["reason"] = f"the evaluation log cannot be trusted: {problem}"
+                return EvalResult(reward=0.0, passed=False, details=details)
         if not report.get("patch_successfully_applied"):
             reason = "no test results in the evaluation log"
         else:
