@@ -166,8 +166,8 @@ async def test_inspect_reads_every_name_exactly(make_repo) -> None:
     fresh = await make_repo(
         {"stats.py": "x = 1\n", "gone.py": "", "tests/__init__.py": "", "tests/test_a.py": ""}
     )
-    start = await review.before(fresh, "polar-base", 60)
-    assert start.untracked == frozenset() and start.ref == "polar-base"  # a clean tree compares with the base
+    start = await review.before(fresh, 60)
+    assert start.untracked == frozenset() and start.ref == "HEAD"  # a clean tree compares with its commit
     work = fresh.workdir
     for name in NASTY:
         (work / name).parent.mkdir(parents=True, exist_ok=True)
@@ -195,8 +195,8 @@ async def test_a_set_up_that_changed_tracked_files_is_not_the_diff(make_repo) ->
     fresh = await make_repo({"setup.cfg": "[a]\n", "m.py": ""})
     (fresh.workdir / "setup.cfg").write_text("[a]\nchanged by the image\n")
     (fresh.workdir / "build.log").write_text("")
-    start = await review.before(fresh, "polar-base", 60)
-    assert start.ref != "polar-base" and start.untracked == {"build.log"}
+    start = await review.before(fresh, 60)
+    assert start.ref != "HEAD" and start.untracked == {"build.log"}
     (fresh.workdir / "m.py").write_text("fixed\n")
     got = await review.inspect(fresh, start, [], 60)
     assert got.modified == {"m.py"} and got.added == frozenset()

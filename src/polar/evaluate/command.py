@@ -197,7 +197,7 @@ class CommandEvaluator:
                 expected = collected.expected
                 protect += [f":(literal){f}" for f in collected.files]
             protect += self._interpreter_home(fresh, job.python)
-        start = await review.before(fresh, cfg.base_ref, git_s)
+        start = await review.before(fresh, git_s)
 
         applied = await fresh.exec(["git", "apply", "--whitespace=nowarn", "-"], stdin=diff, timeout_s=git_s)
         require_environment(applied, "git apply")

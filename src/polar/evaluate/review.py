@@ -192,8 +192,9 @@ def parse_raw(blob: bytes) -> list[tuple[str, str, str]]:
 @dataclass(frozen=True)
 class Before:
     """The fresh runtime's workdir before the diff: its untracked files (ignored ones included) and a
-    commit of its tracked state (`git stash create`: an image whose set-up changed tracked files, as a
-    SWE-bench image's install may, is compared with itself, not with the base)."""
+    commit of its tracked state (`git stash create`, else HEAD): what the diff changed is measured from
+    there, so neither an image whose set-up changed tracked files (a SWE-bench install) nor a task whose
+    prepare committed past `base_ref` is taken for the agent's doing."""
 
     untracked: frozenset[str]
     ref: str
@@ -206,13 +207,13 @@ git -c user.name=polar -c user.email=polar@localhost stash create
 """
 
 
-async def before(fresh: Runtime, base_ref: str, timeout_s: float) -> Before:
+async def before(fresh: Runtime, timeout_s: float) -> Before:
     res = await fresh.exec(["bash", "-c", _BEFORE], timeout_s=timeout_s)
     lines = res.stdout.split("\n")
     if res.exit_code != 0 or res.timed_out or len(lines) < 2:
         raise EvaluatorError(f"cannot read the fresh runtime's workdir: {tail(res.stderr.strip(), 500)}")
     untracked = frozenset(_names(base64.b64decode(lines[0])))
-    return Before(untracked=untracked, ref=lines[1].strip() or base_ref)
+    return Before(untracked=untracked, ref=lines[1].strip() or "HEAD")
 
 
 async def inspect(fresh: Runtime, start: Before, protect: Sequence[str], timeout_s: float) -> Tree:

@@ -129,7 +129,7 @@ class SWEBenchEvaluator:
         if not diff.strip():
             return EvalResult(reward=0.0, passed=False, details={**details, "reason": "no changes"})
 
-        start = await review.before(fresh, inst.base_commit, cfg.git_timeout_seconds)
+        start = await review.before(fresh, cfg.git_timeout_seconds)
         method = await self._apply(fresh, diff, details)
         if method is None:
             return EvalResult(reward=0.0, passed=False, details=details)
