@@ -121,6 +121,21 @@ async def test_the_tested_code_cannot_talk_the_runner_into_a_pass(
     assert reason in res.details["reason"], res.details
 
 
+@pytest.mark.parametrize(
+    ("kind", "tests"),
+    [
+        ("unittest", ["tests"]),  # a start directory
+        ("unittest", ["tests/test_calc.py"]),  # a file, as `python -m unittest` takes it
+        ("unittest", ["tests.test_calc.CalcTest"]),  # a dotted name
+        ("pytest", ["tests/test_calc.py::CalcTest"]),  # pytest's own arguments
+    ],
+)
+async def test_what_to_run(make_repo: MakeRepo, kind: str, tests: list[str]) -> None:
+    agent, fresh = await fixed(make_repo, FIX_ADD, FIX_MUL)
+    res = await runner(kind, tests=tests).evaluate(context(agent, fresh))
+    assert res.reward == 1.0 and res.details["reason"] == "3/3 tests passed", res.details
+
+
 async def test_skips_at_run_time_are_left_out_when_allowed(make_repo) -> None:
     agent, fresh = await fixed(make_repo, FIX_ADD)
     path = agent.workdir / "calc.py"

@@ -167,7 +167,7 @@ def _unittest(job, emit, protect):
             if os.path.isdir(name):
                 suites.append(loader.discover(name, pattern=pattern, top_level_dir="."))
             else:
-                suites.append(loader.loadTestsFromName(unittest.main._convert_name(name)))
+                suites.append(loader.loadTestsFromName(sys.modules["unittest.main"]._convert_name(name)))
 
     def leaves(suite):
         for test in suite:
