@@ -112,6 +112,8 @@ def test_one_finding_per_path_in_order_and_the_reason() -> None:
     assert [f.path for f in findings] == ["conftest.py", "tests/test_a.py", "unittest/__init__.py"]
     assert review.refusal(findings) == "refused: conftest.py: " + findings[0].why + " (and 2 more)"
     assert review.refusal([Finding("a", "b")]) == "refused: a: b"
+    many = [Finding(f"tests/t{i}.py", "touches a protected path") for i in range(120)]
+    assert len(review.refused(many)["refused"]) == 50 and "(and 119 more)" in review.refused(many)["reason"]
 
 
 _dirs = st.lists(

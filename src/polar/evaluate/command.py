@@ -133,14 +133,6 @@ class CommandConfig(StrictConfig):
         return self
 
 
-def _refused(findings: Sequence[review.Finding], details: dict[str, Any]) -> EvalResult:
-    return EvalResult(
-        reward=0.0,
-        passed=False,
-        details={**details, "reason": review.refusal(findings), "refused": [f.as_dict() for f in findings]},
-    )
-
-
 class CommandEvaluator:
     name = "command"
     needs_fresh_runtime = True
@@ -216,7 +208,7 @@ class CommandEvaluator:
         tree = await review.inspect(fresh, start, protect, git_s)
         findings = review.review(tree, cfg.config_files)
         if findings:
-            return _refused(findings, details)
+            return EvalResult(reward=0.0, passed=False, details=details | review.refused(findings))
         await review.restore(fresh, cfg.base_ref, protect, git_s)
 
         if job is not None:

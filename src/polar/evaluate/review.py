@@ -27,6 +27,7 @@ import shlex
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from polar.evaluate.support import EvaluatorError, tail
 from polar.runtime.base import Runtime
@@ -145,6 +146,11 @@ def refusal(findings: Sequence[Finding]) -> str:
     first = findings[0]
     more = f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""
     return f"refused: {first.path}: {first.why}{more}"
+
+
+def refused(findings: Sequence[Finding], limit: int = 50) -> dict[str, Any]:
+    """The details of a refusal: the reason, and the first `limit` paths with why."""
+    return {"reason": refusal(findings), "refused": [f.as_dict() for f in findings[:limit]]}
 
 
 # -- facts from the fresh runtime -------------------------------------------------------------------------

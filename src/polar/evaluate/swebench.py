@@ -138,11 +138,7 @@ class SWEBenchEvaluator:
         tree = await review.inspect(fresh, start, tests, cfg.git_timeout_seconds)
         findings = review.review(tree, cfg.config_files)
         if findings:
-            refused = [f.as_dict() for f in findings]
-            reason = review.refusal(findings)
-            return EvalResult(
-                reward=0.0, passed=False, details={**details, "reason": reason, "refused": refused}
-            )
+            return EvalResult(reward=0.0, passed=False, details=details | review.refused(findings))
 
         spec = make_test_spec(inst.model_dump())
         # The log goes to a file in the runtime, fetched whole: a command's captured output is capped (its
