@@ -34,12 +34,19 @@ def polar(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     )
 
 
-def say(task_id: str, command: str) -> dict[str, Any]:
+def say(task_id: str, command: str, *, on_host: bool = False) -> dict[str, Any]:
+    """A task running `command`; the caller script next to the task file is uploaded into the sandbox as
+    `call_gateway.py` (as a user ships a harness program). `on_host`: the command coordinates with the
+    test through host files, which only the trusted `local` runtime sees."""
+    runtime: dict[str, Any] = {"backend": "local"} if on_host else {}
+    if "call_gateway.py" in command and not on_host:
+        runtime["prepare"] = [{"type": "upload", "src": "call_gateway.py", "dst": "call_gateway.py"}]
     return {
         "task_id": task_id,
         "instruction": "say something",
         "num_samples": 2,
         "timeout_seconds": 120,
+        "runtime": runtime,
         "agent": {"harness": "shell", "settings": {"command": command}},
         "evaluator": {"strategy": "session_completed"},
     }
@@ -63,7 +70,7 @@ def open_sessions(out: Path) -> int:
 def test_a_second_run_resumes_and_overwrite_replaces(tmp_path: Path) -> None:
     caller = tmp_path / "call_gateway.py"
     caller.write_text(CALL_GATEWAY)
-    call = f"{sys.executable} {caller} 2"
+    call = f"{sys.executable} call_gateway.py 2"
     taskfile = write_tasks(tmp_path / "tasks.yaml", [say("say-0", call), say("say-1", call)])
     out = tmp_path / "out"
     with fake_policy() as (url, backend):
@@ -136,7 +143,9 @@ def test_ctrl_c_keeps_what_finished_and_a_resume_runs_the_rest(tmp_path: Path) -
     # The slow task's sessions wait until `flag` exists: forever in the first run, not in the second.
     slow = f"echo $$ >> {marks}; test -f {flag} || sleep 600; {sys.executable} {caller} 1"
     quick = f"{sys.executable} {caller} 1"
-    taskfile = write_tasks(tmp_path / "tasks.yaml", [say("quick", quick), say("slow", slow)])
+    taskfile = write_tasks(
+        tmp_path / "tasks.yaml", [say("quick", quick, on_host=True), say("slow", slow, on_host=True)]
+    )
     out = tmp_path / "out"
     with fake_policy() as (url, _):
         argv = [sys.executable, "-m", "polar", "run", str(taskfile), "--backend", url]
@@ -196,7 +205,7 @@ def test_ctrl_c_keeps_what_finished_and_a_resume_runs_the_rest(tmp_path: Path) -
 def test_generate_resumes_and_rewrites_its_data_from_every_session(tmp_path: Path) -> None:
     caller = tmp_path / "call_gateway.py"
     caller.write_text(CALL_GATEWAY)
-    taskfile = write_tasks(tmp_path / "tasks.yaml", [say("g", f"{sys.executable} {caller} 1")])
+    taskfile = write_tasks(tmp_path / "tasks.yaml", [say("g", f"{sys.executable} call_gateway.py 1")])
     out = tmp_path / "gen"
     with fake_policy() as (url, backend):
         argv = ["generate", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out)]

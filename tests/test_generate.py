@@ -68,7 +68,12 @@ def task(task_id: str, word: str, agent: Path) -> dict[str, Any]:
         "instruction": f"write {word}",
         "num_samples": 2,
         "timeout_seconds": 60,
-        "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} {agent} {{instruction}}"}},
+        # the agent program next to the task file, uploaded into the sandbox as a user ships one
+        "runtime": {"prepare": [{"type": "upload", "src": agent.name, "dst": agent.name}]},
+        "agent": {
+            "harness": "shell",
+            "settings": {"command": f"{sys.executable} {agent.name} {{instruction}}"},
+        },
         "evaluator": {"strategy": "test_on_output", "config": {"command": "cat hello.txt", "expect": "good"}},
     }
 

@@ -12,6 +12,7 @@ from polar.auth import bearer
 from polar.rollout.protocol import SessionStatus
 from tests.fakes.fake_vllm import Reply
 from tests.node_support import (
+    ON_HOST,
     PY,
     control_client,
     fake_policy,
@@ -46,7 +47,7 @@ async def test_sessions_by_stage_pools_evaluations_and_ends(tmp_path: Path) -> N
         f"{PY} {caller} 2 > answer.txt",
         evaluator={"strategy": "test_on_output", "config": {"command": "cat answer.txt", "expect": "Done."}},
     )
-    waiting = shell_task(f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 3", task_id="t2")
+    waiting = shell_task(f"while [ ! -e {flag} ]; do sleep 0.05; done; exit 3", task_id="t2", runtime=ON_HOST)
     exploding = shell_task("true", task_id="t3", evaluator={"strategy": "tests.test_metrics_node:Exploding"})
     with fake_policy([Reply("Working."), Reply("Done.")]) as (url, _):
         async with running_node(url, tmp_path, run_workers=1) as node, control_client(node) as client:

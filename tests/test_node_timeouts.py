@@ -9,7 +9,7 @@ from pathlib import Path
 from polar.rollout.protocol import SessionStatus
 from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE
 from polar.trajectory import Trajectory
-from tests.node_support import PY, fake_policy, pids_under, running_node, shell_task, spec, until
+from tests.node_support import ON_HOST, PY, fake_policy, pids_under, running_node, shell_task, spec, until
 
 # One chat call with the standard library: starts in ~50 ms, so the call lands well inside a 1 s budget even
 # on a loaded machine (the openai SDK alone takes about a second to import there).
@@ -24,14 +24,17 @@ urllib.request.urlopen(req).read()
 
 
 def _hang_after_call(tmp_path: Path) -> str:
-    """One call to the policy, then a hang with a child process (the tree must die on timeout)."""
+    """One call to the policy, then a hang with a child process (the tree must die on timeout); the pid
+    file and the process check are the host's, so these sessions run `local` (ON_HOST)."""
     caller = tmp_path / "quick_call.py"
     caller.write_text(_QUICK_CALL)
     return f"{PY} {caller} && (sleep 60 & echo $! > {tmp_path}/child.pid; wait)"
 
 
 async def test_agent_budget_timeout_keeps_a_trainable_partial_trajectory(tmp_path: Path) -> None:
-    task = shell_task(_hang_after_call(tmp_path), agent={"budget_seconds": 1.0}, timeout_seconds=60)
+    task = shell_task(
+        _hang_after_call(tmp_path), agent={"budget_seconds": 1.0}, timeout_seconds=60, runtime=ON_HOST
+    )
     with fake_policy() as (url, fake):
         async with running_node(url, tmp_path) as node:
             await node.submit(spec(task, "sess-budget"))
@@ -48,7 +51,7 @@ async def test_agent_budget_timeout_keeps_a_trainable_partial_trajectory(tmp_pat
 
 
 async def test_session_deadline_timeout_is_partial_and_masked(tmp_path: Path) -> None:
-    task = shell_task(_hang_after_call(tmp_path), timeout_seconds=1.5)
+    task = shell_task(_hang_after_call(tmp_path), timeout_seconds=1.5, runtime=ON_HOST)
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path) as node:
             await node.submit(spec(task, "sess-deadline"))

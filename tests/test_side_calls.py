@@ -26,7 +26,7 @@ from polar.trajectory import Trajectory, audit
 from tests.conftest import SERVED_MODEL, serve_gateway
 from tests.fakes.fake_vllm import Reply, make_fake_backend
 from tests.fakes.server import serve
-from tests.node_support import PY, fake_policy, running_node, shell_task, spec
+from tests.node_support import PY, fake_policy, program, running_node, shell_task, spec
 from tests.server_support import AUTH, start_server
 from tests.side_call_harness import SIDE_CALL_SCRIPT, TITLE_SYSTEM
 
@@ -35,8 +35,7 @@ FROZEN_MODEL = "frozen-titler"
 
 
 def side_task(tmp_path: Path, **agent: Any) -> Task:
-    script = tmp_path / "side_calls.py"
-    script.write_text(SIDE_CALL_SCRIPT)
+    script = program("side_calls.py", SIDE_CALL_SCRIPT)
     return shell_task(
         f"{PY} {script} > out.txt",
         agent={"harness": HARNESS, **agent},

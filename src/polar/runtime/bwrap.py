@@ -143,8 +143,12 @@ class BwrapRuntime(LocalRuntime):
             return str(self.session_dir / Path(path).relative_to(SANDBOX_SESSION))
         return path
 
-    def bwrap_argv(self, argv: list[str], cwd: Path) -> list[str]:
-        """The full bwrap command line for `argv` run in `cwd` (a host path, as the sandbox sees it)."""
+    def _reports_signals(self) -> bool:
+        return self.user is not None or self._bridge is not None  # fwd_inside runs the command
+
+    def bwrap_argv(self, argv: list[str], cwd: Path, status_fd: int | None = None) -> list[str]:
+        """The full bwrap command line for `argv` run in `cwd` (a host path, as the sandbox sees it);
+        `status_fd` (inherited through bwrap) receives the signal that killed the command."""
         cmd = [self.bwrap, *view_args(self.spec.read_only_paths)]
         cmd += ["--bind", str(self.session_dir), str(SANDBOX_SESSION)]
         cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts"]
@@ -153,6 +157,8 @@ class BwrapRuntime(LocalRuntime):
         chdir = self.runtime_path(cwd)
         cmd += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
         inner = [sys.executable, "-I", "-S", str(FWD)]
+        if status_fd is not None:
+            inner += ["--status-fd", str(status_fd)]
         if self._bridge is not None and self._gateway is not None:
             sock = str(self._bridge.socket_path)
             cmd += ["--bind", str(self._bridge.socket_path.parent), str(self._bridge.socket_path.parent)]
@@ -174,4 +180,4 @@ class BwrapRuntime(LocalRuntime):
     def _wrap(
         self, argv: list[str], cwd: Path, env: dict[str, str], status_fd: int | None
     ) -> tuple[list[str], str | None]:
-        return self.bwrap_argv(argv, cwd), None
+        return self.bwrap_argv(argv, cwd, status_fd), None

@@ -218,6 +218,11 @@ class LocalRuntime:
         # the harness set (a venv, an npm prefix)
         return ["bash", "-c", argv] if isinstance(argv, str) else list(argv)
 
+    def _reports_signals(self) -> bool:
+        """Whether `fwd_inside.py` stands between the node and the command (and so must report on a pipe
+        the signal that killed it, which its own exit status cannot carry)."""
+        return self._ns is not None
+
     def _wrap(
         self, argv: list[str], cwd: Path, env: dict[str, str], status_fd: int | None
     ) -> tuple[list[str], str | None]:
@@ -256,7 +261,7 @@ class LocalRuntime:
         timeout_s: float | None,
     ) -> ExecResult:
         """Run a checked command with its full environment; container runtimes override this."""
-        status = os.pipe() if self._ns is not None else None
+        status = os.pipe() if self._reports_signals() else None
         try:
             host_argv, host_cwd = self._wrap(command, self._cwd(cwd), env, status[1] if status else None)
             result = await run_process(
