@@ -89,7 +89,7 @@ def test_generate_content(gateway: Gateway, fake_backend: FakeBackend, api_versi
     u = r.usage_metadata
     assert u is not None and u.prompt_token_count == len(rec.prompt_ids or []) > 0
     assert u.candidates_token_count == len(rec.response_ids or []) > 0
-    assert r.response_id == rec.completion_id
+    assert r.response_id == rec.upstream_id  # the server's id; `completion_id` is the gateway's own
 
 
 def test_generate_content_stream_with_thoughts(

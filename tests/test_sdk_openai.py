@@ -71,7 +71,7 @@ def test_chat_non_streaming(gateway: Gateway, fake_backend: FakeBackend) -> None
     assert r.usage is not None
     assert r.usage.prompt_tokens == len(rec.prompt_ids or []) > 0
     assert r.usage.completion_tokens == len(rec.response_ids or []) > 0
-    assert r.id == rec.completion_id
+    assert r.id == rec.upstream_id  # the server's id; `completion_id` is the gateway's own
     assert rec.response_message == {
         "role": "assistant",
         "content": reply.content,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass, replace
@@ -71,6 +72,14 @@ class Placed:
     tags: tuple[str, ...]
     quirks: tuple[str, ...]
     flags: tuple[str, ...] = ()
+
+
+def completion_id(seq: int) -> str:
+    """The gateway's own id for a session's call `seq`: unique in the session by its seq, and across sessions
+    by its random part. Inference servers' ids are not unique (a restarted server counts from the start
+    again, a frozen model's server counts alike, a hosted API may send none), and a session whose records
+    repeat an id could not be built into a trajectory: one such repeat turned a whole session into ERROR."""
+    return f"cmpl-{secrets.token_hex(8)}-{seq}"
 
 
 @dataclass
@@ -574,12 +583,9 @@ class Proxy:
         if record.policy_version is None and backend is self.backend:
             record = replace(record, policy_version=call.policy_version)
         if backend is not self.backend:
-            # The frozen model's tokens are never the policy's, whatever its server returned. Its ids
-            # are its own (a hosted API may send none; another server counts from the same start), so
-            # the record's id is made unique in the session by the call's seq.
+            # The frozen model's tokens are never the policy's, whatever its server returned.
             flags = tuple(dict.fromkeys((*record.flags, FLAG_NOT_TRAINABLE, FLAG_ROUTED)))
-            cid = f"routed-{seq}-{comp.id}" if comp.id else f"routed-{seq}"
-            record = replace(record, completion_id=cid, flags=flags, tags=tags)
+            record = replace(record, flags=flags, tags=tags)
         elif tags:
             record = replace(record, tags=tags)
         t_commit = time.perf_counter()
@@ -627,7 +633,8 @@ class Proxy:
         return CompletionRecord(
             session_id=state.session_id,
             seq=seq,
-            completion_id=comp.id,
+            completion_id=completion_id(seq),
+            upstream_id=comp.id,
             dialect=dialect.name,
             created_at=created,
             request=body,

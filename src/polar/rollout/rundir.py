@@ -25,6 +25,7 @@ import orjson
 
 from polar.rollout.protocol import SessionResult
 from polar.rollout.task import Task
+from polar.store.files import private_dirs
 
 # What `polar run`/`generate` write under --out, and `polar train` under `out`: all --overwrite removes.
 RUN_FILES = (
@@ -50,8 +51,9 @@ _held: dict[Path, int] = {}  # folders this process holds -> nesting depth (a ru
 
 @contextlib.contextmanager
 def locked(out: Path) -> Iterator[None]:
-    """Hold `out` for this process (re-entrant); another process holding it is a `RunDirError`."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Hold `out` for this process (re-entrant); another process holding it is a `RunDirError`. Made 0700
+    when missing: it holds the run's stores."""
+    private_dirs(out)
     key = out.resolve()
     if key in _held:
         _held[key] += 1

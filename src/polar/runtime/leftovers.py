@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -125,3 +126,67 @@ def owner_dead(label: str) -> bool:
     if host != socket.gethostname():
         return False
     return boot != _boot_id() or start_time(pid_n) != start_n
+
+
+# -- session directories ------------------------------------------------------------------------------------
+# A session directory (`<root>/polar-<session>-<random>`) is removed when its runtime stops; a node killed
+# with SIGKILL removes none. So the node records its claim beside each one it would remove, in a file
+# `<directory>.owner` holding its `owner_label` (outside the directory: no sandbox sees or writes it), and
+# the next node start on the same root removes the directories whose owner is dead. A live node's, another
+# host's (a shared root), a kept one's (`keep` other than nothing: never claimed) stay.
+OWNER_SUFFIX = ".owner"
+
+
+def _marker(session_dir: Path) -> Path:
+    return session_dir.with_name(session_dir.name + OWNER_SUFFIX)
+
+
+def claim_session_dir(session_dir: Path) -> None:
+    """Record that this process owns `session_dir` (best effort: a claim that cannot be written only
+    leaves the directory behind if the node is killed)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(_marker(session_dir), flags, 0o600)
+    except OSError as exc:
+        log.debug("cannot record the owner of %s: %s", session_dir, exc)
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(owner_label() + "\n")
+
+
+def release_session_dir(session_dir: Path) -> None:
+    """The directory was removed (or is kept on purpose): forget the claim."""
+    with contextlib.suppress(OSError):
+        _marker(session_dir).unlink()
+
+
+def remove_dead_session_dirs(root: Path | None = None) -> list[Path]:
+    """Remove the session directories under `root` (default: the temp dir, where runtimes make them)
+    claimed by a process of this host that is dead; returns them."""
+    root = root if root is not None else Path(tempfile.gettempdir())
+    removed: list[Path] = []
+    try:
+        markers = list(root.glob(f"polar-*{OWNER_SUFFIX}"))
+    except OSError:
+        return removed
+    for marker in markers:
+        try:
+            st = marker.lstat()
+            # Ours and a plain file: in a shared /tmp another user's planted claim must not pick what we delete
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            label = marker.read_text().strip()
+        except OSError:
+            continue
+        if not owner_dead(label):
+            continue
+        session_dir = marker.with_name(marker.name.removesuffix(OWNER_SUFFIX))
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(session_dir.lstat().st_mode):  # never through a symlink
+                shutil.rmtree(session_dir, ignore_errors=True)
+        if not os.path.lexists(session_dir):
+            marker.unlink(missing_ok=True)
+            removed.append(session_dir)
+    if removed:
+        log.warning("removed %d session directory(ies) left by a node that died", len(removed))
+    return removed

@@ -32,7 +32,7 @@ FLAG_MAX_TOKENS_CLAMPED = "max_tokens_clamped"
 class CompletionRecord:
     session_id: str
     seq: int  # order of the call within its session (shared with failures; gaps are failed calls)
-    completion_id: str
+    completion_id: str  # the gateway's own, unique (what the inference server called it: `upstream_id`)
     dialect: str  # "chat" | "responses" | "anthropic" | "gemini"
     created_at: float  # unix seconds when the call arrived
     request: dict[str, Any]  # the harness's original body, as sent
@@ -51,6 +51,9 @@ class CompletionRecord:
     gateway_overhead_ms: float = 0.0
     flags: tuple[str, ...] = ()  # see polar.gateway.canonical FLAG_*
     tags: tuple[str, ...] = ()  # e.g. "side_call" from a harness preset's classifier
+    # The inference server's id of the completion (the `id` the harness was answered with); servers repeat
+    # them (a restarted one counts again, two count alike), so nothing is keyed by it.
+    upstream_id: str = ""
 
     @property
     def trainable(self) -> bool:

@@ -18,6 +18,7 @@ import orjson
 
 from polar.store import codec
 from polar.store.cache import RecentHashes, SessionCache
+from polar.store.files import private_database
 from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
 
 Durability = Literal["normal", "full"]
@@ -59,6 +60,7 @@ CREATE TABLE IF NOT EXISTS completions (
     overhead_ms REAL NOT NULL,
     flags TEXT NOT NULL,
     tags TEXT NOT NULL,
+    upstream_id TEXT,              -- the inference server's id (completion_id is the gateway's own)
     PRIMARY KEY (session_id, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS failures (
@@ -77,19 +79,28 @@ CREATE TABLE IF NOT EXISTS failures (
 _COMPLETION_COLUMNS = (
     "session_id, seq, completion_id, dialect, created_at, request, upstream, prompt_len, prompt_base, "
     "prompt_shared, prompt_tail, response_ids, response_logprobs, finish_reason, response_message, tools, "
-    "usage, model_requested, model_served, policy_version, upstream_ms, overhead_ms, flags, tags"
+    "usage, model_requested, model_served, policy_version, upstream_ms, overhead_ms, flags, tags, upstream_id"
 )
 
 
 def connect(path: str | Path, durability: Durability = "normal") -> sqlite3.Connection:
     """Open the store, creating the schema. WAL + synchronous=NORMAL survives a killed process (every
     committed transaction is in the WAL); `full` also survives power loss, at an fsync per commit."""
+    private_database(path)  # 0600, and so its -wal and -shm (polar.store.files)
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
     conn.execute("PRAGMA busy_timeout=30000")
     conn.executescript(SCHEMA)
+    _migrate(conn)
     return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Columns added since a store was made (a gateway upgraded in place keeps its records)."""
+    cols = {row[1] for row in conn.execute("PRAGMA table_info(completions)")}
+    if "upstream_id" not in cols:
+        conn.execute("ALTER TABLE completions ADD COLUMN upstream_id TEXT")
 
 
 class RecordWriter:
@@ -172,7 +183,7 @@ class RecordWriter:
             tools_ref = codec.blob_hash(data)
             self._put_blobs({tools_ref: data})
         self.conn.execute(
-            f"INSERT INTO completions ({_COMPLETION_COLUMNS}) VALUES ({', '.join('?' * 24)})",
+            f"INSERT INTO completions ({_COMPLETION_COLUMNS}) VALUES ({', '.join('?' * 25)})",
             (
                 r.session_id,
                 r.seq,
@@ -198,6 +209,7 @@ class RecordWriter:
                 r.gateway_overhead_ms,
                 orjson.dumps(list(r.flags)).decode(),
                 orjson.dumps(list(r.tags)).decode(),
+                r.upstream_id,
             ),
         )
 
@@ -412,6 +424,8 @@ class SQLiteStore:
             gateway_overhead_ms=row[21],
             flags=tuple(orjson.loads(row[22])),
             tags=tuple(orjson.loads(row[23])),
+            # Stored before the gateway had ids of its own: the record's id was the server's
+            upstream_id=row[2] if row[24] is None else row[24],
         )
 
     def failures(self, session_id: str) -> list[FailureRecord]:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from polar.rollout.protocol import SessionResult, SessionStatus
+from polar.store.files import private_database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS node_outcomes (
@@ -84,6 +85,7 @@ class Journal:
     like the rollout server's store)."""
 
     def __init__(self, path: str | Path, durability: Literal["normal", "full"] = "normal") -> None:
+        private_database(path)  # 0600, and so its -wal and -shm (polar.store.files)
         self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
         self._conn.execute("PRAGMA journal_mode=WAL")
         # NORMAL: a killed process loses nothing committed; FULL (the gateway's `durability`): power loss too

@@ -29,6 +29,7 @@ from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE, assi
 from polar.rollout.task import ExecAction, Task, UploadAction
 from polar.runtime.base import ExecResult, Runtime, RuntimeSpec
 from polar.runtime.factory import IMAGE_BACKENDS, default_backend, make_runtime
+from polar.runtime.leftovers import claim_session_dir, release_session_dir
 from polar.runtime.local import Keep
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
@@ -152,6 +153,8 @@ async def start_runtime(
         runtime = make_runtime(spec, session_id, gateway_url=env.gateway_url, keep=keep)
     except Exception as exc:
         raise SessionEnd(ERROR, f"runtime failed to start: {_describe(exc)}") from exc
+    if keep == "nothing":  # a node killed before `stop_runtime` leaves it: the next start removes it
+        claim_session_dir(runtime.session_dir)
     try:
         try:
             await runtime.start()
@@ -171,6 +174,7 @@ async def stop_runtime(runtime: Runtime) -> None:
             await asyncio.wait_for(op(), timeout=60)
         except Exception:  # each step is tried even when the one before failed
             continue
+    release_session_dir(runtime.session_dir)
 
 
 def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:

@@ -64,7 +64,7 @@ from polar.runtime import namespaces
 from polar.runtime.bridge import remove_stale_bridges
 from polar.runtime.docker import reap_containers
 from polar.runtime.factory import check_runtime
-from polar.runtime.leftovers import reap_leftovers
+from polar.runtime.leftovers import reap_leftovers, remove_dead_session_dirs
 from polar.serving import EmbeddedServer, start_all, stop_all
 
 log = logging.getLogger("polar.node")
@@ -126,9 +126,10 @@ class Node:
         there is one)."""
         gw = self.config.gateway
         # What a node killed with SIGKILL left (processes no PID namespace took along, gateway bridge
-        # sockets, containers); and the namespace probe, once, off the loop (admission asks for it)
+        # sockets, session directories, containers); and the namespace probe, once, off the loop (admission asks for it)
         await asyncio.to_thread(reap_leftovers)
         await asyncio.to_thread(remove_stale_bridges)
+        await asyncio.to_thread(remove_dead_session_dirs, self.config.runtime_root)
         # Containers in the background: asking an engine takes a while, and none of them is in the way.
         self._reaper = asyncio.create_task(_reap_containers(), name="reap-containers")
         await asyncio.to_thread(namespaces.probe)

@@ -51,6 +51,7 @@ class GatewayActor:
         from polar.cli.common import setup_logging
         from polar.plugins import allow_modules, trust_file_import
         from polar.rollout.node import Node
+        from polar.store.files import private_dirs
 
         setup_logging(self.spec.log_level)
         allow_modules(self.spec.plugins)
@@ -58,7 +59,7 @@ class GatewayActor:
             trust_file_import(path, base)
         ip = ray.util.get_node_ip_address()
         store = self.spec.store_dir / self.node_id / "gateway.db"
-        store.parent.mkdir(parents=True, exist_ok=True)
+        private_dirs(store.parent)  # 0700: it holds the node's stores
         config = self.spec.config
         gateway = dataclasses.replace(
             config.gateway, store_path=store, port=0, control_host=ip, control_port=0

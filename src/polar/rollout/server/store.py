@@ -24,6 +24,7 @@ import orjson
 
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.task import Task
+from polar.store.files import private_database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -172,6 +173,7 @@ class ServerStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        private_database(path)  # 0600, and so its -wal and -shm (polar.store.files)
         self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a killed process loses nothing
