@@ -39,6 +39,16 @@ def test_pip_install_into_a_target_prefix(tmp_path: Path) -> None:
     assert out.stdout.startswith("1.16.0 " + str(prefix))
 
 
+def test_an_install_is_readable_by_a_sandbox_uid_even_if_cached_before(tmp_path: Path) -> None:
+    """Sandboxes run the program as an unprivileged uid of their own: the prefix (made by mkdtemp, 0700)
+    must be 0755, and a cache installed before that rule is mended on its next use."""
+    prefix = pip_prefix("six", "1.16.0", root=tmp_path)
+    assert prefix.stat().st_mode & 0o777 == 0o755
+    prefix.chmod(0o700)  # as older polar left it
+    assert pip_prefix("six", "1.16.0", root=tmp_path) == prefix
+    assert prefix.stat().st_mode & 0o777 == 0o755
+
+
 def test_failures_are_clear_and_leave_nothing(tmp_path: Path) -> None:
     with pytest.raises(InstallError, match=r"no-such-polar-package-xyz@1\.0\.0"):
         npm_prefix("no-such-polar-package-xyz", "1.0.0", root=tmp_path)

@@ -46,16 +46,25 @@ def version_of(package: str, pinned: str) -> str:
     return str(chosen.get(package, pinned))
 
 
+def _shared(prefix: Path) -> Path:
+    """`prefix` readable and traversable by everyone: sandboxes run the program as an unprivileged uid of
+    their own, and `mkdtemp` made the folder 0700 (caches installed before this was fixed are mended on
+    their next use)."""
+    if prefix.stat().st_mode & 0o005 != 0o005:
+        prefix.chmod(0o755)
+    return prefix
+
+
 def _install(kind: str, spec: str, command: list[str], root: Path | None, timeout_s: float) -> Path:
     """Run `command` (with `{prefix}` replaced) into a fresh folder and move it to its cached place."""
     final = (root or tools_home()) / kind / spec.replace("/", "__")
     if (final / ".polar-installed").exists():
-        return final
+        return _shared(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     with open(final.parent / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / ".polar-installed").exists():  # another process finished it while we waited
-            return final
+            return _shared(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         try:
             argv = [a.replace("{prefix}", str(tmp)) for a in command]
@@ -67,6 +76,7 @@ def _install(kind: str, spec: str, command: list[str], root: Path | None, timeou
             if final.exists():
                 shutil.rmtree(final)
             tmp.rename(final)
+            _shared(final)
         except subprocess.TimeoutExpired:
             raise InstallError(f"installing {spec} took longer than {timeout_s:g} s") from None
         except FileNotFoundError as exc:
