@@ -13,6 +13,7 @@ import pytest
 
 from polar.runtime import RuntimeFailure, RuntimeSpec, make_runtime
 from polar.runtime.apptainer import ApptainerRuntime
+from polar.runtime.container import ListingTruncated, parse_changes
 from polar.runtime.docker import DockerRuntime, PodmanRuntime
 from polar.runtime.leftovers import owner_label
 
@@ -65,6 +66,21 @@ def test_docker_command_lines(tmp_path: Path) -> None:
     assert rt.kill_argv() == ["docker", "kill", rt.name]
     assert rt.remove_argv() == ["docker", "rm", "-f", rt.name]
     assert rt.copy_argv("/a/.", f"{rt.name}:/b") == ["docker", "cp", "/a/.", f"{rt.name}:/b"]
+    assert rt.diff_argv() == ["docker", "diff", rt.name]
+
+
+def test_a_change_listing_joins_names_that_hold_newlines_and_refuses_a_cut_one() -> None:
+    text = "C /app\nA /app/two\nlines\nA /app/x\nD /usr/bin/dash\n"
+    assert parse_changes(text) == [
+        ("C", "/app"), ("A", "/app/two\nlines"), ("A", "/app/x"), ("D", "/usr/bin/dash")
+    ]  # fmt: skip
+    # A crafted name can add an entry of its own, never hide the next one.
+    assert parse_changes("A /app/a\nC /usr/bin/bash\nA /app/b\n")[1:] == [
+        ("C", "/usr/bin/bash"),
+        ("A", "/app/b"),
+    ]
+    with pytest.raises(ListingTruncated):
+        parse_changes("A /a\n[polar: output truncated at 10 bytes, 5 more bytes dropped]\n")
 
 
 def test_docker_network_none_and_absolute_workdir(tmp_path: Path) -> None:

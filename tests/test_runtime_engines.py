@@ -128,6 +128,43 @@ async def test_uploads_and_downloads_inside_the_image_and_in_the_shared_dir(
     assert (tmp_path / "back.txt").read_text() == "single"
 
 
+async def test_a_symlink_downloads_as_a_symlink_never_as_the_host_file_it_names(
+    rt: DockerRuntime, tmp_path: Path
+) -> None:
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("the node's")
+    await rt.exec(f"mkdir -p /opt/a && ln -s {secret} /opt/a/link && ln -s {secret} /opt/top")
+    await rt.download("/opt/a", tmp_path / "a")
+    try:  # docker copies the link itself; podman refuses a link that dangles in the container
+        await rt.download("/opt/top", tmp_path / "top")
+    except RuntimeFailure:
+        assert not (tmp_path / "top").exists()
+    for link in (tmp_path / "top", tmp_path / "a" / "link"):
+        if link.exists() or link.is_symlink():
+            assert link.is_symlink() and os.readlink(link) == str(secret)
+    assert (tmp_path / "a" / "link").is_symlink()
+
+
+async def test_changed_paths_lists_what_the_container_changed_against_its_image(rt: DockerRuntime) -> None:
+    res = await rt.exec(
+        "mkdir -p /opt/new/deep && echo x > /opt/new/deep/f && echo y >> /etc/issue && rm /usr/bin/dash"
+        " && echo z > '/opt/new/two\nlines' && echo w > /polar/shared-not-listed"
+    )
+    assert res.exit_code == 0, res.stderr
+    changes = await rt.changed_paths()
+    assert {
+        ("A", "/opt/new"),
+        ("A", "/opt/new/deep"),
+        ("A", "/opt/new/deep/f"),
+        ("A", "/opt/new/two\nlines"),
+        ("C", "/etc/issue"),
+        ("D", "/usr/bin/dash"),
+    } <= set(changes), changes
+    assert not [p for _, p in changes if p.startswith("/polar/")]  # the session directory is a bind mount
+    await rt.exec("kill -TERM 1")  # the agent can stop its own container; the listing still comes
+    assert ("D", "/usr/bin/dash") in await rt.changed_paths()
+
+
 async def test_stop_removes_the_container_and_keeps_artifacts_when_asked(engine: str, tmp_path: Path) -> None:
     rt = runtime(engine, tmp_path, workdir="/srv/app")
     await rt.start()

@@ -20,6 +20,7 @@ import itertools
 import os
 import shutil
 import signal
+import tempfile
 import time
 from abc import abstractmethod
 from dataclasses import replace
@@ -43,11 +44,42 @@ SEED_HOME = (
 )
 
 
+def _copy_link_or_tree(src: Path, dst: Path) -> None:
+    if src.is_symlink():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(os.readlink(src), dst)
+    else:
+        _copy(src, dst)
+
+
+class ListingTruncated(RuntimeFailure):
+    """`changed_paths` listed more than the output cap holds."""
+
+
+def parse_changes(text: str) -> list[tuple[str, str]]:
+    """`docker diff` / `podman diff` lines (`A /path`) as (kind, path). A name holding a newline goes on
+    over the next lines, which do not start with a kind and a `/`: they are joined back (a crafted name can
+    add a line of its own, never hide another entry). Bytes that are not UTF-8 come as U+FFFD."""
+    if "\n[polar: output truncated at " in text:
+        raise ListingTruncated("the container's list of changed paths is longer than the output cap")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":  # the listing's last newline
+        lines.pop()
+    out: list[tuple[str, str]] = []
+    for line in lines:
+        if line[:1] in ("A", "C", "D") and line[1:3] == " /":
+            out.append((line[0], line[2:]))
+        elif out:
+            out[-1] = (out[-1][0], f"{out[-1][1]}\n{line}")
+    return out
+
+
 class ContainerRuntime(LocalRuntime):
     """Subclasses build the engine's command lines; this class runs them."""
 
     default_binary = ""
     bridged = False  # `network: host`/`none` only: check_runtime refuses `gateway`
+    copies_to_host = False  # copy_out writes to any host path (else only into the session directory)
 
     def __init__(
         self,
@@ -83,6 +115,10 @@ class ContainerRuntime(LocalRuntime):
 
     def pid_argv(self) -> list[str] | None:
         """The engine command that prints the container's first process's host pid (None: not known)."""
+        return None
+
+    def diff_argv(self) -> list[str] | None:
+        """The engine command that lists what changed in the container against its image (None: none)."""
         return None
 
     @abstractmethod
@@ -248,6 +284,33 @@ class ContainerRuntime(LocalRuntime):
         finally:
             pidfile.unlink(missing_ok=True)
 
+    async def changed_paths(self) -> list[tuple[str, str]]:
+        """What changed in the container's own filesystem against its image, as (kind, absolute path): "A"
+        added, "C" changed (a directory is "C" when anything under it changed), "D" deleted. The engine
+        reads it from the host, so nothing in the container (a replaced command, a stopped init) changes
+        the listing; bind mounts (the session directory at /polar) are not in it. A listing past the output
+        cap raises `ListingTruncated` (what was cut off could be anything)."""
+        argv = self.diff_argv()
+        if argv is None:
+            raise RuntimeFailure(f"runtime {self.backend!r} cannot list what changed in its container")
+        if self._state != "started":
+            raise RuntimeFailure(f"runtime for session {self.session_id} is not running")
+        res = await run_process(
+            argv,
+            env=dict(os.environ),
+            cwd=None,
+            stdin=None,
+            timeout_s=ENGINE_TIMEOUT_S,
+            tracker=GroupTracker(),
+            grace_s=self.term_grace_s,
+            output_cap=self.output_cap,
+        )
+        if res.exit_code != 0:
+            raise RuntimeFailure(
+                f"{' '.join(argv[:2])} failed (exit {res.exit_code}): {res.stderr.strip()[-2000:]}"
+            )
+        return parse_changes(res.stdout)
+
     # -- files -------------------------------------------------------------------------------------
 
     def _target(self, path: str) -> Path:
@@ -269,12 +332,18 @@ class ContainerRuntime(LocalRuntime):
         if source.is_relative_to(self.session_dir):
             await super().download(src, dst)
             return
-        # Through a staging place in the shared directory, so trees merge into `dst` as with local
-        staging = self.control / f"out-{next(self._counter)}"
-        staging.mkdir()
+        # Through a staging place, so trees merge into `dst` as with local: the node's own where the engine
+        # copies to the host (the session directory is the container's to write to), else the shared one.
+        # A symlink arrives as a symlink (the engine copies the link, not its target) and stays one:
+        # following it here would read a host file.
+        if self.copies_to_host:
+            staging = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="polar-out-"))
+        else:
+            staging = self.control / f"out-{next(self._counter)}"
+            staging.mkdir()
         try:
             await self.copy_out(source, staging / "x")
-            await asyncio.to_thread(_copy, staging / "x", Path(dst))
+            await asyncio.to_thread(_copy_link_or_tree, staging / "x", Path(dst))
         except OSError as exc:
             raise RuntimeFailure(f"download {src} -> {dst} failed: {exc}") from exc
         finally:

@@ -32,6 +32,7 @@ class DockerRuntime(ContainerRuntime):
     backend = "docker"
     default_binary = "docker"
     bridged = True  # `network: gateway` through a listener in the container's network namespace
+    copies_to_host = True
 
     def start_argv(self) -> list[str]:
         session = str(self.session_dir)
@@ -76,6 +77,9 @@ class DockerRuntime(ContainerRuntime):
 
     def remove_argv(self) -> list[str]:
         return [self.binary, "rm", "-f", self.name]
+
+    def diff_argv(self) -> list[str]:
+        return [self.binary, "diff", self.name]
 
     def copy_argv(self, src: str, dst: str) -> list[str]:
         return [self.binary, "cp", src, dst]
