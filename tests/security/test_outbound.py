@@ -33,7 +33,7 @@ from polar.serving import ServerThread, serve
 from polar.store.sqlite import SQLiteStore
 from tests.conftest import SERVED_MODEL, start_gateway
 from tests.fakes.fake_vllm import Reply, make_fake_backend
-from tests.node_support import PY, eventually, fake_policy, running_node, shell_task
+from tests.node_support import PY, eventually, fake_policy, program, running_node, shell_task
 from tests.server_support import AUTH, StandInNode, result, start_server, task, wait_until
 from tests.side_call_harness import SIDE_CALL_SCRIPT
 
@@ -229,8 +229,7 @@ async def test_a_callback_name_rebound_to_loopback_is_refused_at_delivery(
 
 
 def _side_task(tmp_path: Path, backend_url: str) -> Task:
-    script = tmp_path / "side_calls.py"
-    script.write_text(SIDE_CALL_SCRIPT)
+    script = program("side_calls.py", SIDE_CALL_SCRIPT)
     return shell_task(
         f"{PY} {script} > out.txt",
         agent={

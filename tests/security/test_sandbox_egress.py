@@ -19,7 +19,7 @@ from polar.rollout.node.node import AdmissionError
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.runtime import RuntimeFailure, RuntimeSpec, check_runtime
 from tests.fakes.fake_vllm import Reply
-from tests.node_support import PY, fake_policy, running_node, shell_task, spec
+from tests.node_support import ON_HOST, PY, fake_policy, running_node, shell_task, spec
 
 BACKENDS = [
     "local",
@@ -128,9 +128,9 @@ async def test_local_without_namespaces_is_refused_naming_a_runtime_that_can(
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path) as node:
             with pytest.raises(AdmissionError) as refused:
-                await node.submit(spec(shell_task("true"), "refused"))
+                await node.submit(spec(shell_task("true", runtime=ON_HOST), "refused"))
             assert refused.value.status == 422 and "bwrap" in refused.value.message
-            await node.submit(spec(shell_task("echo ok", runtime={"network": "host"}), "host"))
+            await node.submit(spec(shell_task("echo ok", runtime={**ON_HOST, "network": "host"}), "host"))
             assert (await node.wait("host")).status == SessionStatus.COMPLETED
 
 
