@@ -205,7 +205,9 @@ async def traced_connections(
 ) -> tuple[ExecResult, set[tuple[str, int]]]:
     """Run the preset's command under `strace -f` in a local runtime: every IP address it connected or
     sent a datagram to (a DNS lookup included), as (address, port)."""
-    runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path / "rt"), session_id, gateway_url=gateway_url)
+    runtime = make_runtime(
+        RuntimeSpec(backend="local", root=tmp_path / "rt"), session_id, gateway_url=gateway_url
+    )
     assert isinstance(runtime, LocalRuntime) and runtime.gateway_url is not None
     await runtime.start()
     try:

@@ -372,7 +372,7 @@ async def test_a_harbor_task_on_podman(podman_engine: str, tmp_path: Path) -> No
 
 
 async def test_a_runtime_that_is_not_a_container_is_an_evaluator_error(make_repo: Any) -> None:
-    runtime = await make_repo({"a.txt": "x"}, git=False)
+    runtime = await make_repo({"a.txt": "x"}, git=False, backend="local")
     config = {"tests": _tests(**{"test.sh": "echo 1 > /logs/verifier/reward.txt\n"})}
     with pytest.raises(EvaluatorError, match="needs a docker or podman runtime, not 'local'"):
         await HarborEvaluator(config).evaluate(context(runtime))

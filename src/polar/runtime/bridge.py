@@ -118,6 +118,7 @@ class UnixBridge:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="polar-bridge")
         self._listeners: list[socket.socket] = []
         self._accepting: list[asyncio.Task[None]] = []
+        self._relays: set[asyncio.Task[None]] = set()
         limit_accept_errors()
 
     async def _accept(self, listener: socket.socket) -> None:
@@ -140,8 +141,16 @@ class UnixBridge:
                 log_accept_error(log, _accept_log, where, exc)
                 await asyncio.sleep(_ACCEPT_RETRY_S)
                 continue
+            # Held here: the loop keeps only weak references to tasks, and a relay's streams are reachable
+            # only from its own frames (a stream protocol holds its reader weakly), so an unheld relay is
+            # garbage collected mid-connection ("Task was destroyed but it is pending!").
             relay = loop.create_task(self._relay(conn))
-            relay.add_done_callback(lambda _: self._slots.release())
+            self._relays.add(relay)
+            relay.add_done_callback(self._relay_done)
+
+    def _relay_done(self, relay: asyncio.Task[None]) -> None:
+        self._relays.discard(relay)
+        self._slots.release()
 
     async def _relay(self, conn: socket.socket) -> None:
         try:
