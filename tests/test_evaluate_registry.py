@@ -110,7 +110,7 @@ def test_custom_by_import_path() -> None:
         (f"{HERE}:Nameless", {}, "lacks name"),
         (f"{HERE}:NoConfig", {"x": 1}, "takes no config, got ['x']"),
         (f"{HERE}:Picky", {}, "KeyError: 'threshold'"),
-        ("command", {}, "evaluator 'command': evaluator.config.test_command: Field required"),
+        ("command", {}, "evaluator 'command': evaluator.config: set exactly one of `runner`"),
         ("command", {"test_command": "t", "parse": "tap"}, "evaluator.config.parse: Input should be"),
         (
             "command",

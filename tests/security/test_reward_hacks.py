@@ -156,9 +156,14 @@ CASES = [
          "< /dev/null & sleep 0.3", "reward.txt: 0", backends=("docker",)),
     Case("harbor-shared-shadow-pytest", "harbor", "mkdir -p /logs/verifier && "
          "printf 'import sys\\nopen(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")\\nsys.exit(0)\\n' > /app/pytest.py",
-         "reward.txt: 0", backends=("docker",),
-         marks=(pytest.mark.xfail(strict=True, reason="known limit: a shared-mode verifier runs among the agent's "
-                                  "files (docs/security.md); use environment_mode: separate"),)),
+         REFUSED + "/app/pytest.py", backends=("docker",)),
+    Case("harbor-shared-conftest", "harbor", f"cat > /app/conftest.py <<'EOF'\n{FORGE_PYTEST}EOF",
+         REFUSED + "/app/conftest.py", backends=("docker",)),
+    Case("harbor-shared-pth", "harbor", "d=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') && "
+         "mkdir -p \"$d\" && echo 'import os; os._exit(0)' > \"$d/zz.pth\"", "zz.pth", backends=("docker",)),
+    Case("harbor-shared-fake-python", "harbor", "printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' "
+         "> /usr/local/bin/python3 && chmod +x /usr/local/bin/python3", REFUSED + "/usr/local/bin/python3",
+         backends=("docker",)),
 ]  # fmt: skip
 CASE = {c.id: c for c in CASES}
 

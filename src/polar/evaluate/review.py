@@ -86,6 +86,12 @@ def module_name(part: str, last: bool) -> str | None:
     return None
 
 
+def shadowing(name: str | None) -> bool:
+    """Whether a top-level import name is a standard-library or test-framework module's (or a pytest
+    plugin's, `pytest_*`)."""
+    return name is not None and (name in SHADOWED or name.startswith("pytest_"))
+
+
 def shadows(path: str, files: Iterable[str] | frozenset[str]) -> str | None:
     """The shadowed name, when `path` makes a module importable at top level (from a directory that is not
     a package after the diff) under a standard-library or test-framework name."""
@@ -96,7 +102,7 @@ def shadows(path: str, files: Iterable[str] | frozenset[str]) -> str | None:
         if parent and f"{parent}/__init__.py" in present:
             continue
         name = module_name(part, i == len(parts) - 1)
-        if name is not None and (name in SHADOWED or name.startswith("pytest_")):
+        if shadowing(name):
             return name
     return None
 
