@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from polar.auth import new_token
 from polar.runtime.bridge import DEFAULT_MAX_CONNECTIONS, UnixBridge
 from tests.conftest import SERVED_MODEL, start_gateway
 from tests.fakes.server import free_port
-from tests.node_support import fake_policy, running_node
+from tests.node_support import PROGRAMS, fake_policy, program, running_node, until
 from tests.server_support import start_server
 
 # A request that never finishes its headers: what each of the attacker's connections sent.
@@ -139,6 +140,134 @@ def test_half_open_connections_of_one_session_leave_another_sessions_calls_worki
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# A node in its own process, its sandboxes' programs in PROGRAMS: the attacker's session floods its model
+# API once it finds `go` in its workdir, the victim's then calls the model once (on its own `go`). Both
+# sessions start under the node's own limits; then, told so on stdin, the node keeps 512 descriptors (soft =
+# hard, raising cannot help): the attacker's sandbox can open far more connections than the node can hold,
+# as a sandbox that raised its soft limit to a hard one of 1,048,576 did against a node's 1,024. Prints
+# "ready" when both run, "lowered", then the victim's result (status, reward), and stops.
+_NODE = """
+import asyncio, json, resource, sys
+from pathlib import Path
+from polar.gateway.config import GatewayConfig
+from polar.rollout.node import Node, NodeConfig
+from polar.rollout.protocol import SessionSpec
+from polar.rollout.task import Task
+
+backend_url, model, root, programs, flood, call = sys.argv[1:7]
+
+def task(command: str) -> Task:
+    wait = "touch ready; while [ ! -e go ]; do sleep 0.05; done"
+    return Task.model_validate({"task_id": "t", "instruction": "x", "timeout_seconds": 600,
+                                "agent": {"harness": "shell", "settings": {"command": f"{wait}; {command}"}}})
+
+async def main() -> None:
+    gateway = GatewayConfig(backend_url=backend_url, served_model=model, store_path=Path(root) / "node.db", port=0)
+    node = Node(NodeConfig(gateway=gateway, runtime_root=Path(root) / "runtimes", sandbox_paths=(Path(programs),)))
+    await node.start()
+    await node.submit(SessionSpec(session_id="attacker", task=task(f"{sys.executable} {flood}")))
+    await node.submit(SessionSpec(session_id="victim", task=task(f"{sys.executable} {call}")))
+    await asyncio.to_thread(sys.stdin.readline)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))
+    print("lowered", flush=True)
+    result = await node.wait("victim")
+    await node.cancel("attacker")
+    await node.wait("attacker")  # its runtime (and bridge) torn down
+    await node.stop()
+    print(json.dumps({"status": result.status, "reward": result.reward, "reason": result.reason}), flush=True)
+
+asyncio.run(main())
+"""
+
+# Inside the attacker's sandbox: connections to its model API, each with half a request, until no more are
+# taken; then it says how many and holds them.
+_FLOOD = f"""
+import os, socket, time
+from urllib.parse import urlsplit
+url = urlsplit(os.environ["OPENAI_BASE_URL"])
+held = []
+while len(held) < 2000:
+    try:
+        sock = socket.create_connection((url.hostname, url.port), timeout=2)
+        sock.sendall({PARTIAL!r})
+    except OSError:
+        break
+    held.append(sock)
+with open("flooded.tmp", "w") as f:
+    f.write(str(len(held)))
+os.rename("flooded.tmp", "flooded")
+time.sleep(3600)
+"""
+
+# Inside the victim's sandbox: one model call, given a minute at most.
+_CALL = """
+import os, openai
+client = openai.OpenAI(max_retries=0, timeout=60)
+r = client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=[{"role": "user", "content": "hi"}])
+print(r.choices[0].message.content)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bubblewrap")
+async def test_a_sandboxed_agent_flooding_its_model_api_leaves_another_sessions_calls_working(
+    tmp_path: Path,
+) -> None:
+    """The measured attack, from inside real bwrap sessions of one node: the attacker opens connections to
+    its model API until none is taken any more; the other session's model call then still succeeds."""
+    runtimes = tmp_path / "runtimes"
+    runtimes.mkdir()
+    env = {**os.environ, "POLAR_HEADER_TIMEOUT_S": "600"}  # the cap alone holds the attacker here
+    flood, call = program("flood.py", _FLOOD), program("call.py", _CALL)
+
+    def workdir(session: str, file: str) -> Path | None:
+        found = [d for d in runtimes.glob(f"polar-{session}-*/workspace") if (d / file).exists()]
+        return found[0] if found else None
+
+    with fake_policy() as (url, _):
+        argv = [
+            sys.executable,
+            "-c",
+            _NODE,
+            url,
+            SERVED_MODEL,
+            str(tmp_path),
+            str(PROGRAMS),
+            str(flood),
+            str(call),
+        ]
+        log = (tmp_path / "node.log").open("w")
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            await until(
+                lambda: workdir("attacker", "ready") and workdir("victim", "ready"), "both sessions", 120
+            )
+            proc.stdin.write("lower\n")
+            proc.stdin.flush()
+            assert await asyncio.to_thread(proc.stdout.readline) == "lowered\n"
+            attacker, victim = workdir("attacker", "ready"), workdir("victim", "ready")
+            assert attacker is not None and victim is not None
+            (attacker / "go").touch()
+            await until(lambda: (attacker / "flooded").exists(), "the flood", 120)
+            assert (
+                int((attacker / "flooded").read_text()) > DEFAULT_MAX_CONNECTIONS
+            )  # more than the bridge relays
+            (victim / "go").touch()
+            line = await asyncio.to_thread(proc.stdout.readline)
+            await asyncio.to_thread(proc.wait, 60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    result = json.loads(line)
+    assert (result["status"], result["reward"]) == ("COMPLETED", 1.0), result
+    errors = [x for x in (tmp_path / "node.log").read_text().splitlines() if "Traceback" in x or "ERROR" in x]
+    assert errors == []
 
 
 def _closed_without_answer(connect: Callable[[], socket.socket], first: bytes = b"") -> bytes:
