@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from polar.evaluate import CommandEvaluator, EvaluatorError, get_evaluator
+from polar.evaluate.base import AgentFault
 from polar.runtime.base import RuntimeFailure
 from tests.evaluate_support import (  # noqa: F401  (make_repo is a fixture)
     CALC,
@@ -260,14 +261,25 @@ async def test_missing_test_runner_raises(make_repo) -> None:
         await command(test_command="no-such-test-runner --all").evaluate(context(agent, fresh))
 
 
-async def test_agent_workdir_without_git_raises(make_repo) -> None:
+async def test_an_agent_workdir_without_git_is_the_agents_fault(make_repo) -> None:
+    """The agent removed its .git: no diff, reward 0 from the node (AgentFault), never a masked ERROR."""
     agent, fresh = await make_repo(git=False), await make_repo()
-    with pytest.raises(EvaluatorError, match="cannot take the agent's diff"):
+    with pytest.raises(AgentFault, match="the agent's workdir gives no diff"):
         await command().evaluate(context(agent, fresh))
 
 
-async def test_unknown_base_ref_raises(make_repo) -> None:
+async def test_an_agent_workdir_that_lost_base_ref_is_the_agents_fault(make_repo) -> None:
     agent, fresh = await make_repo(), await make_repo()
     await edit(agent, "calc.py", *FIX_ADD)
-    with pytest.raises(EvaluatorError, match="cannot take the agent's diff"):
+    await agent.exec(["git", "tag", "v0"], timeout_s=30)
+    await fresh.exec(["git", "tag", "v0"], timeout_s=30)
+    await agent.exec(["git", "tag", "-d", "v0"], timeout_s=30)
+    with pytest.raises(AgentFault, match="gives no diff"):
+        await command(base_ref="v0").evaluate(context(agent, fresh))
+
+
+async def test_a_base_ref_the_task_lacks_raises(make_repo) -> None:
+    agent, fresh = await make_repo(), await make_repo()
+    await edit(agent, "calc.py", *FIX_ADD)
+    with pytest.raises(EvaluatorError, match="base_ref 'no-such-tag'"):
         await command(base_ref="no-such-tag").evaluate(context(agent, fresh))

@@ -38,10 +38,17 @@ class EvalResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+class AgentFault(Exception):
+    """The agent broke, in its own runtime, what the evaluation needs (its workdir's git, its container's
+    bash, the files the evaluator copies): the node scores it 0 with this reason. Never ERROR: a masked
+    sample would spare a policy the 0 it earned, so breaking the evaluation would pay."""
+
+
 class Evaluator(Protocol):
     name: str
     needs_fresh_runtime: bool
 
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
-        """Raise on an evaluator failure (it becomes an ERROR session, fully masked), never guess."""
+        """Raise on an evaluator failure (it becomes an ERROR session, fully masked), never guess; raise
+        `AgentFault` when the agent's own doing keeps it from evaluating (reward 0)."""
         ...

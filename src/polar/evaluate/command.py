@@ -39,10 +39,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from polar.evaluate import review
-from polar.evaluate.base import EvalContext, EvalResult
+from polar.evaluate.base import AgentFault, EvalContext, EvalResult
+from polar.evaluate.container_review import system_changes
 from polar.evaluate.parsing import PARSERS
 from polar.evaluate.runner import RunnerJob, collect, isolated_env, judge, resolve_python, run_runner
 from polar.evaluate.support import (
+    ENVIRONMENT_EXIT_CODES,
     EvaluatorError,
     StrictConfig,
     output_of,
@@ -51,6 +53,7 @@ from polar.evaluate.support import (
     tail,
 )
 from polar.runtime.base import Runtime
+from polar.runtime.container import ContainerRuntime, ListingTruncated
 
 # Inside the agent's git directory: never part of the diff, always writable, relative to the workdir.
 _PATCH = ".git/polar-agent.patch"
@@ -67,11 +70,22 @@ def diff_command(base_ref: str, protect: Sequence[str] = ()) -> str:
 
 
 async def agent_diff(runtime: Runtime, base_ref: str, protect: Sequence[str], timeout_s: float) -> bytes:
-    """The agent's changes in `runtime`'s workdir against `base_ref` (minus `protect`), byte for byte."""
+    """The agent's changes in `runtime`'s workdir against `base_ref` (minus `protect`), byte for byte.
+
+    Taken in the agent's own runtime, after it finished: a workdir it made undiffable (`.git` removed or
+    corrupted, `base_ref` deleted, files git cannot read, more than git can add in time) is its doing
+    (`AgentFault`, reward 0). Only a runtime where the diff could not start at all, with the agent's
+    changes not to blame, is the evaluation's failure."""
     res = await runtime.exec(diff_command(base_ref, protect), timeout_s=timeout_s)
-    if res.exit_code != 0 or res.timed_out:
-        raise EvaluatorError(
-            f"cannot take the agent's diff (exit {res.exit_code}): {tail(res.stderr.strip(), 500)}"
+    if res.exit_code in ENVIRONMENT_EXIT_CODES and not res.timed_out:
+        if broken := await _broken_by_agent(runtime, timeout_s):
+            raise AgentFault(f"the agent's runtime cannot take its diff (exit {res.exit_code}): {broken}")
+        require_environment(res, "the agent's diff")
+    if res.timed_out:
+        raise AgentFault(f"taking the agent's diff took more than {timeout_s:g} s (git add of its workdir)")
+    if res.exit_code != 0:
+        raise AgentFault(
+            f"the agent's workdir gives no diff (exit {res.exit_code}): {tail(res.stderr.strip(), 500)}"
         )
     with tempfile.TemporaryDirectory(prefix="polar-eval-") as tmp:
         local = Path(tmp) / "agent.patch"
@@ -133,6 +147,22 @@ class CommandConfig(StrictConfig):
         return self
 
 
+async def _broken_by_agent(runtime: Runtime, timeout_s: float) -> str | None:
+    """What the agent broke that keeps a command from starting in its runtime: its workdir (removed,
+    chmod 000), or, in a container where it may be root, a system command or library it changed."""
+    res = await runtime.exec(["true"], timeout_s=timeout_s)
+    if res.exit_code != 0 or res.timed_out:
+        return "its workdir cannot be entered"
+    if isinstance(runtime, ContainerRuntime):
+        try:
+            changed = system_changes(await runtime.changed_paths(), runtime.runtime_path(runtime.workdir))
+        except ListingTruncated:
+            return "it changed more paths than can be listed"
+        if changed:
+            return f"it changed {', '.join(changed[:5])}"
+    return None
+
+
 class CommandEvaluator:
     name = "command"
     needs_fresh_runtime = True
@@ -154,17 +184,19 @@ class CommandEvaluator:
             )
         cfg = self.config
         git_s = cfg.git_timeout_seconds
+        # The task's repository first: what it lacks is the task's fault, what the agent's lacks, the agent's.
+        ref = f"{cfg.base_ref}^{{commit}}"
+        check = await fresh.exec(["git", "rev-parse", "--git-dir", "--verify", ref], timeout_s=git_s)
+        require_environment(check, "git")
+        if check.exit_code != 0:
+            raise EvaluatorError(
+                f"the fresh runtime's workdir is not a git repository with base_ref {cfg.base_ref!r}: "
+                f"{tail(check.stderr.strip(), 500)}"
+            )
         diff = await self.take_diff(ctx.runtime)
         if not diff.strip():
             return EvalResult(reward=0.0, passed=False, details={"reason": "no changes"})
         details: dict[str, Any] = {"diff_bytes": len(diff)}
-
-        check = await fresh.exec(["git", "rev-parse", "--git-dir"], timeout_s=git_s)
-        require_environment(check, "git")
-        if check.exit_code != 0:
-            raise EvaluatorError(
-                f"the fresh runtime's workdir is not a git repository: {tail(check.stderr.strip(), 500)}"
-            )
         env = isolated_env(fresh.spec.env, cfg.env)
         # Before the diff, only the task's code runs: the interpreter, the test ids and their files.
         job, expected, protect = None, {}, list(cfg.protect)

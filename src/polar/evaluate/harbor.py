@@ -45,14 +45,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar.evaluate.base import EvalContext, EvalResult
+from polar.evaluate.base import AgentFault, EvalContext, EvalResult
 from polar.evaluate.container_review import review_container, system_changes
 from polar.evaluate.review import CONFIG_FILES, Finding, refused
 from polar.evaluate.runner import isolated_env
 from polar.evaluate.support import (
     ENVIRONMENT_EXIT_CODES,
     SWEEP,
-    AgentFault,
     EvaluatorError,
     StrictConfig,
     output_of,

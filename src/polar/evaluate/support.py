@@ -20,12 +20,6 @@ class EvaluatorError(Exception):
     """The evaluation itself failed (not the agent): the node records ERROR and masks the session."""
 
 
-class AgentFault(Exception):
-    """The agent broke, in its own runtime, what the evaluation needs (its workdir's git, its container's
-    bash, the files the evaluator copies): reward 0 with this reason. Never ERROR: a masked sample would
-    spare a policy the 0 it earned, so breaking the evaluation would pay."""
-
-
 class StrictConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

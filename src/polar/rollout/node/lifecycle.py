@@ -15,7 +15,7 @@ from typing import Any
 
 from tenacity import retry_if_exception_type
 
-from polar.evaluate.base import EvalContext, EvalResult
+from polar.evaluate.base import AgentFault, EvalContext, EvalResult
 from polar.gateway.proxy import Proxy
 from polar.harness.base import HarnessContext
 from polar.harness.install import tools_home
@@ -399,6 +399,8 @@ async def _judge(s: NodeSession, trajectory: Trajectory) -> EvalResult:
     )
     try:
         return await s.evaluator.evaluate(ctx)
+    except AgentFault as fault:
+        return EvalResult(reward=0.0, passed=False, details={"reason": str(fault)})
     except (SessionEnd, TimeoutError):
         raise
     except Exception as exc:
