@@ -40,10 +40,8 @@ MODES: dict[str, list[str]] = {
     "lora": ["lora.r=16", "lora.alpha=32", "lora.sync=adapter", "optimizer.lr=3.0e-4"],
 }
 # What the LoRA mode's vLLM needs for runtime adapters (rank 16 is vLLM's default --max-lora-rank).
-LORA_SERVER = {
-    "extra": ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"],
-    "env_extra": {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"},
-}
+LORA_FLAGS = ("--enable-lora", "--max-lora-rank", "16", "--max-loras", "1")
+LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
 
 
 # One thread for the trainer's torch: vLLM's engine holds core 0 (its CPU backend binds its threads, and
@@ -180,9 +178,12 @@ def run_mode(mode: str, model: Path, out: Path, args: argparse.Namespace) -> dic
     tasks = heldout_file(out, QUICK_HELDOUT if args.quick else None)
     dtype = "bfloat16" if native_bf16() else "float32"
     log(f"{mode}: starting vLLM on {model} ({dtype})")
-    server_args: dict[str, Any] = {**LORA_SERVER} if mode == "lora" else {"extra": []}
-    server_args["extra"] = [*server_args["extra"], "--dtype", dtype]  # after the bf16 default: it wins
-    server = start_vllm(model, folder, name=SERVED, max_model_len=1024, kv_cache_gib=2, **server_args)
+    lora = mode == "lora"
+    extra = [*(LORA_FLAGS if lora else ()), "--dtype", dtype]  # after the bf16 default: it wins
+    server = start_vllm(
+        model, folder, name=SERVED, max_model_len=1024, kv_cache_gib=2, extra=extra,
+        env_extra=LORA_ENV if lora else None,
+    )  # fmt: skip
     try:
         log(f"{mode}: vLLM up after {server.startup_s:.0f}s; held-out evaluation before training")
         before = evaluate(server.url, tasks, folder / "eval-before", args.capacity)

@@ -34,6 +34,22 @@ os.environ.pop("POLAR_TOKEN", None)
 _HTTP = httpx.Client(timeout=60)
 
 
+# scripts/test runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`, docs/testing.md). The
+# tests of a marker here share one expensive thing started once per worker: the session's vLLM server (and
+# the learning test's, which must not compete with it for the core vLLM binds), dockerd and the base images,
+# a Ray cluster. Each marker's tests go to one worker, so each thing is started once, and never twice at
+# once (two dockerds on one data root, two Ray clusters).
+XDIST_GROUPS = ("vllm", "containers", "ray")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        group = next((m for m in XDIST_GROUPS if item.get_closest_marker(m) is not None), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @dataclass
 class FakeBackend:
     url: str
