@@ -39,7 +39,11 @@ def _taskfile(tmp_path: Path, go: Path) -> Path:
                 "instruction": "say something twice",
                 "num_samples": 2,
                 "timeout_seconds": 300,
-                "runtime": {"prepare": [{"type": "upload", "src": "call.py", "dst": "call.py"}]},
+                # local: the sessions wait on a host file of the test's (`go`)
+                "runtime": {
+                    "backend": "local",
+                    "prepare": [{"type": "upload", "src": "call.py", "dst": "call.py"}],
+                },
                 "agent": {
                     "harness": "shell",
                     "settings": {
@@ -234,7 +238,8 @@ def test_the_embedded_engines_token_view_shows_text(tmp_path: Path) -> None:
     wait = f"while [ ! -e {go} ]; do sleep 0.1; done"
     tasks = {"tasks": [{
         "task_id": "poem", "instruction": "write a poem", "timeout_seconds": 600,
-        "runtime": {"prepare": [{"type": "upload", "src": "ask.py", "dst": "ask.py"}]},
+        # local: the session waits on a host file of the test's (`go`)
+        "runtime": {"backend": "local", "prepare": [{"type": "upload", "src": "ask.py", "dst": "ask.py"}]},
         "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} ask.py && {wait}"}},
         "evaluator": {"strategy": "session_completed"},
     }]}  # fmt: skip

@@ -56,6 +56,7 @@ def task(tmp_path: Path, task_id: str = "say", samples: int = 2) -> Task:
             "instruction": "say something",
             "num_samples": samples,
             "timeout_seconds": 120,
+            "runtime": {"backend": "local"},  # the caller is a host file of the test's (trusted code)
             "agent": {"harness": "shell", "settings": {"command": f"python3 {caller}"}},
             "evaluator": {"strategy": "test_on_output", "config": {"command": EVEN}},
         }

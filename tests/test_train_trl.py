@@ -84,6 +84,7 @@ def _task(**settings: Any) -> Task:
             "task_id": "template",
             "instruction": "",
             "timeout_seconds": 120,
+            "runtime": {"backend": "local"},  # the agents are host files of the test's (trusted code)
             "agent": {"harness": "builtin", "settings": {"max_retries": 0, **settings}},
             "evaluator": {"strategy": "tests.trl_support:MeanLogprobReward"},
         }
