@@ -38,14 +38,26 @@ _HTTP = httpx.Client(timeout=60)
 # tests of a marker here share one expensive thing started once per worker: the session's vLLM server (and
 # the learning test's, which must not compete with it for the core vLLM binds), dockerd and the base images,
 # a Ray cluster. Each marker's tests go to one worker, so each thing is started once, and never twice at
-# once (two dockerds on one data root, two Ray clusters).
+# once (two dockerds on one data root, two Ray clusters). So do the tests of a module that defines a
+# module-scoped fixture (a loaded model, a corpus of sessions run once): it is built on one worker only.
 XDIST_GROUPS = ("vllm", "containers", "ray")
+
+
+def _module_fixture(item: pytest.Item) -> bool:
+    """Whether `item` uses a module-scoped fixture defined in its own module."""
+    info = getattr(item, "_fixtureinfo", None)
+    module = item.nodeid.split("::")[0]
+    return info is not None and any(
+        defs[-1].scope == "module" and defs[-1].baseid == module for defs in info.name2fixturedefs.values()
+    )
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         group = next((m for m in XDIST_GROUPS if item.get_closest_marker(m) is not None), None)
+        if group is None and _module_fixture(item):
+            group = item.nodeid.split("::")[0]
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
 
