@@ -187,6 +187,20 @@ async def test_cancel_reaches_leftover_background_processes(rt: LocalRuntime) ->
     assert await _wait_gone(pids) == []
 
 
+async def test_a_cancel_while_the_command_is_being_spawned_kills_it_at_once(rt: LocalRuntime) -> None:
+    """asyncio connects a child's pipes a few turns of the loop after forking it; a cancel landing then
+    used to wait for `sleep 100` to end (seen in CI: this file's cancel test took 100 s) and leave it
+    running. Each turn of that window is tried; every cancel ends at once, and nothing survives."""
+    for turns in range(30):
+        task = asyncio.create_task(rt.exec("sleep 100; true"))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(task), 30)  # bound: a missed window waits out the 100 s
+        assert await _wait_gone(_procs(rt, "sleep", "100")) == [], turns
+
+
 def _pgid(pid: int) -> int:
     stat = Path(f"/proc/{pid}/stat").read_text()
     return int(stat[stat.rfind(")") + 2 :].split()[2])

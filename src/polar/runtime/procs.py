@@ -150,6 +150,36 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
 KillFn = Callable[[int, float], Awaitable[None]]
 
 
+async def _spawn(
+    argv: list[str], *, env: dict[str, str], cwd: str | None, stdin: bool, pass_fds: tuple[int, ...]
+) -> asyncio.subprocess.Process:
+    """Start `argv` as the leader of a new session. A cancel that lands while asyncio is still connecting
+    the pipes (the child already runs) must not leave it running: asyncio's own clean-up then kills only
+    the direct child and waits for the pipes, which a grandchild (`sh -c 'sleep 100; true'`) holds until
+    it ends, so the cancel would wait the command out and its tree would outlive the caller (seen in CI:
+    a cancelled `sleep 100` took 100 s). The spawn finishes shielded; on a cancel its whole group dies."""
+    spawn = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+    )
+    try:
+        return await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            proc = await spawn  # a few turns of the loop: the pipes are being connected
+            signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        raise
+
+
 async def run_process(
     argv: list[str],
     *,
@@ -169,16 +199,7 @@ async def run_process(
     open in the child (the local runtime's status pipe)."""
     started = time.monotonic()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-            pass_fds=pass_fds,
-        )
+        proc = await _spawn(argv, env=env, cwd=cwd, stdin=stdin is not None, pass_fds=pass_fds)
     except FileNotFoundError:
         return ExecResult(127, "", f"polar: command not found: {argv[0]}\n")
     except PermissionError as exc:
