@@ -97,6 +97,26 @@ async def test_a_probe_naming_its_dispatch_fences_it(tmp_path: Path) -> None:
     assert again.status_code == 202
 
 
+async def test_a_404_is_not_here_only_from_the_node_the_session_is_bound_to(tmp_path: Path) -> None:
+    """A restarted node listens on new ports; until it registers them, its old address may be another
+    listener (seen in CI: its own model API took the old control port) whose 404 knows nothing of the
+    session. The server's probe reads a 404 as "not here" only when the node it asked names itself."""
+    from polar.rollout.server.nodelink import NodeLink
+
+    with fake_policy() as (url, _):
+        async with running_node(url, tmp_path) as node:
+            link = NodeLink(10.0, node.config.gateway.control_token)
+            try:
+                bound = await link.probe(node.control_url, node.node_id, "sess-x")
+                other = await link.probe(node.control_url, "node-elsewhere", "sess-x")
+                model_api = await link.probe(node.url, node.node_id, "sess-x")
+            finally:
+                await link.aclose()
+    assert bound.reachable and bound.state is None
+    assert not other.reachable and other.error is not None and "not node-elsewhere" in other.error
+    assert not model_api.reachable and model_api.state is None
+
+
 def test_tombstones_expire_and_owed_outcomes_do_not(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "node.db")
     try:

@@ -65,6 +65,9 @@ class _Wire(BaseModel):
 
 
 RESULT_TOKEN_HEADER = "x-polar-result-token"
+# The node's id on its answer about a session: a 404 means "not here" only from the node the session is
+# bound to, never from whatever now listens at that node's old address (a restarted node's ports move).
+NODE_ID_HEADER = "x-polar-node"
 
 
 class SessionSpec(_Wire):

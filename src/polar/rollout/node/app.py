@@ -5,8 +5,9 @@ gateway's control routes for the rollout server (control listener, token require
                                  (duplicate: this dispatch, same result token, was accepted before: a resend)
                                  409 seen before (single use), 429 full, 503 draining, 422 invalid (names the field)
     GET    /node/sessions        {"sessions": [NodeSessionState without results]}
-    GET    /node/sessions/{id}   NodeSessionState (with the result once terminal), 404 not here. With the
-                                 dispatch's x-polar-result-token, a 404 is final: that dispatch is fenced
+    GET    /node/sessions/{id}   NodeSessionState (with the result once terminal), 404 not here; both name
+                                 the node (x-polar-node). With the dispatch's x-polar-result-token, a 404
+                                 is final: that dispatch is fenced
     DELETE /node/sessions/{id}   cancels (kills the process tree); answers the state once it ended
     GET    /node/status          NodeStatus
     POST   /node/drain           DrainRequest (optional) -> 202 NodeStatus: the node drains, then leaves
@@ -29,7 +30,7 @@ from polar.gateway.app import GatewayApp, HotPath, control_app, create_app
 from polar.gateway.control import routes as control_routes
 from polar.harness.registry import classifier
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
-from polar.rollout.protocol import RESULT_TOKEN_HEADER, DrainRequest, SessionSpec
+from polar.rollout.protocol import NODE_ID_HEADER, RESULT_TOKEN_HEADER, DrainRequest, SessionSpec
 
 if TYPE_CHECKING:
     from polar.rollout.node.node import Node
@@ -117,9 +118,9 @@ class NodeApp:
         sid = request.path_params["session_id"]
         dispatch = request.headers.get(RESULT_TOKEN_HEADER)
         state = self.node.probe(sid, dispatch) if dispatch else self.node.state(sid)
-        if state is None:
-            return _error(404, f"no session {sid} on this node")
-        return _json(state)
+        response = _error(404, f"no session {sid} on this node") if state is None else _json(state)
+        response.headers[NODE_ID_HEADER] = self.node.node_id
+        return response
 
     async def cancel_session(self, request: Request) -> Response:
         sid = request.path_params["session_id"]

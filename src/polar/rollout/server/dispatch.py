@@ -189,7 +189,7 @@ class Dispatcher:
         try:
             # Unconfirmed: a dispatch whose answer was lost. The probe names it, so a 404 is final (fenced).
             token = None if s.confirmed else self.store.dispatch_token(s.session_id)
-            answer = await self.link.probe(node.url, s.session_id, token)
+            answer = await self.link.probe(node.url, node.node_id, s.session_id, token)
             self._probed_at[s.session_id] = time.time()
             if not answer.reachable:
                 return  # the loss clock (last_contact) decides when to give up

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from polar.auth import bearer
 from polar.rollout.protocol import (
+    NODE_ID_HEADER,
     RESULT_TOKEN_HEADER,
     DrainRequest,
     NodeSessionState,
@@ -66,15 +67,25 @@ class NodeLink:
         outcome = classify_dispatch(r.status_code)
         return outcome, None if outcome is DispatchOutcome.ACCEPTED else _error_text(r)
 
-    async def probe(self, node_url: str, session_id: str, dispatch: str | None = None) -> ProbeAnswer:
-        """Ask the node about a session. With `dispatch` (the dispatch's result token) a 404 is final: the
-        node fences that dispatch before answering, so it can never admit it later."""
+    async def probe(
+        self, node_url: str, node_id: str, session_id: str, dispatch: str | None = None
+    ) -> ProbeAnswer:
+        """Ask node `node_id` about a session. With `dispatch` (the dispatch's result token) a 404 is final:
+        the node fences that dispatch before answering, so it can never admit it later. A 404 that does not
+        name `node_id` is no answer: a restarted node listens on new ports, and until it registers them its
+        old address may be another listener (its own model API, another node) that knows nothing of the
+        session; read as "not here", it would requeue a session whose outcome the node still owes."""
         headers = {RESULT_TOKEN_HEADER: dispatch} if dispatch else {}
         try:
             r = await self._client.get(f"{node_url}/node/sessions/{session_id}", headers=headers)
         except httpx.HTTPError as exc:
             return ProbeAnswer(False, None, f"{type(exc).__name__}: {exc}")
         if r.status_code == 404:
+            answered_by = r.headers.get(NODE_ID_HEADER)
+            if answered_by != node_id:
+                return ProbeAnswer(
+                    False, None, f"HTTP 404 from {answered_by or 'something'} at {node_url}, not {node_id}"
+                )
             return ProbeAnswer(True, None)
         if r.status_code != 200:
             return ProbeAnswer(False, None, _error_text(r))
