@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.multi_backend import prefix_counters  # noqa: E402
 from tests import mcp_weather  # noqa: E402
 
+from polar.harness.cli_common import texts  # noqa: E402
 from polar.harness.registry import get_harness  # noqa: E402
 from polar.store.sqlite import SQLiteStore  # noqa: E402
 from polar.trajectory import audit, build  # noqa: E402
@@ -225,8 +226,8 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
         done = issued
         if scenario == "discovery" and cli.harness in SEARCH and not searched and done >= steps // 2:
             ready = cli.harness not in SEARCH_WHEN or any(
-                SEARCH_WHEN[cli.harness] in str(m.get("content")) for m in messages
-            )
+                SEARCH_WHEN[cli.harness] in t for m in messages for t in texts(m.get("content"))
+            )  # a developer message's parts as text: their str() escapes the newline SEARCH_WHEN has
             if (
                 not ready and waited < 120
             ):  # a second at a time (no step), until the CLI says the tools are up
