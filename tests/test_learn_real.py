@@ -1,12 +1,13 @@
 """The real-LM learning run (bench/learn_real.py, docs/learning.md) cut to what proves the stack learns:
 Gemma 3 270M from the package index on a real vLLM, rollouts through the gateway by the harness program in the
-default (bwrap) sandbox, the first_word evaluator, one GRPO step of `polar train` with LoRA and one with full
-fine-tuning, each synced and verified into the same vLLM. Then vLLM itself, on the synced policy, scores
-every sampled answer again: the rewarded answers' logprobs rose and the others' fell.
+default (bwrap) sandbox, the first_word evaluator, one GRPO step of `polar train` with full fine-tuning, synced
+and verified into the vLLM. Then vLLM itself, on the synced policy, scores every sampled answer again: the
+rewarded answers' logprobs rose and the others' fell.
 
-The whole run (held-out accuracy before and after, 9 steps per mode) is `python bench/learn_real.py`; its
-2-step quick run (`--quick`, 10 minutes on 2 cores) is what this test was before it was cut to one step
-per mode on one server (docs/testing.md).
+The whole run (held-out accuracy before and after, 9 steps with full fine-tuning and 9 with LoRA, the
+trainers' peak memory) is `python bench/learn_real.py`; its 2-step quick run (`--quick`, 10 minutes on 2
+cores) is what this test was before it was cut to one step of one mode (docs/testing.md). LoRA's sync into
+a real vLLM (the adapter loaded in place, by name) is tests/test_train_loop.py's.
 """
 
 from __future__ import annotations
@@ -47,9 +48,8 @@ def _task_file(folder: Path) -> Path:
     return folder / "tasks.yaml"
 
 
-def _train_one_step(out: Path, sets: list[str]) -> tuple[dict[str, Any], int]:
-    """`polar train` for one step, as bench/learn_real.py runs it: the step's metrics line and the trainer's
-    peak resident memory (KiB, from the kernel's accounting of the finished process)."""
+def _train_one_step(out: Path, sets: list[str]) -> dict[str, Any]:
+    """`polar train` for one step, as bench/learn_real.py runs it: the step's metrics line."""
     argv = [sys.executable, "-m", "polar", "train", str(EXAMPLE / "train.yaml")]
     argv += [a for s in [*sets, f"out={out}"] for a in ("--set", s)]
     from bench import learn_real as bench
@@ -57,14 +57,12 @@ def _train_one_step(out: Path, sets: list[str]) -> tuple[dict[str, Any], int]:
     log = out.with_suffix(".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            argv, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **bench.TRAINER_ENV}
-        )
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, log.read_text(errors="replace")[-4000:]
+        env = {**os.environ, **bench.TRAINER_ENV}
+        code = subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
+    assert code == 0, log.read_text(errors="replace")[-4000:]
     (line,) = (out / "metrics.jsonl").read_text().splitlines()
-    return json.loads(line), usage.ru_maxrss
+    result: dict[str, Any] = json.loads(line)
+    return result
 
 
 def _sampled(out: Path) -> list[tuple[float, list[int], list[int], list[float]]]:
@@ -103,46 +101,37 @@ def test_one_step_moves_the_served_policy_toward_the_rewarded_answers(tmp_path: 
     tasks = _task_file(tmp_path / "tasks")
     # bf16 where the CPU has bf16 units, float32 where bf16 is emulated (80x slower; bench.native_bf16).
     dtype = "bfloat16" if bench.native_bf16() else "float32"
-    # One server for both modes, with runtime LoRA: LoRA goes first and loads only its adapter, so the base
-    # weights are the pretrained ones again when full fine-tuning starts.
     server = start_vllm(
-        model, tmp_path, name=bench.SERVED, max_model_len=1024, kv_cache_gib=2,
-        extra=[*bench.LORA_FLAGS, "--dtype", dtype], env_extra=bench.LORA_ENV,
-    )  # fmt: skip
+        model, tmp_path, name=bench.SERVED, max_model_len=1024, kv_cache_gib=2, extra=["--dtype", dtype]
+    )
     sets = [f"model={model}", f"backend={server.url}", f"served_model={bench.SERVED}", f"tasks={tasks}"]
     sets += ["steps=1", f"group_size={GROUP}", "batch_groups=1", "max_in_flight=1", f"capacity={GROUP}"]
-    sets += [f"dtype={dtype}"]
-    peak = {}
+    sets += [f"dtype={dtype}", *bench.MODES["full"]]
     try:
+        for attempt in range(1, ATTEMPTS + 1):
+            out = tmp_path / f"attempt-{attempt}"
+            step = _train_one_step(out, sets)
+            assert step["step"] == 1 and step["samples"] == GROUP and step["untrainable_traces"] == 0
+            assert step["trainable_tokens"] > 0 and step["sync_s"] > 0  # synced and verified
+            if step["zero_variance_groups"] == 0:
+                break
+        else:
+            pytest.fail(f"{ATTEMPTS} groups of {TASK} in a row were all right or all wrong")
+        sampled = _sampled(out)
+        assert len(sampled) == GROUP
+        mean = sum(r for r, *_ in sampled) / GROUP
+        # Mean logprob change per answer under the synced weights, rewarded (above the group's mean) or not.
+        moved: dict[bool, list[float]] = {True: [], False: []}
         with httpx.Client(base_url=server.url, timeout=300) as http:
-            for mode in ("lora", "full"):
-                for attempt in range(1, ATTEMPTS + 1):
-                    out = tmp_path / mode / f"attempt-{attempt}"
-                    step, peak[mode] = _train_one_step(out, [*sets, *bench.MODES[mode]])
-                    assert step["step"] == 1 and step["samples"] == GROUP and step["untrainable_traces"] == 0
-                    assert step["trainable_tokens"] > 0 and step["sync_s"] > 0  # synced and verified
-                    if step["zero_variance_groups"] == 0:
-                        break
-                else:
-                    pytest.fail(f"{ATTEMPTS} groups of {TASK} in a row were all right or all wrong")
-                sampled = _sampled(out)
-                assert len(sampled) == GROUP
-                mean = sum(r for r, *_ in sampled) / GROUP
-                # The trained policy as vLLM serves it: its last adapter by name, or the synced base weights.
-                policy = "polar-policy" if mode == "lora" else bench.SERVED
-                # Mean logprob change per answer, rewarded (above the group's mean) or not.
-                moved: dict[bool, list[float]] = {True: [], False: []}
-                for reward, prompt, response, before in sampled:
-                    after = _served_logprobs(http, policy, prompt, response)
-                    moved[reward > mean].append(
-                        sum(a - b for a, b in zip(after, before, strict=True)) / len(before)
-                    )
-                up, down = (sum(v) / len(v) for v in (moved[True], moved[False]))
-                assert up > 0 > down, (mode, moved)
+            for reward, prompt, response, before in sampled:
+                after = _served_logprobs(http, bench.SERVED, prompt, response)
+                moved[reward > mean].append(
+                    sum(a - b for a, b in zip(after, before, strict=True)) / len(before)
+                )
+        up, down = (sum(v) / len(v) for v in (moved[True], moved[False]))
+        assert up > 0 > down, moved
     finally:
         server.stop()
-    # LoRA trains a few adapters: its trainer needs less memory than full fine-tuning's.
-    assert peak["lora"] < peak["full"]
 
 
 def test_the_bench_tabulates_and_plots_a_summary(tmp_path: Path) -> None:
