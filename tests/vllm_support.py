@@ -172,7 +172,7 @@ def start_vllm(
 # not help (vLLM's `tool_choice: required` grammar lets it write whitespace forever). So the tests that need
 # real tool calls parsed by vLLM's hermes parser serve the default model taught, in a few seconds of
 # training, to answer a request that offers `pick_color` with one call and a tool result with a sentence.
-TOOLS_MODEL_NAME = "tiny-qwen3-v2-tools-1"  # bump when the recipe below changes
+TOOLS_MODEL_NAME = "tiny-qwen3-v2-tools-2"  # bump when the recipe below changes
 TOOL_NAME = "pick_color"
 TOOL_PARAMETERS: dict[str, object] = {
     "type": "object",
@@ -183,6 +183,14 @@ TOOL_PARAMETERS: dict[str, object] = {
 TOOL_CALL_TEXT = '<tool_call>\n{"name": "pick_color", "arguments": {"color": "green"}}\n</tool_call>'
 ANSWER_TEXT = "The logo is green."
 USER_PROMPTS = ("Pick a color for the logo.", "Choose a colour.", "What color should the button be?", "hi")
+# Offered the tool, these prompts get a call that is not one (tests/test_vllm_toolcheck.py): vLLM's hermes
+# parser fails on the first and returns it as content; the second names a tool not offered; the third's
+# color is outside the schema's enum.
+BROKEN_CALLS = {
+    "Break the call.": '<tool_call>\n{"name": "pick_color", "arguments": {"color": "green"}\n</tool_call>',
+    "Paint the logo.": '<tool_call>\n{"name": "paint_logo", "arguments": {"color": "green"}}\n</tool_call>',
+    "Pick purple.": '<tool_call>\n{"name": "pick_color", "arguments": {"color": "purple"}}\n</tool_call>',
+}
 
 
 def tools_model_dir() -> Path:
@@ -243,6 +251,12 @@ def _examples(tokenizer: object) -> list[tuple[list[int], list[int]]]:
             out.append(
                 (encode(prompt, add_special_tokens=False), encode(answer + end, add_special_tokens=False))
             )
+    tools = [{"type": "function", "function": {"name": TOOL_NAME, "parameters": TOOL_PARAMETERS}}]
+    for user, answer in BROKEN_CALLS.items():
+        prompt = render(
+            [{"role": "user", "content": user}], tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        out.append((encode(prompt, add_special_tokens=False), encode(answer + end, add_special_tokens=False)))
     return out
 
 

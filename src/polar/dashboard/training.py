@@ -18,6 +18,7 @@ CHARTS: list[tuple[str, tuple[str, ...]]] = [
     ("reward", ("reward_mean", "reward_std")),  # drawn as mean with a ± std band (`_reward_band`)
     ("pass rate", ("pass_rate",)),
     ("staleness drops", ("dropped_stale_groups", "zero_variance_groups")),
+    ("broken tool calls (traces)", ("tool_call_parse_errors",)),
     ("staleness (policy versions)", ("staleness_mean", "staleness_max")),
     ("tokens per step", ("tokens", "trainable_tokens")),
     ("policy version", ("policy_version",)),

@@ -25,6 +25,8 @@ class CanonicalRequest:
     as they are (temperature, top_p, top_k, max_tokens, stop, seed, parallel_tool_calls,
     chat_template_kwargs, ...). `render` carries what the dialect needs to answer in kind (for example the
     names of Responses custom tools, or whether Anthropic thinking was asked for); it never goes upstream.
+    `loaded_tools` are Chat function tools callable without being in `tools` (what a client-executed tool
+    search loaded: Codex lists them in the tool message); never sent upstream as tools.
     """
 
     model: str
@@ -34,6 +36,7 @@ class CanonicalRequest:
     params: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     render: dict[str, Any] = field(default_factory=dict)
+    loaded_tools: tuple[dict[str, Any], ...] = ()
 
 
 # The id the gateway gives a tool call that came back without one (Gemini's `functionCall.id` is optional, and
@@ -73,6 +76,7 @@ class Completion:
     policy_version: int | None = None
     flags: tuple[str, ...] = ()
     created: int = 0
+    sampled_text: str | None = None  # the sampled tokens' text, when the server reports it (never stored)
 
     def message(self) -> dict[str, Any]:
         """The assistant message in OpenAI Chat form (what a record stores as the response)."""
@@ -130,6 +134,7 @@ class StreamChunk:
     policy_version: int | None = None
     flags: list[str] = field(default_factory=list)
     whole: Completion | None = None
+    text: str | None = None  # this chunk's sampled tokens' text, when the server reports it
 
     @property
     def has_output(self) -> bool:

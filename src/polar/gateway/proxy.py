@@ -26,6 +26,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from polar.gateway import toolcheck
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend, BackendOptions
 from polar.gateway.backends.pool import BackendPool
@@ -649,7 +650,8 @@ class Proxy:
             model_requested=req.model,
             model_served=comp.model,
             policy_version=comp.policy_version,
-            flags=comp.flags + tuple(f"quirk:{q}" for q in quirks),
+            flags=tuple(dict.fromkeys((*comp.flags, *toolcheck.flags(req, comp))))
+            + tuple(f"quirk:{q}" for q in quirks),
         )
 
     async def _record_failure(

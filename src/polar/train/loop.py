@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from polar.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult
+from polar.rollout.rewards import has_tool_parse_error
 from polar.rollout.task import Task
 from polar.train.advantages import Estimator, GroupStats
 from polar.train.export import trajectory_of
@@ -267,6 +268,9 @@ class TrainLoop:
             extra={
                 "masked": float(stats.masked),
                 "untrainable_traces": float(skipped),
+                "tool_call_parse_errors": float(
+                    sum(has_tool_parse_error(t) for g in batch for tr in g.trajectories() for t in tr.traces)
+                ),
                 "sync_drained": float(drained),  # 0: the drain timed out (the policy server drains itself)
             },
         )

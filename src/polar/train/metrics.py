@@ -98,6 +98,11 @@ METRICS: dict[str, Metric] = {
     "untrainable_traces": Metric(
         "count", "traces with trainable tokens skipped because they lack behaviour logprobs or a prompt"
     ),
+    "tool_call_parse_errors": Metric(
+        "count",
+        "traces in the batch holding a call the server could not parse (markup left in the content, a tool "
+        "not offered, arguments the schema refuses): reward 0, trained on as negatives",
+    ),
     "sync_drained": Metric(
         "0 or 1", "1 when every in-flight call finished before `drain_timeout_s`; 0 when the drain timed out"
     ),

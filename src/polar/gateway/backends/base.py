@@ -280,6 +280,7 @@ def assemble(
     logprobs: list[float] | None,
     policy_version: int | None,
     extra_flags: list[str],
+    sampled_text: str | None = None,
 ) -> Completion:
     """The `Completion` from parsed parts; the flags say what the token data lacks."""
     calls, bad_json = tool_calls(message)
@@ -308,4 +309,5 @@ def assemble(
         policy_version=policy_version,
         flags=tuple(flags),
         created=created if type(created) is int else 0,
+        sampled_text=sampled_text,
     )

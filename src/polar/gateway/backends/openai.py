@@ -56,6 +56,7 @@ class TokenData:
     logprobs: list[float] | None = None
     policy_version: int | None = None
     flags: list[str] = field(default_factory=list)
+    text: str | None = None  # the sampled tokens' text as the server reports it (vLLM's logprob entries)
 
 
 class OpenAIBackend:
@@ -125,6 +126,7 @@ class OpenAIBackend:
             logprobs=tokens.logprobs,
             policy_version=tokens.policy_version,
             extra_flags=tokens.flags,
+            sampled_text=tokens.text,
         )
 
     def read_content(self, message: dict[str, Any]) -> str | None:

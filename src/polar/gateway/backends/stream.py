@@ -112,10 +112,11 @@ def parse_chunk(
     chunk.tool_calls = _tool_deltas(delta.get("tool_calls"))
     chunk.finish_reason = choice.get("finish_reason")
     tokens = read_tokens(data, choice)
-    chunk.prompt_ids, chunk.token_ids, chunk.logprobs = (
+    chunk.prompt_ids, chunk.token_ids, chunk.logprobs, chunk.text = (
         tokens.prompt_ids,
         tokens.response_ids,
         tokens.logprobs,
+        tokens.text,
     )
     chunk.policy_version, chunk.flags = tokens.policy_version, tokens.flags
     return chunk
@@ -168,6 +169,7 @@ class StreamAccumulator:
         self._lps: list[float] = []
         self._ids_missing = False
         self._lps_missing = False
+        self._text: list[str] | None = []  # None once a chunk with ids came without their text
         self._saw_ids = False
         self._saw_lps = False
         self._usage: dict[str, Any] | None = None
@@ -226,6 +228,11 @@ class StreamAccumulator:
             self._ids += c.token_ids
         elif c.has_output:
             self._ids_missing = True  # text without the ids it came from
+        if self._text is not None:
+            if c.text is not None:
+                self._text.append(c.text)
+            elif c.token_ids:
+                self._text = None
         if c.logprobs is not None:
             self._saw_lps = True
             self._lps += c.logprobs
@@ -263,4 +270,5 @@ class StreamAccumulator:
             logprobs=logprobs,
             policy_version=self._version,
             extra_flags=flags,
+            sampled_text="".join(self._text) if self._text is not None and self._saw_ids else None,
         )

@@ -38,6 +38,7 @@ class VLLMBackend(TokenizingBackend):
             prompt_ids=id_sequence(data.get("prompt_token_ids")),
             response_ids=int_list(choice.get("token_ids")),
             logprobs=_logprobs(choice.get("logprobs")),
+            text=_token_text(choice.get("logprobs")),
         )
         version = data.get("policy_version")
         if type(version) is int:
@@ -47,6 +48,18 @@ class VLLMBackend(TokenizingBackend):
             if isinstance(flags, list):
                 tokens.flags += [f for f in flags if isinstance(f, str) and f not in tokens.flags]
         return tokens
+
+
+def _token_text(value: Any) -> str | None:
+    """The sampled tokens' text, `logprobs.content[].token` joined: what the model wrote, markup a tool
+    parser took or gave up on included (`polar.gateway.toolcheck`); None when absent."""
+    content = value.get("content") if isinstance(value, dict) else None
+    if type(content) is not list:
+        return None
+    pieces = [e.get("token") if isinstance(e, dict) else None for e in content]
+    return (
+        "".join(p for p in pieces if isinstance(p, str)) if all(isinstance(p, str) for p in pieces) else None
+    )
 
 
 def _logprobs(value: Any) -> list[float] | None:

@@ -53,6 +53,7 @@ class ResponsesDialect(SSEOnly):
             messages.append({"role": "system", "content": instructions})
         items = req["input"]
         custom, namespaced = converted.custom, converted.namespaced
+        loaded_tools: list[dict[str, Any]] = []
         if isinstance(items, str):
             messages.append({"role": "user", "content": items})
         else:
@@ -61,6 +62,7 @@ class ResponsesDialect(SSEOnly):
             loaded = searched_tools(items)
             for more in loaded.values():
                 custom, namespaced = custom | more.custom, {**more.namespaced, **namespaced}
+                loaded_tools.extend(more.tools)
             messages.extend(convert_history(items, codec, loaded))
         if not messages:
             raise invalid("'input' must contain at least one item.", "input")
@@ -110,6 +112,7 @@ class ResponsesDialect(SSEOnly):
             params=params,
             stream=bool(req.get("stream")),
             render=render,
+            loaded_tools=tuple(loaded_tools),
         )
 
     def render(self, req: CanonicalRequest, comp: Completion, codec: ReasoningCodec) -> dict[str, Any]:
