@@ -13,6 +13,7 @@ import torch
 
 from polar.train.loss import LossConfig
 from polar.train.packing import pack, response_logprobs
+from polar.train.schedule import LRSchedule
 from polar.train.trainer import (
     OptimizerConfig,
     Sample,
@@ -194,3 +195,24 @@ def test_a_batch_with_nothing_trainable_steps_without_changing_weights(base: Tra
     result = trainer.step([])  # every session masked or untrainable: a version, but the same weights
     assert trainer.step_count == 1 and result.traces == 0 and result.micro_batches == 0
     assert all(torch.equal(before[k], v) for k, v in params(trainer).items())
+
+
+def test_the_schedule_warms_up_then_decays_to_its_floor() -> None:
+    cos = LRSchedule("cosine", warmup_steps=2, min_lr_ratio=0.1, total_steps=6)
+    assert [round(cos.factor(s), 4) for s in range(7)] == [0.5, 1.0, 1.0, 0.775, 0.325, 0.1, 0.1]
+    lin = LRSchedule("linear", warmup_steps=0, min_lr_ratio=0.0, total_steps=5)
+    assert [lin.factor(s) for s in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert [LRSchedule("constant", warmup_steps=4).factor(s) for s in (0, 3, 9)] == [0.25, 1.0, 1.0]
+    assert LRSchedule("cosine", total_steps=None).factor(7) == 1.0  # no horizon: no decay
+    assert LRSchedule("linear", total_steps=1).factor(0) == 0.0  # a one-step run ends at its floor
+
+
+def test_each_step_takes_the_scheduled_rate(base: Trainer) -> None:
+    schedule = LRSchedule("cosine", warmup_steps=2, min_lr_ratio=0.1, total_steps=4)
+    trainer = fresh(base, optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.0, schedule=schedule))
+    rates = []
+    for _ in range(4):
+        result = trainer.step(samples_for(trainer, [1.0, -1.0, 0.0]))
+        assert all(g["lr"] == result.lr for g in trainer.optimizer.param_groups)
+        rates.append(result.lr)
+    assert rates == pytest.approx([5e-4, 1e-3, 1e-3, 1e-4])

@@ -23,6 +23,8 @@ CHARTS: list[tuple[str, tuple[str, ...]]] = [
     ("tokens per step", ("tokens", "trainable_tokens")),
     ("policy version", ("policy_version",)),
     ("loss and KL", ("loss", "kl")),
+    ("gradient norm (before clipping)", ("grad_norm",)),
+    ("learning rate", ("lr",)),
 ]
 
 

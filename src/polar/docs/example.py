@@ -185,6 +185,7 @@ METRIC_VALUES: dict[str, float] = {
     "sync_s": 2.7,
     "masked": 0.0,
     "untrainable_traces": 0.0,
+    "lr": 1.0e-6,
     "tool_call_parse_errors": 0.0,
     "sync_drained": 1.0,
 }

@@ -104,7 +104,18 @@ class LossSection(_Section):
 class OptimizerSection(_Section):
     """AdamW. Defaults are the paper's (lr 1e-6, weight decay 0.1)."""
 
-    lr: float = Field(1e-6, gt=0.0, description="Learning rate (constant: no warm-up or schedule).")
+    lr: float = Field(1e-6, gt=0.0, description="Base learning rate (the schedule scales it per step).")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="After warm-up: constant, or a linear or cosine decay to `min_lr_ratio` x `lr` at the "
+        "run's last step (`steps`).",
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="Steps of linear warm-up from lr/warmup_steps to `lr`; 0: none."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="The decayed rate at the last step, as a fraction of `lr`."
+    )
     weight_decay: float = Field(0.1, ge=0.0, description="AdamW's decoupled weight decay.")
     betas: tuple[float, float] = Field(
         (0.9, 0.999), description="AdamW's (beta1, beta2); each must be in [0, 1)."

@@ -268,6 +268,7 @@ class TrainLoop:
             extra={
                 "masked": float(stats.masked),
                 "untrainable_traces": float(skipped),
+                "lr": result.lr,
                 "tool_call_parse_errors": float(
                     sum(has_tool_parse_error(t) for g in batch for tr in g.trajectories() for t in tr.traces)
                 ),
@@ -320,6 +321,7 @@ def train(
     from polar.dashboard import DashboardOptions
     from polar.rollout.local import embedded_engine, local_stack
     from polar.train import distributed, memory
+    from polar.train.schedule import LRSchedule
     from polar.train.sync import EngineSync, VLLMSync
     from polar.train.trainer import OptimizerConfig, TrainerConfig
 
@@ -329,7 +331,14 @@ def train(
         # model again and takes the adapter from the checkpoint (Trainer.restore).
         model=config.model if config.lora is not None else (config.resume or config.model),
         loss=config.loss_config(),
-        optimizer=OptimizerConfig(opt.lr, opt.weight_decay, opt.betas, opt.eps, opt.grad_clip),
+        optimizer=OptimizerConfig(
+            opt.lr,
+            opt.weight_decay,
+            opt.betas,
+            opt.eps,
+            opt.grad_clip,
+            LRSchedule(opt.schedule, opt.warmup_steps, opt.min_lr_ratio, config.steps),
+        ),
         micro_batch_tokens=config.micro_batch_tokens,
         grad_accum=config.grad_accum,
         gradient_checkpointing=config.gradient_checkpointing,

@@ -98,6 +98,9 @@ METRICS: dict[str, Metric] = {
     "untrainable_traces": Metric(
         "count", "traces with trainable tokens skipped because they lack behaviour logprobs or a prompt"
     ),
+    "lr": Metric(
+        "learning rate", "the rate the step took: `optimizer.lr` x the schedule's factor at this step"
+    ),
     "tool_call_parse_errors": Metric(
         "count",
         "traces in the batch holding a call the server could not parse (markup left in the content, a tool "

@@ -147,6 +147,26 @@ NAMES: tuple[NameRow, ...] = (
         "optimizer.lr", Equivalent(("learning_rate",)), Equivalent(("actor_rollout_ref.actor.optim.lr",))
     ),
     NameRow(
+        "optimizer.schedule",
+        Equivalent(("lr_scheduler_type",), "TRL's default is `linear`, polar's `constant`"),
+        Equivalent(
+            ("actor_rollout_ref.actor.optim.lr_scheduler_type", "actor_rollout_ref.actor.optim.warmup_style"),
+            "`constant` or `cosine` (the older releases' key is `warmup_style`)",
+        ),
+    ),
+    NameRow(
+        "optimizer.warmup_steps",
+        Equivalent(("warmup_steps",)),
+        Equivalent(("actor_rollout_ref.actor.optim.lr_warmup_steps",)),
+    ),
+    NameRow(
+        "optimizer.min_lr_ratio",
+        Equivalent(
+            ("lr_scheduler_kwargs",), '`{"min_lr_rate": ...}` with `lr_scheduler_type: cosine_with_min_lr`'
+        ),
+        Equivalent(("actor_rollout_ref.actor.optim.min_lr_ratio",)),
+    ),
+    NameRow(
         "optimizer.weight_decay",
         Equivalent(("weight_decay",), "TRL's default is 0.0, polar's 0.1"),
         Equivalent(("actor_rollout_ref.actor.optim.weight_decay",), "verl's default is 0.01"),

@@ -63,8 +63,9 @@ def suggest(path: Sequence[Any], model: type[BaseModel], aliases: Aliases | None
         return None
     candidates = field_paths(model)
     key, last = ".".join(map(str, path)), str(path[-1])
-    if aliases is not None and (known := aliases(key)) is not None:
-        return known  # a TRL or verl name typed by habit
+    for typed in (key, last):  # a TRL or verl name typed by habit, alone or under polar's section
+        if aliases is not None and (known := aliases(typed)) is not None:
+            return known
     leaves: dict[str, str] = {}
     for c in candidates:
         leaves.setdefault(c.rsplit(".", 1)[-1], c)

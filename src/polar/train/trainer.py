@@ -31,6 +31,7 @@ from polar.train.advantages import Estimator, GroupStats, trajectory_advantages
 from polar.train.lora import LoraSpec, apply_lora, is_lora, load_adapter, merged_state_dict, save_adapter
 from polar.train.loss import LossConfig, LossMetrics, policy_loss
 from polar.train.packing import pack, response_logprobs
+from polar.train.schedule import LRSchedule
 from polar.trajectory.models import Trajectory
 
 
@@ -41,6 +42,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     grad_clip: float | None = 1.0
+    schedule: LRSchedule = field(default_factory=LRSchedule)  # the rate of each step: lr x its factor
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,7 @@ class StepResult:
     metrics: LossMetrics
     logprob_diff: float  # mean |trainer - behaviour| logprob over trainable tokens, before the step
     seconds: float
+    lr: float = 0.0  # the learning rate the step took (optimizer.lr x the schedule's factor)
 
 
 def build_samples(
@@ -367,6 +370,9 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
             full = getattr(norm, "full_tensor", None)  # FSDP: a replicated DTensor
             grad_norm = float(full() if full is not None else norm)
+        lr = cfg.optimizer.lr * cfg.optimizer.schedule.factor(self.step_count)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
@@ -393,6 +399,7 @@ class Trainer:
             metrics=metrics,
             logprob_diff=diff_sum / n_tok,
             seconds=time.perf_counter() - started,
+            lr=lr,
         )
 
     # -- weights out ------------------------------------------------------------------------------------
