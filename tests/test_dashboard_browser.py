@@ -291,6 +291,7 @@ def test_a_training_runs_curves(tmp_path: Path) -> None:
                 staleness_mean=0.5, staleness_max=1, traces=17, tokens=48000 + 100 * step,
                 trainable_tokens=6000 + 50 * step, loss=-0.01 * step, grad_norm=0.8, clip_fraction=0.0, kl=0.0,
                 tis_mean=1.0, logprob_diff=0.02, rollout_wait_s=3.0, train_s=40.0, sync_s=2.5,
+                extra={"lr": 1e-6 * min(step, 4) / 4},  # as the loop logs it: warm-up, then constant
             )
         )  # fmt: skip
     sink.close()
@@ -311,7 +312,9 @@ def test_a_training_runs_curves(tmp_path: Path) -> None:
         with browser_page() as page:
             page.goto(url)
             page.wait_for_selector("#last-step:has-text('8')")
-            expect(page.locator(".chart .uplot")).to_have_count(7)
+            expect(page.locator(".chart .uplot")).to_have_count(9)  # no broken-tool-call chart: no such key
+            for title in ("gradient norm (before clipping)", "learning rate"):
+                assert page.locator(f".chart:has(.u-title:text-is('{title}'))").count() == 1, title
             assert "0.840" in page.inner_text("#last-reward_mean")
             assert "± 0.140" in page.inner_text("#last-reward_std")
             reward = page.locator(".chart:has(.u-title:text-is('reward'))")
