@@ -321,7 +321,13 @@ def test_a_training_runs_curves(tmp_path: Path) -> None:
             for label in ("reward_mean", "mean + std", "mean - std"):  # the mean and its ± std band
                 assert reward.locator(f".u-legend .u-label:text-is('{label}')").count() == 1, label
             assert page.locator("text=have no reward_std").count() == 0
-            for title in ("reward", "pass rate", "staleness drops", "tokens per step", "policy version"):
+            for title in (
+                "reward",
+                "pass rate",
+                "groups dropped or without signal",
+                "tokens per step",
+                "policy version",
+            ):
                 assert page.locator(f".u-title:text-is('{title}')").count() == 1, title
             screenshot(page, "training")
     finally:

@@ -26,6 +26,7 @@ from polar.rollout.local import embedded_engine, local_stack
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.task import Task
 from polar.store.sqlite import SQLiteStore
+from polar.train.filters import GroupFilter, Overlong, cut
 from polar.train.loop import Group, LoopConfig, TrainLoop, staleness, task_order
 from polar.train.metrics import Metrics
 from polar.train.sync import EngineSync, GatewayGate, SyncError, VLLMSync
@@ -47,7 +48,7 @@ open("reply.txt", "w").write(json.load(u.urlopen(req, timeout=120))["choices"][0
 EVEN = "python3 -c 'import sys; sys.exit(len(open(\"reply.txt\").read()) % 2)'"
 
 
-def task(tmp_path: Path, task_id: str = "say", samples: int = 2) -> Task:
+def task(tmp_path: Path, task_id: str = "say", samples: int = 2, grade: str = EVEN) -> Task:
     caller = tmp_path / "caller.py"
     caller.write_text(CALLER)
     return Task.model_validate(
@@ -58,7 +59,7 @@ def task(tmp_path: Path, task_id: str = "say", samples: int = 2) -> Task:
             "timeout_seconds": 120,
             "runtime": {"backend": "local"},  # the caller is a host file of the test's (trusted code)
             "agent": {"harness": "shell", "settings": {"command": f"python3 {caller}"}},
-            "evaluator": {"strategy": "test_on_output", "config": {"command": EVEN}},
+            "evaluator": {"strategy": "test_on_output", "config": {"command": grade}},
         }
     )
 
@@ -183,6 +184,72 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
     # The last step is checkpointed: the trainer's weights, loadable as a checkpoint.
     checkpoint = load_checkpoint(out / "checkpoints" / "step-2")
     assert torch.equal(checkpoint["model.norm.weight"], trainer.model.model.norm.weight)
+
+
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
+async def test_a_step_leaves_out_groups_without_signal_and_takes_the_next_one(
+    base_trainer: Trainer, tmp_path: Path
+) -> None:
+    trainer = new_trainer(base_trainer)
+    out = tmp_path / "out"
+    with embedded_engine(None, device="cpu") as (engine, server):
+        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
+            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
+            metrics = Metrics.create(out, steps=3)
+            async with RolloutClient(stack.server_url, token=stack.token) as client:
+                # Two real groups: every sample passes (reward 1, 1: no signal), and only the first sample
+                # graded passes (the grader's mkdir succeeds once: reward 1, 0).
+                same = [r async for r in client.run([task(tmp_path, "same", grade="true")])]
+                won = tmp_path / "won"
+                mixed = [r async for r in client.run([task(tmp_path, "mixed", grade=f"mkdir {won}")])]
+                assert sorted(r.reward for r in same) == [1.0, 1.0] and sorted(r.reward for r in mixed) == [
+                    0,
+                    1,
+                ]
+
+                def queue(loop: TrainLoop, *groups: tuple[str, list[SessionResult]]) -> None:
+                    """Groups taken before any the loop submits (its own are cancelled first)."""
+                    for name, results in groups:
+                        loop._ready.put_nowait(Group(name, tuple(results), 0))
+
+                zero = GroupFilter(zero_variance=True, all_masked=True, max_groups=2)
+                config = LoopConfig(steps=3, batch_groups=1, max_in_flight=1, filter=zero)
+                loop = TrainLoop([task(tmp_path)], trainer, client, gate, EngineSync(engine), metrics, config)
+                # The zero-variance group is left out and counted; the step trains on the next one.
+                queue(loop, ("same-1", same), ("mixed-1", mixed))
+                first = await loop.step()
+                assert first.groups == 1 and first.samples == 2 and first.zero_variance_groups == 0
+                assert first.extra["filtered_zero_variance_groups"] == 1.0
+                assert first.extra["filter_cap_reached"] == 0.0 and first.reward_mean == 0.5
+
+                # Two groups without signal reach the cap of 2: the last one fills the batch, said so.
+                await loop.close()
+                queue(loop, ("same-2", same), ("same-3", same))
+                second = await loop.step()
+                assert second.groups == 1 and second.zero_variance_groups == 1 and second.reward_mean == 1.0
+                assert second.extra["filtered_zero_variance_groups"] == 1.0
+                assert second.extra["filter_cap_reached"] == 1.0
+
+                # Overlong masking: the caller asks for 6 tokens and the tiny model never stops before,
+                # so every answer is cut; masked, the group has no live sample and is left out.
+                assert all(cut(t) for t in Group("x", tuple(same), 0).trajectories())
+                loop.config = dataclasses.replace(config, overlong=Overlong("mask"))
+                await loop.close()
+                queue(loop, ("same-4", same), ("mixed-2", mixed))
+                third = await loop.step()
+                assert (
+                    third.extra["filtered_masked_groups"] == 1.0 and third.extra["filter_cap_reached"] == 1.0
+                )
+                assert third.extra["overlong_samples"] == 2.0 and third.extra["masked"] == 2.0
+                assert third.samples == 0 and third.trainable_tokens == 0
+                await loop.close()
+            metrics.close()
+    lines = [orjson.loads(line) for line in (out / "metrics.jsonl").read_bytes().splitlines()]
+    assert [(m["filtered_zero_variance_groups"], m["filtered_masked_groups"]) for m in lines] == [
+        (1.0, 0.0),
+        (1.0, 0.0),
+        (0.0, 1.0),
+    ]
 
 
 def test_groups_without_records_fall_back_to_their_submission_version() -> None:

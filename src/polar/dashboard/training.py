@@ -17,7 +17,16 @@ import orjson
 CHARTS: list[tuple[str, tuple[str, ...]]] = [
     ("reward", ("reward_mean", "reward_std")),  # drawn as mean with a ± std band (`_reward_band`)
     ("pass rate", ("pass_rate",)),
-    ("staleness drops", ("dropped_stale_groups", "zero_variance_groups")),
+    # Groups that cost rollouts and gave no gradient: too old, all rewards equal (trained on or filtered).
+    (
+        "groups dropped or without signal",
+        (
+            "dropped_stale_groups",
+            "zero_variance_groups",
+            "filtered_zero_variance_groups",
+            "filtered_masked_groups",
+        ),
+    ),
     ("broken tool calls (traces)", ("tool_call_parse_errors",)),
     ("staleness (policy versions)", ("staleness_mean", "staleness_max")),
     ("tokens per step", ("tokens", "trainable_tokens")),

@@ -187,6 +187,10 @@ METRIC_VALUES: dict[str, float] = {
     "untrainable_traces": 0.0,
     "lr": 1.0e-6,
     "tool_call_parse_errors": 0.0,
+    "filtered_zero_variance_groups": 1.0,
+    "filtered_masked_groups": 0.0,
+    "filter_cap_reached": 0.0,
+    "overlong_samples": 0.0,
     "sync_drained": 1.0,
 }
 

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polar import hints, yamlpos
 from polar.rollout.task import Task
@@ -39,6 +40,7 @@ from polar.rollout.taskfile import (
 )
 from polar.train import overrides as overrides_mod
 from polar.train.advantages import Estimator
+from polar.train.filters import GroupFilter, Overlong
 from polar.train.lora import LoraSpec
 from polar.train.loss import Aggregation, LossConfig
 from polar.train.names import polar_name_for
@@ -186,6 +188,66 @@ class MetricsSection(_Section):
     run_name: str | None = Field(None, description="W&B run name; null lets W&B choose one.")
 
 
+class FilterSection(_Section):
+    """Dynamic sampling (polar.train.filters): leave out finished groups that carry no gradient and take the
+    next ones, so each step trains on `batch_groups` informative groups. Left-out groups are counted
+    (`filtered_*` metrics)."""
+
+    zero_variance: bool = Field(
+        False,
+        description="Leave out a group whose advantages are all 0 (every sample earned the same reward).",
+    )
+    all_masked: bool = Field(
+        False,
+        description="Leave out a group whose every session was masked (failed for reasons that are not "
+        "the policy's: infrastructure errors, deadline timeouts).",
+    )
+    max_groups_per_step: int | None = Field(
+        None,
+        ge=1,
+        description="Groups one step may take in all, kept and left out (the oversampling cap); past it the "
+        "step fills up with the groups it left out (`filter_cap_reached` 1). null: 4 x batch_groups. "
+        "Must be at least batch_groups.",
+    )
+
+
+class OverlongSection(_Section):
+    """Answers cut by the token limit (polar.train.filters): kept as they are, masked, or a soft length
+    penalty on every answer (DAPO's overlong reward shaping)."""
+
+    mode: Literal["keep", "mask", "penalty"] = Field(
+        "keep",
+        description="keep: train on them as they are; mask: leave out every session with an answer cut by "
+        "the token limit (finish_reason length); penalty: add a length penalty to each session's reward: 0 "
+        "up to max_tokens - buffer tokens in its longest answer, then falling linearly to -penalty_factor "
+        "at max_tokens.",
+    )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="penalty: the answer length (tokens, one sampled turn) the penalty reaches "
+        "-penalty_factor at; the max_tokens the harness asks for. Required for mode penalty.",
+    )
+    buffer: int = Field(
+        0,
+        ge=0,
+        description="penalty: tokens before max_tokens over which the penalty ramps from 0 down; 0: a "
+        "penalty only at max_tokens.",
+    )
+    penalty_factor: float = Field(1.0, gt=0.0, description="penalty: the largest penalty.")
+
+    @model_validator(mode="after")
+    def _penalty_needs_a_length(self) -> OverlongSection:
+        if self.mode == "penalty" and self.max_tokens is None:
+            raise ValueError("mode penalty needs max_tokens (the answer length the penalty is full at)")
+        if self.max_tokens is not None and self.buffer > self.max_tokens:
+            raise ValueError(f"buffer ({self.buffer}) is longer than max_tokens ({self.max_tokens})")
+        return self
+
+    def spec(self) -> Overlong:
+        return Overlong(self.mode, self.max_tokens, self.buffer, self.penalty_factor)
+
+
 class TrainConfig(_Section):
     """A `polar train` run: the policy, its tasks, the GRPO batch, the loss and optimizer, where it runs."""
 
@@ -227,6 +289,10 @@ class TrainConfig(_Section):
         "rloo",
         description="Group-relative advantage: grpo (r - mean) / std; rloo r - mean of the others; "
         "dr_grpo r - mean (no std).",
+    )
+    filter: FilterSection = Field(default_factory=FilterSection, description="See the filter section.")
+    overlong: OverlongSection = Field(
+        default_factory=OverlongSection, description="See the overlong section."
     )
     pass_threshold: float = Field(
         1.0,
@@ -348,9 +414,26 @@ class TrainConfig(_Section):
             return v
         raise ValueError("must be a task file (path relative to this file) or a non-empty list of tasks")
 
+    @model_validator(mode="after")
+    def _cap_fits_a_batch(self) -> TrainConfig:
+        cap = self.filter.max_groups_per_step
+        if cap is not None and cap < self.batch_groups:
+            # Raised at the field, not the config: the error then points at its line.
+            error = PydanticCustomError(
+                "value_error", "is less than batch_groups ({b})", {"b": self.batch_groups}
+            )
+            loc = ("filter", "max_groups_per_step")
+            detail = InitErrorDetails(type=error, loc=loc, input=cap)
+            raise ValidationError.from_exception_data(type(self).__name__, [detail])
+        return self
+
     @property
     def in_flight(self) -> int:
         return self.max_in_flight or 2 * self.batch_groups
+
+    def group_filter(self) -> GroupFilter:
+        f = self.filter
+        return GroupFilter(f.zero_variance, f.all_masked, f.max_groups_per_step or 4 * self.batch_groups)
 
     def loss_config(self) -> LossConfig:
         return self.loss.to_loss_config()

@@ -12,6 +12,10 @@ policy server, and the gateway resumes: every later call is answered, and record
 Staleness: a group's version is the oldest policy version that produced any of its tokens (the gateway
 records it per call; trace metadata `policy_version`), else the version it was submitted at. A group more
 than `max_staleness` versions behind the trainer when it is taken is dropped and counted, never trained on.
+
+A fresh group then has its overlong answers masked or penalized and, with a `GroupFilter`, is left out when
+it carries no gradient (polar.train.filters): the step takes the next finished group instead, up to the
+filter's cap of groups per step.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import random
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +38,7 @@ from polar.rollout.rewards import has_tool_parse_error
 from polar.rollout.task import Task
 from polar.train.advantages import Estimator, GroupStats
 from polar.train.export import trajectory_of
+from polar.train.filters import FilterReason, GroupFilter, Overlong
 from polar.train.metrics import Metrics, StepMetrics
 from polar.train.sync import GatewayGate, PartialSyncError, WeightSync
 from polar.train.trainer import StepResult, Trainer, build_samples
@@ -60,6 +65,8 @@ class LoopConfig:
     out: Path | None = None  # checkpoints go under out/checkpoints/step-N (None: none written)
     shuffle: bool = True  # a new seeded order of the tasks each pass (False: the file's order)
     seed: int = 0
+    filter: GroupFilter = field(default_factory=GroupFilter)  # dynamic sampling: none by default
+    overlong: Overlong = field(default_factory=Overlong)  # answers cut by the token limit: kept by default
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +106,22 @@ class Group:
         return min(versions) if versions else self.submitted_version
 
 
+@dataclass(frozen=True, slots=True)
+class Shaped:
+    """A fresh group as a step sees it: its trajectories after overlong shaping."""
+
+    group: Group
+    trajectories: list[Trajectory]
+    overlong: int  # trajectories masked or penalized for length
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    groups: list[Shaped]
+    left_out: dict[FilterReason, int]  # groups the filter left out, by reason
+    cap_reached: bool  # the filter's cap was reached and left-out groups filled the batch
+
+
 def task_order(n: int, shuffle: bool, seed: int) -> Iterator[int]:
     """Task indices forever, pass after pass; each pass a new permutation when `shuffle`. Task files are
     often sorted (by name, by repository): in file order consecutive batches are alike, and the policy learns
@@ -129,6 +152,9 @@ class TrainLoop:
     ) -> None:
         if not tasks:
             raise ValueError("the loop needs at least one task")
+        cap = config.filter.max_groups
+        if cap is not None and cap < config.batch_groups:
+            raise ValueError(f"the filter's cap ({cap} groups per step) is less than batch_groups")
         self.tasks = list(tasks)
         self.trainer = trainer
         self.client = client
@@ -196,9 +222,46 @@ class TrainLoop:
             return False
         return True
 
+    async def _batch(self) -> Batch:
+        """Fresh groups until `batch_groups` of them carry a gradient, or until the filter's cap of groups
+        taken is reached: then the groups left out last fill the batch (fresh, if without signal)."""
+        cfg = self.config
+        kept: list[Shaped] = []
+        left_out: list[tuple[Shaped, FilterReason]] = []
+        cap_reached = False
+        while len(kept) < cfg.batch_groups:
+            group = await self._next_group()
+            if not self.admit(group):
+                continue
+            trajectories, overlong = cfg.overlong.apply(group.trajectories())
+            shaped = Shaped(group, trajectories, overlong)
+            reason = cfg.filter.reason(trajectories, cfg.estimator) if cfg.filter.active else None
+            if reason is None:
+                kept.append(shaped)
+                continue
+            left_out.append((shaped, reason))
+            cap = cfg.filter.max_groups
+            if cap is not None and len(kept) + len(left_out) >= cap:
+                need = cfg.batch_groups - len(kept)
+                kept += [s for s, _ in left_out[-need:]]
+                del left_out[-need:]
+                cap_reached = True
+        counts: dict[FilterReason, int] = {"zero_variance": 0, "all_masked": 0}
+        for _, reason in left_out:
+            counts[reason] += 1
+        if cap_reached:
+            log.warning(
+                "step %d: %d groups taken, %d with a learning signal: filled the batch with groups the "
+                "filter left out (filter.max_groups_per_step)",
+                self.trainer.step_count + 1,
+                cfg.filter.max_groups,
+                sum(1 for s in kept if cfg.filter.reason(s.trajectories, cfg.estimator) is None),
+            )
+        return Batch(kept, counts, cap_reached)
+
     # -- steps ------------------------------------------------------------------------------------------
-    def _train(self, batch: list[Group]) -> tuple[StepResult, GroupStats, int]:
-        trajectories = [t for g in batch for t in g.trajectories()]
+    def _train(self, batch: list[Shaped]) -> tuple[StepResult, GroupStats, int]:
+        trajectories = [t for s in batch for t in s.trajectories]
         samples, stats, skipped = build_samples(
             trajectories, self.config.estimator, pass_threshold=self.config.pass_threshold
         )
@@ -225,13 +288,10 @@ class TrainLoop:
     async def step(self) -> StepMetrics:
         """Wait for a batch of fresh groups, train on it, sync the weights, record the metrics."""
         waited = time.perf_counter()
-        batch: list[Group] = []
-        while len(batch) < self.config.batch_groups:
-            group = await self._next_group()
-            if self.admit(group):
-                batch.append(group)
+        taken = await self._batch()
+        batch = taken.groups
         wait_s = time.perf_counter() - waited
-        lags = [staleness(g, self.version) for g in batch]
+        lags = [staleness(s.group, self.version) for s in batch]
         result, stats, skipped = await asyncio.to_thread(self._train, batch)
         sync_s, drained = await self._sync()
         step = self.trainer.step_count
@@ -270,8 +330,12 @@ class TrainLoop:
                 "untrainable_traces": float(skipped),
                 "lr": result.lr,
                 "tool_call_parse_errors": float(
-                    sum(has_tool_parse_error(t) for g in batch for tr in g.trajectories() for t in tr.traces)
+                    sum(has_tool_parse_error(t) for s in batch for tr in s.trajectories for t in tr.traces)
                 ),
+                "filtered_zero_variance_groups": float(taken.left_out["zero_variance"]),
+                "filtered_masked_groups": float(taken.left_out["all_masked"]),
+                "filter_cap_reached": float(taken.cap_reached),
+                "overlong_samples": float(sum(s.overlong for s in batch)),
                 "sync_drained": float(drained),  # 0: the drain timed out (the policy server drains itself)
             },
         )
@@ -394,6 +458,8 @@ def train(
             out=out,
             shuffle=config.shuffle,
             seed=config.seed,
+            filter=config.group_filter(),
+            overlong=config.overlong.spec(),
         )
 
         leftovers = _active_tasks(out / "server.db")

@@ -106,6 +106,26 @@ METRICS: dict[str, Metric] = {
         "traces in the batch holding a call the server could not parse (markup left in the content, a tool "
         "not offered, arguments the schema refuses): reward 0, trained on as negatives",
     ),
+    "filtered_zero_variance_groups": Metric(
+        "count",
+        "groups taken since the previous step and left out because every advantage was 0 "
+        "(`filter.zero_variance`); the step took the next finished group instead",
+    ),
+    "filtered_masked_groups": Metric(
+        "count",
+        "groups taken since the previous step and left out because every session was masked "
+        "(`filter.all_masked`)",
+    ),
+    "filter_cap_reached": Metric(
+        "0 or 1",
+        "1 when the step took `filter.max_groups_per_step` groups and still lacked informative ones: it "
+        "filled up with the groups it had left out (which are then not counted as filtered)",
+    ),
+    "overlong_samples": Metric(
+        "count",
+        "trajectories in the batch masked for an answer cut by the token limit (`overlong.mode: mask`) or "
+        "given a length penalty (`overlong.mode: penalty`)",
+    ),
     "sync_drained": Metric(
         "0 or 1", "1 when every in-flight call finished before `drain_timeout_s`; 0 when the drain timed out"
     ),

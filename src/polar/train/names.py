@@ -42,6 +42,7 @@ class NameRow:
 
 
 NONE = Equivalent()
+DAPO = "verl's DAPO recipe (its launch scripts set it), not `main_ppo`"
 
 NAMES: tuple[NameRow, ...] = (
     NameRow(
@@ -94,6 +95,45 @@ NAMES: tuple[NameRow, ...] = (
             ("algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo"),
             "`grpo` = `grpo`, `rloo` = `rloo`, `dr_grpo` = `grpo` with `norm_adv_by_std_in_grpo: false`",
         ),
+    ),
+    NameRow(
+        "filter.zero_variance",
+        Equivalent(note="none: TRL trains on every group (a zero-variance group has advantage 0)"),
+        Equivalent(("algorithm.filter_groups.enable",), f"{DAPO}, with `algorithm.filter_groups.metric`"),
+    ),
+    NameRow(
+        "filter.all_masked",
+        Equivalent(note="none: TRL has no masked sessions"),
+        Equivalent(note="none: verl's rollouts have no masked (infrastructure-failed) sessions"),
+    ),
+    NameRow(
+        "filter.max_groups_per_step",
+        NONE,
+        Equivalent(
+            ("algorithm.filter_groups.max_num_gen_batches",),
+            f"{DAPO}; counts generation batches (0: no cap) and stops with an error past it, where polar "
+            "fills the batch with the groups it left out",
+        ),
+    ),
+    NameRow(
+        "overlong.mode",
+        Equivalent(("mask_truncated_completions",), "`true` is polar's `mask`; TRL has no length penalty"),
+        Equivalent(("reward_model.overlong_buffer.enable",), f"`true` is polar's `penalty`; {DAPO}"),
+    ),
+    NameRow(
+        "overlong.max_tokens",
+        Equivalent(("max_completion_length",), "TRL's limit on a completion, not a penalty setting"),
+        Equivalent(("data.max_response_length",), "the DAPO reward manager's `max_resp_len`"),
+    ),
+    NameRow(
+        "overlong.buffer",
+        NONE,
+        Equivalent(("reward_model.overlong_buffer.len",), DAPO),
+    ),
+    NameRow(
+        "overlong.penalty_factor",
+        NONE,
+        Equivalent(("reward_model.overlong_buffer.penalty_factor",), DAPO),
     ),
     NameRow("pass_threshold", Equivalent(note="polar uses it for the `pass_rate` metric only"), NONE),
     NameRow(
