@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -120,22 +119,12 @@ def evaluate(url: str, tasks: Path, out: Path, capacity: int, model: str = SERVE
     return {"by_task": by_task, "errors": errors, "seconds": seconds}
 
 
-def bootstrap(
-    by_task: dict[str, list[float]], skill: str | None, seed: int = 0, n: int = 2000
-) -> list[float]:
-    """Accuracy and its 95% percentile interval, resampling tasks (a task's samples move together)."""
-    groups = [v for k, v in sorted(by_task.items()) if skill is None or k.startswith(f"{skill}-")]
-    if not groups:
-        return [float("nan")] * 3
-    flat = [x for g in groups for x in g]
-    rng = random.Random(seed)
-    stats = []
-    for _ in range(n):
-        pick = [groups[rng.randrange(len(groups))] for _ in groups]
-        total = sum(len(g) for g in pick)
-        stats.append(sum(sum(g) for g in pick) / total)
-    stats.sort()
-    return [sum(flat) / len(flat), stats[int(0.025 * n)], stats[int(0.975 * n) - 1]]
+def bootstrap(by_task: dict[str, list[float]], skill: str | None) -> list[float]:
+    """Accuracy and its 95% interval over the tasks of one skill (all: None), resampling tasks: the interval
+    `polar train` logs for its held-out evaluation (polar.train.evaluation.interval)."""
+    from polar.train.evaluation import interval
+
+    return list(interval({k: v for k, v in by_task.items() if skill is None or k.startswith(f"{skill}-")}))
 
 
 class PeakRSS:

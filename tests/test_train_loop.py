@@ -26,6 +26,7 @@ from polar.rollout.local import embedded_engine, local_stack
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.task import Task
 from polar.store.sqlite import SQLiteStore
+from polar.train.evaluation import EvalPlan
 from polar.train.filters import GroupFilter, Overlong, cut
 from polar.train.loop import Group, LoopConfig, TrainLoop, staleness, task_order
 from polar.train.metrics import Metrics
@@ -250,6 +251,45 @@ async def test_a_step_leaves_out_groups_without_signal_and_takes_the_next_one(
         (1.0, 0.0),
         (0.0, 1.0),
     ]
+
+
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
+async def test_held_out_tasks_are_evaluated_by_one_policy_version_at_a_time(
+    base_trainer: Trainer, tmp_path: Path
+) -> None:
+    trainer = new_trainer(base_trainer)
+    out = tmp_path / "out"
+    # Two held-out tasks: one every sample passes, one none does (accuracy 0.5; resampling the two tasks
+    # gives the interval [0, 1]). The training task is another.
+    held_out = (task(tmp_path, "pass", grade="true"), task(tmp_path, "fail", grade="false"))
+    plan = EvalPlan(held_out, every=2, before_training=True)
+    with embedded_engine(None, device="cpu") as (engine, server):
+        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
+            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
+            metrics = Metrics.create(out, steps=3)
+            config = LoopConfig(steps=3, batch_groups=1, max_in_flight=1, eval=plan)
+            async with RolloutClient(stack.server_url, token=stack.token) as client:
+                loop = TrainLoop([task(tmp_path)], trainer, client, gate, EngineSync(engine), metrics, config)
+                history = await loop.run()
+            metrics.close()
+    # Before training, after step 2 (every 2) and after the last step (3).
+    evals = [orjson.loads(line) for line in (out / "eval.jsonl").read_bytes().splitlines()]
+    assert [(e["step"], e["policy_version"]) for e in evals] == [(0, 0), (2, 2), (3, 3)]
+    for e in evals:
+        assert e["by_task"] == {"pass": [1.0, 1.0], "fail": [0.0, 0.0]}
+        assert (e["eval_accuracy"], e["eval_accuracy_low"], e["eval_accuracy_high"]) == (0.5, 0.0, 1.0)
+        assert e["eval_samples"] == 4.0 and e["eval_errors"] == 0.0
+    lines = [orjson.loads(line) for line in (out / "metrics.jsonl").read_bytes().splitlines()]
+    assert ["eval_accuracy" in m for m in lines] == [False, True, True]
+    assert history[1].extra["eval_accuracy"] == 0.5
+    # Each evaluation's sessions were answered by exactly the version it names, and none was trained on.
+    with SQLiteStore(out / "gateway.db") as store:
+        for e in evals:
+            suffix = f"-eval{e['step']:05d}"
+            sessions = [s for s in store.sessions() if str(s.metadata.get("task_id")).endswith(suffix)]
+            records = [rec for s in sessions for rec in store.completions(s.session_id)]
+            assert len(sessions) == 4 and len(records) == 4
+            assert {rec.policy_version for rec in records} == {e["policy_version"]}
 
 
 def test_groups_without_records_fall_back_to_their_submission_version() -> None:

@@ -13,10 +13,14 @@ from typing import Any
 
 import orjson
 
+EVAL_TITLE = "held-out accuracy (95 % interval)"
+
 # The charts, in page order: (title, keys on one chart).
 CHARTS: list[tuple[str, tuple[str, ...]]] = [
     ("reward", ("reward_mean", "reward_std")),  # drawn as mean with a ± std band (`_reward_band`)
     ("pass rate", ("pass_rate",)),
+    # Only at evaluation steps (`eval.every`): drawn at those steps, the interval as a band (`_sparse_band`).
+    (EVAL_TITLE, ("eval_accuracy", "eval_accuracy_high", "eval_accuracy_low")),
     # Groups that cost rollouts and gave no gradient: too old, all rewards equal (trained on or filtered).
     (
         "groups dropped or without signal",
@@ -59,6 +63,8 @@ class TrainingRun:
             }
             if title == "reward":
                 _reward_band(chart)
+            elif title == EVAL_TITLE:
+                _sparse_band(chart)
             out.append(chart)
         return out
 
@@ -78,6 +84,17 @@ def _reward_band(chart: dict[str, Any]) -> None:
     series["mean + std"] = [_add(m, s, 1) for m, s in zip(mean, std, strict=True)]
     series["mean - std"] = [_add(m, s, -1) for m, s in zip(mean, std, strict=True)]
     chart["band"] = ["mean + std", "mean - std"]
+
+
+def _sparse_band(chart: dict[str, Any]) -> None:
+    """The held-out accuracy at the steps that were evaluated (the others have none: no gaps drawn), its
+    interval as the band."""
+    series = chart["series"]
+    keep = [i for i, v in enumerate(series.get("eval_accuracy", [])) if v is not None]
+    chart["x"] = [chart["x"][i] for i in keep]
+    chart["series"] = {k: [v[i] for i in keep] for k, v in series.items()}
+    if {"eval_accuracy_low", "eval_accuracy_high"} <= set(series):
+        chart["band"] = ["eval_accuracy_high", "eval_accuracy_low"]
 
 
 def _add(mean: float | None, std: float | None, sign: int) -> float | None:

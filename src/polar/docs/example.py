@@ -191,6 +191,13 @@ METRIC_VALUES: dict[str, float] = {
     "filtered_masked_groups": 0.0,
     "filter_cap_reached": 0.0,
     "overlong_samples": 0.0,
+    "eval_accuracy": 0.375,
+    "eval_accuracy_low": 0.25,
+    "eval_accuracy_high": 0.5,
+    "eval_reward_mean": 0.375,
+    "eval_samples": 32.0,
+    "eval_errors": 0.0,
+    "eval_s": 48.2,
     "sync_drained": 1.0,
 }
 

@@ -25,7 +25,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polar import hints, yamlpos
@@ -248,6 +256,40 @@ class OverlongSection(_Section):
         return Overlong(self.mode, self.max_tokens, self.buffer, self.penalty_factor)
 
 
+def _task_source(v: Any) -> Any:
+    """A task file (a path) or a non-empty list of inline tasks: `tasks` and `eval.tasks`."""
+    if isinstance(v, str) and v:
+        return v
+    if isinstance(v, list) and v and all(isinstance(t, dict) for t in v):
+        return v
+    raise ValueError("must be a task file (path relative to this file) or a non-empty list of tasks")
+
+
+class EvalSection(_Section):
+    """Held-out evaluation during training (polar.train.evaluation): tasks the policy never trains on, run
+    through the same stack right after a weight sync, scored as accuracy with a 95 % interval."""
+
+    tasks: str | list[dict[str, Any]] = Field(
+        description="A task file (relative to this config file) or a list of tasks inline, as `tasks`; their "
+        "task_ids may repeat the training tasks' (each evaluation gets ids of its own).",
+    )
+    every: int = Field(10, ge=1, description="Evaluate after every N-th step, and after the last.")
+    samples: int | None = Field(
+        None, ge=1, le=4096, description="Samples per held-out task; null: each task's num_samples."
+    )
+    before_training: bool = Field(
+        True, description="Also evaluate the starting policy (step 0) before the first step of a new run."
+    )
+    _loaded: list[Task] = PrivateAttr(default_factory=list)
+
+    _source = field_validator("tasks", mode="before")(_task_source)
+
+    @property
+    def loaded_tasks(self) -> list[Task]:
+        """The held-out tasks, loaded and checked by `parse_config`."""
+        return self._loaded
+
+
 class TrainConfig(_Section):
     """A `polar train` run: the policy, its tasks, the GRPO batch, the loss and optimizer, where it runs."""
 
@@ -294,6 +336,7 @@ class TrainConfig(_Section):
     overlong: OverlongSection = Field(
         default_factory=OverlongSection, description="See the overlong section."
     )
+    eval: EvalSection | None = Field(None, description="See the eval section; null: no held-out evaluation.")
     pass_threshold: float = Field(
         1.0,
         description="For `pass_rate` only: a session passed when its evaluation says so, else when its "
@@ -405,14 +448,7 @@ class TrainConfig(_Section):
             raise ValueError("names a server twice")
         return urls[0] if isinstance(v, str) else urls
 
-    @field_validator("tasks", mode="before")
-    @classmethod
-    def _tasks(cls, v: Any) -> Any:
-        if isinstance(v, str) and v:
-            return v
-        if isinstance(v, list) and v and all(isinstance(t, dict) for t in v):
-            return v
-        raise ValueError("must be a task file (path relative to this file) or a non-empty list of tasks")
+    _tasks = field_validator("tasks", mode="before")(_task_source)
 
     @model_validator(mode="after")
     def _cap_fits_a_batch(self) -> TrainConfig:
@@ -514,39 +550,57 @@ def parse_config(
         config = TrainConfig.model_validate(data)
     except ValidationError as exc:
         raise _error(exc, doc, overrides) from None
-    by = culprit(("tasks",), overrides)
+    tasks = _load_tasks(config.tasks, ("tasks",), config.group_size, doc, overrides, base)
+    if config.eval is not None:
+        held_out = _load_tasks(
+            config.eval.tasks, ("eval", "tasks"), config.eval.samples, doc, overrides, base
+        )
+        config.eval._loaded = held_out
+    return config, tasks
+
+
+def _load_tasks(
+    source: str | list[dict[str, Any]],
+    key: tuple[str, ...],
+    num_samples: int | None,
+    doc: Document,
+    overrides: Sequence[Override],
+    base: Path | None,
+) -> list[Task]:
+    """The tasks a config names at `key`: a task file relative to `base` (to the current directory when an
+    override set it), or inline ones (uploads relative to `base`); each error at its line."""
+    by = culprit(key, overrides)
     base = Path.cwd() if by is not None else (base or Path.cwd())
     fail = OverrideError if by is not None else ConfigError
-    where = by.label if by is not None else doc.at(("tasks",))
-    if isinstance(config.tasks, str):
+    where = by.label if by is not None else doc.at(key)
+    if isinstance(source, str):
         try:
-            tasks = load_tasks(base / config.tasks, num_samples=config.group_size)
+            return load_tasks(base / source, num_samples=num_samples)
         except TaskFileError as exc:
             raise fail(f"{where}: {exc}") from None
-    else:
-        tasks = []
-        for i, item in enumerate(config.tasks):
-            try:
-                task = Task.model_validate(item)
-            except ValidationError as exc:
-                raise _error(exc, doc, overrides, ("tasks", i), Task) from None
-            if config.group_size is not None:  # what the trainer submits
-                task = task.model_copy(update={"num_samples": config.group_size})
-            locate = locator(doc, ("tasks", i))
-            try:  # inline tasks' uploads are relative to the config file and stay in its directory
-                task = anchor_uploads(task, base)
-            except UploadOutside as exc:
-                raise fail(f"{locate(('runtime', 'prepare', exc.index, 'src'))}: {exc.reason}") from None
-            try:  # the user's own code, relative to this file; then what the server would check
-                check_local(task, base, locate)
-            except TaskFileError as exc:
-                raise fail(str(exc)) from None
-            tasks.append(task)
-        ids = [t.task_id for t in tasks]
-        dupes = sorted({t for t in ids if ids.count(t) > 1})
-        if dupes:
-            raise fail(f"{where}: duplicate task_id {', '.join(dupes)}")
-    return config, tasks
+    tasks = []
+    for i, item in enumerate(source):
+        try:
+            task = Task.model_validate(item)
+        except ValidationError as exc:
+            raise _error(exc, doc, overrides, (*key, i), Task) from None
+        if num_samples is not None:  # what the trainer submits
+            task = task.model_copy(update={"num_samples": num_samples})
+        locate = locator(doc, (*key, i))
+        try:  # inline tasks' uploads are relative to the config file and stay in its directory
+            task = anchor_uploads(task, base)
+        except UploadOutside as exc:
+            raise fail(f"{locate(('runtime', 'prepare', exc.index, 'src'))}: {exc.reason}") from None
+        try:  # the user's own code, relative to this file; then what the server would check
+            check_local(task, base, locate)
+        except TaskFileError as exc:
+            raise fail(str(exc)) from None
+        tasks.append(task)
+    ids = [t.task_id for t in tasks]
+    dupes = sorted({t for t in ids if ids.count(t) > 1})
+    if dupes:
+        raise fail(f"{where}: duplicate task_id {', '.join(dupes)}")
+    return tasks
 
 
 def load_config(path: str | Path, overrides: Sequence[Override] = ()) -> tuple[TrainConfig, list[Task]]:
@@ -564,4 +618,6 @@ def upload_roots(config: TrainConfig, path: str | Path) -> tuple[Path, ...]:
     """Where the tasks of the config at `path` may upload from: their task file's directory, or the
     config's own for inline tasks (what the local node is allowed to read)."""
     base = Path(path).resolve().parent
-    return ((base / config.tasks).resolve().parent,) if isinstance(config.tasks, str) else (base,)
+    sources = [config.tasks] + ([config.eval.tasks] if config.eval is not None else [])
+    roots = [(base / s).resolve().parent if isinstance(s, str) else base for s in sources]
+    return tuple(dict.fromkeys(roots))

@@ -37,6 +37,7 @@ from polar.rollout.protocol import SessionResult
 from polar.rollout.rewards import has_tool_parse_error
 from polar.rollout.task import Task
 from polar.train.advantages import Estimator, GroupStats
+from polar.train.evaluation import EvalPlan, Evaluator
 from polar.train.export import trajectory_of
 from polar.train.filters import FilterReason, GroupFilter, Overlong
 from polar.train.metrics import Metrics, StepMetrics
@@ -67,6 +68,7 @@ class LoopConfig:
     seed: int = 0
     filter: GroupFilter = field(default_factory=GroupFilter)  # dynamic sampling: none by default
     overlong: Overlong = field(default_factory=Overlong)  # answers cut by the token limit: kept by default
+    eval: EvalPlan | None = None  # held-out evaluation every N steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +173,7 @@ class TrainLoop:
         # Task ids are unique on the rollout server for good (its state outlives a run, e.g. a resume into
         # the same out directory), so each loop names its groups with its own run id.
         self.run_id = uuid.uuid4().hex[:8]
+        self.evaluator = Evaluator(config.eval, client, self.run_id) if config.eval is not None else None
         # Seeded by the step too: a resumed run draws a new order instead of replaying the first batches.
         self._order = task_order(len(self.tasks), config.shuffle, config.seed * 1_000_003 + self.version)
 
@@ -300,6 +303,7 @@ class TrainLoop:
             step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
         ):
             await asyncio.to_thread(self.trainer.save, cfg.out / "checkpoints" / f"step-{step}")
+        held_out = await self._evaluate(step)
         m = result.metrics
         record = StepMetrics(
             step=step,
@@ -337,11 +341,20 @@ class TrainLoop:
                 "filter_cap_reached": float(taken.cap_reached),
                 "overlong_samples": float(sum(s.overlong for s in batch)),
                 "sync_drained": float(drained),  # 0: the drain timed out (the policy server drains itself)
+                **held_out,
             },
         )
         self.dropped = 0
         self.metrics.log(record)
         return record
+
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        """The held-out evaluation due after `step` (0: before training), as metrics keys; {} if none."""
+        if self.evaluator is None or not self.evaluator.due(step, self.config.steps):
+            return {}
+        result = await self.evaluator.run(step, self.version)
+        self.metrics.evaluated(result.line())
+        return result.metrics()
 
     async def run(self) -> list[StepMetrics]:
         """Train until the trainer has taken `steps` steps (a resumed trainer first pushes its weights and
@@ -351,6 +364,8 @@ class TrainLoop:
             # must exist before the first rollout asks for it by name.
             if self.trainer.step_count > 0 or self.sync.push_before_rollouts:
                 await self._sync()
+            if self.trainer.step_count == 0:  # a new run: the starting policy's baseline
+                await self._evaluate(0)
             while self.trainer.step_count < self.config.steps:
                 await self.step()
         finally:
@@ -460,6 +475,14 @@ def train(
             seed=config.seed,
             filter=config.group_filter(),
             overlong=config.overlong.spec(),
+            eval=None
+            if config.eval is None
+            else EvalPlan(
+                tuple(config.eval.loaded_tasks),
+                config.eval.every,
+                before_training=config.eval.before_training,
+                pass_threshold=config.pass_threshold,
+            ),
         )
 
         leftovers = _active_tasks(out / "server.db")

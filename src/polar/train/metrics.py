@@ -126,6 +126,19 @@ METRICS: dict[str, Metric] = {
         "trajectories in the batch masked for an answer cut by the token limit (`overlong.mode: mask`) or "
         "given a length penalty (`overlong.mode: penalty`)",
     ),
+    "eval_accuracy": Metric(
+        "fraction 0..1",
+        "at evaluation steps only (`eval.every`): share of the held-out tasks' scored samples that passed, "
+        "sampled by this step's policy; the step-0 baseline and per-task detail are in eval.jsonl",
+    ),
+    "eval_accuracy_low": Metric(
+        "fraction 0..1", "lower end of `eval_accuracy`'s 95 % bootstrap interval (tasks resampled)"
+    ),
+    "eval_accuracy_high": Metric("fraction 0..1", "upper end of the same interval"),
+    "eval_reward_mean": Metric("reward", "mean reward of the held-out samples that were scored"),
+    "eval_samples": Metric("count", "held-out samples scored"),
+    "eval_errors": Metric("count", "held-out sessions without a reward (masked): left out of the accuracy"),
+    "eval_s": Metric("seconds", "wall time of the evaluation (submission to the last session)"),
     "sync_drained": Metric(
         "0 or 1", "1 when every in-flight call finished before `drain_timeout_s`; 0 when the drain timed out"
     ),
@@ -259,9 +272,13 @@ class ConsoleSink:
 class Metrics:
     """Fans each step's record out to every sink; `history` keeps them for callers and tests."""
 
-    def __init__(self, sinks: list[Sink]) -> None:
+    def __init__(
+        self, sinks: list[Sink], eval_path: Path | None = None, console: Console | None = None
+    ) -> None:
         self.sinks = sinks
         self.history: list[StepMetrics] = []
+        self.eval_path = eval_path  # one line per held-out evaluation (polar.train.evaluation)
+        self.console = console
 
     @classmethod
     def create(
@@ -283,7 +300,20 @@ class Metrics:
             sinks.append(WandbSink(wandb_project, run_name, run_config or {}))
         if console is not None:
             sinks.append(ConsoleSink(console, steps))
-        return cls(sinks)
+        return cls(sinks, out / "eval.jsonl", console)
+
+    def evaluated(self, line: dict[str, Any]) -> None:
+        """A held-out evaluation (`EvalResult.line()`): appended to eval.jsonl, and a line on the console."""
+        if self.eval_path is not None:
+            with self.eval_path.open("ab") as f:
+                f.write(orjson.dumps(_finite(line)) + b"\n")
+        if self.console is not None:
+            self.console.print(
+                f"eval after step {line['step']}: accuracy {line['eval_accuracy']:.3f} "
+                f"[{line['eval_accuracy_low']:.3f}, {line['eval_accuracy_high']:.3f}] over "
+                f"{int(line['eval_samples'])} samples ({int(line['eval_errors'])} unscored), {line['eval_s']:.1f}s",
+                highlight=False,
+            )
 
     def log(self, m: StepMetrics) -> None:
         self.history.append(m)

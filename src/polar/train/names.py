@@ -135,6 +135,24 @@ NAMES: tuple[NameRow, ...] = (
         NONE,
         Equivalent(("reward_model.overlong_buffer.penalty_factor",), DAPO),
     ),
+    NameRow(
+        "eval.tasks",
+        Equivalent(note="the `eval_dataset` argument of `GRPOTrainer` (prompts), not a config field"),
+        Equivalent(("data.val_files",), "prompts in Parquet"),
+    ),
+    NameRow(
+        "eval.every",
+        Equivalent(("eval_steps",), 'with `eval_strategy: "steps"`'),
+        Equivalent(("trainer.test_freq",)),
+    ),
+    NameRow(
+        "eval.samples",
+        Equivalent(("num_generations_eval",)),
+        Equivalent(("actor_rollout_ref.rollout.val_kwargs.n",)),
+    ),
+    NameRow(
+        "eval.before_training", Equivalent(("eval_on_start",)), Equivalent(("trainer.val_before_train",))
+    ),
     NameRow("pass_threshold", Equivalent(note="polar uses it for the `pass_rate` metric only"), NONE),
     NameRow(
         "temperature", Equivalent(("temperature",)), Equivalent(("actor_rollout_ref.rollout.temperature",))
