@@ -8,7 +8,10 @@
     max_staleness: 2            # drop groups sampled more than this many policy versions ago
     estimator: rloo             # grpo | rloo | dr_grpo
     loss: {eps_low: 0.2, eps_high: 0.28, tis_cap: 2.0, kl_coef: 0.0, aggregation: token_mean}
-    optimizer: {lr: 1.0e-6, weight_decay: 0.1, betas: [0.9, 0.999], grad_clip: 1.0}
+    optimizer: {lr: 1.0e-6, weight_decay: 0.1, betas: [0.9, 0.999], grad_clip: 1.0, schedule: cosine}
+    filter: {zero_variance: true}           # optional: leave out groups without a gradient, take the next
+    overlong: {mode: mask}                  # optional: leave out sessions with an answer cut by max_tokens
+    eval: {tasks: held-out.yaml, every: 10} # optional: held-out accuracy with a 95 % interval
     backend: embedded           # or the URL of a vLLM server, or a list of URLs (weights synced over RL routes)
     out: polar-train
     resume: polar-train/checkpoints/step-4   # optional: continue a run (`steps` counts from the start)
