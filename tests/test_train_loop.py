@@ -292,6 +292,51 @@ async def test_held_out_tasks_are_evaluated_by_one_policy_version_at_a_time(
             assert {rec.policy_version for rec in records} == {e["policy_version"]}
 
 
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
+async def test_paced_rollouts_are_never_too_old_to_train_on(base_trainer: Trainer, tmp_path: Path) -> None:
+    trainer = new_trainer(base_trainer)
+    out = tmp_path / "out"
+    with embedded_engine(None, device="cpu") as (engine, server):
+        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
+            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
+            # On-policy (max_staleness 0) with room for 4 groups in flight: paced, the loop starts one
+            # group per step, after each sync, so nothing it samples is dropped.
+            config = LoopConfig(steps=3, batch_groups=1, max_in_flight=4, max_staleness=0)
+            async with RolloutClient(stack.server_url, token=stack.token) as client:
+                loop = TrainLoop(
+                    [task(tmp_path)], trainer, client, gate, EngineSync(engine), Metrics([]), config
+                )
+                history = await loop.run()
+    assert [m.staleness_max for m in history] == [0, 0, 0] and loop.dropped_total == 0
+    assert loop._submitted == 3  # no rollout ran ahead to be thrown away
+
+
+def test_pacing_admits_groups_by_steps_taken_and_never_starves_a_step() -> None:
+    class Stub:
+        step_count = 5  # a resumed trainer: pacing counts from where the loop started
+
+    config = LoopConfig(steps=10, batch_groups=2, max_staleness=1)
+    loop = TrainLoop([Task(task_id="t", instruction="x")], Stub(), None, None, None, Metrics([]), config)  # type: ignore[arg-type]
+    assert loop._admissible()
+    loop._submitted = 4  # (0 steps + 1 + 1) x 2 groups
+    assert not loop._admissible()
+    loop.version = 6  # one step later: two more
+    assert loop._admissible()
+    loop._submitted, loop._wasted = 6, 0
+    assert not loop._admissible()
+    loop._wasted = 1  # a group dropped or left out frees its place
+    assert loop._admissible()
+    assert TrainLoop(
+        [Task(task_id="t", instruction="x")],
+        Stub(),
+        None,
+        None,
+        None,
+        Metrics([]),  # type: ignore[arg-type]
+        dataclasses.replace(config, pace=False),
+    )._admissible()
+
+
 def test_groups_without_records_fall_back_to_their_submission_version() -> None:
     lost = SessionResult(session_id="s1", task_id="t-r00001", status=SessionStatus.ERROR, reason="node died")
     group = Group("t-r00001", (lost,), submitted_version=5)

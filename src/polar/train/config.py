@@ -324,6 +324,13 @@ class TrainConfig(_Section):
         description="Drop a group whose oldest token was sampled more than this many policy versions "
         "before the step that would train on it (0: on-policy only). Dropped groups are counted.",
     )
+    pace: bool = Field(
+        True,
+        description="Submit a group only while it would be trained within max_staleness versions of the "
+        "policy that samples it (groups submitted, less those dropped or left out, <= (steps + max_staleness "
+        "+ 1) x batch_groups): rollouts wait for a sync instead of running ahead to be dropped. false: keep "
+        "max_in_flight groups running and drop those that come back too old.",
+    )
     max_in_flight: int | None = Field(
         None,
         ge=1,

@@ -12,6 +12,11 @@ policy server, and the gateway resumes: every later call is answered, and record
 Staleness: a group's version is the oldest policy version that produced any of its tokens (the gateway
 records it per call; trace metadata `policy_version`), else the version it was submitted at. A group more
 than `max_staleness` versions behind the trainer when it is taken is dropped and counted, never trained on.
+With `pace` (the default) the loop also keeps groups from getting that old: it submits a group only while
+the groups submitted, less those dropped or left out, stay within (steps taken + max_staleness + 1) x
+batch_groups (AReaL's admission rule), so a group that comes back in submission order is trained within
+`max_staleness` versions of the policy that sampled it, and rollouts wait for a sync instead of running
+ahead to be thrown away. Groups that finish far out of order can still come back too old, and are dropped.
 
 A fresh group then has its overlong answers masked or penalized and, with a `GroupFilter`, is left out when
 it carries no gradient (polar.train.filters): the step takes the next finished group instead, up to the
@@ -60,6 +65,7 @@ class LoopConfig:
     group_size: int | None = None  # None: each task's num_samples
     max_staleness: int = 2
     max_in_flight: int = 4  # task groups submitted and not yet taken
+    pace: bool = True  # submit only groups that will be trained within max_staleness versions
     estimator: Estimator = "rloo"
     pass_threshold: float = 1.0
     checkpoint_every: int | None = None  # the last step is always checkpointed
@@ -167,6 +173,9 @@ class TrainLoop:
         self.version = trainer.step_count
         self.dropped = 0  # stale groups dropped since the last step
         self.dropped_total = 0
+        self._start_version = self.version
+        self._submitted = 0  # groups submitted by this loop
+        self._wasted = 0  # of those, taken and not trained on (dropped stale, left out by the filter)
         self._ready: asyncio.Queue[Group | BaseException] = asyncio.Queue()
         self._in_flight: dict[str, asyncio.Task[None]] = {}
         self._round = itertools.count()
@@ -203,10 +212,21 @@ class TrainLoop:
         except BaseException as exc:  # surfaces in run(): a dead server must stop training loudly
             await self._ready.put(exc)
 
+    def _admissible(self) -> bool:
+        """Whether one more group may start now (`pace`): it would be trained within `max_staleness`
+        versions if the groups ahead of it are taken first. Always true while the current step lacks
+        groups and none is running, so the loop never waits on nothing."""
+        if not self.config.pace:
+            return True
+        steps = self.version - self._start_version
+        allowed = (steps + self.config.max_staleness + 1) * self.config.batch_groups
+        return self._submitted - self._wasted < allowed
+
     async def _top_up(self) -> None:
-        while len(self._in_flight) < self.config.max_in_flight:
+        while len(self._in_flight) < self.config.max_in_flight and self._admissible():
             task = self._group_task(self.tasks[next(self._order)], next(self._round))
             await self.client.submit(task)
+            self._submitted += 1
             self._in_flight[task.task_id] = asyncio.create_task(self._collect(task.task_id, self.version))
 
     async def _next_group(self) -> Group:
@@ -222,6 +242,7 @@ class TrainLoop:
         if staleness(group, self.version) > self.config.max_staleness:
             self.dropped += 1
             self.dropped_total += 1
+            self._wasted += 1
             return False
         return True
 
@@ -252,6 +273,7 @@ class TrainLoop:
         counts: dict[FilterReason, int] = {"zero_variance": 0, "all_masked": 0}
         for _, reason in left_out:
             counts[reason] += 1
+        self._wasted += len(left_out)
         if cap_reached:
             log.warning(
                 "step %d: %d groups taken, %d with a learning signal: filled the batch with groups the "
@@ -467,6 +489,7 @@ def train(
             group_size=config.group_size,
             max_staleness=config.max_staleness,
             max_in_flight=config.in_flight,
+            pace=config.pace,
             estimator=config.estimator,
             pass_threshold=config.pass_threshold,
             checkpoint_every=config.checkpoint_every,

@@ -81,6 +81,14 @@ NAMES: tuple[NameRow, ...] = (
         ),
     ),
     NameRow(
+        "pace",
+        Equivalent(note="none: `GRPOTrainer` generates each batch with the current policy"),
+        Equivalent(
+            note="the fully-async trainer bounds its stale samples by `async_training.staleness_threshold` "
+            "(a fraction of a batch); no on/off switch"
+        ),
+    ),
+    NameRow(
         "max_in_flight",
         Equivalent(note="experimental `AsyncGRPOConfig.max_inflight_tasks` counts generation requests"),
         NONE,
