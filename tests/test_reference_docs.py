@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from polar.docs import REFERENCE, render_all, stale
@@ -92,10 +93,14 @@ def test_every_step_metrics_field_is_declared_and_the_writer_uses_the_declared_o
 @pytest.mark.slow  # loads the tiny model and runs the whole stack
 def test_a_real_training_step_writes_only_documented_metrics_and_takes_the_overrides(tmp_path: Path) -> None:
     out = tmp_path / "run"
+    tasks = yaml.safe_load((ROOT / "examples" / "train.yaml").read_text())["tasks"]
+    (tmp_path / "held-out.yaml").write_text(yaml.safe_dump(tasks))
     proc = subprocess.run(
         [sys.executable, "-m", "polar", "train", str(ROOT / "examples" / "train.yaml"),
          "--set", "group_size=2", "--set", "batch_groups=1", "--set", "max_in_flight=1",
-         "--set", "optimizer.lr=2e-6", "--steps", "1", "--out", str(out)],
+         "--set", "optimizer.lr=2e-6", "--steps", "1", "--out", str(out),
+         # held out: the config's own task (a copy), so the eval_* keys land in the line too
+         "--set", "eval.tasks=held-out.yaml", "--set", "eval.samples=1", "--set", "eval.before_training=false"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200"},
     )  # fmt: skip
