@@ -2,6 +2,7 @@
 
     python bench/reward_curve.py                      # train, then write docs/reward_curve.svg
     python bench/reward_curve.py --metrics run/metrics.jsonl   # only plot an existing run
+    python bench/reward_curve.py --set pace=false --svg /tmp/unpaced.svg   # any config field, as polar train
 
 Prints one row per step (reward, tokens, staleness, time) and the mean reward of the first five steps
 against the last five. The plot is drawn by matplotlib (the `bench` extra: pip install 'polar[bench]').
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +24,14 @@ CONFIG = ROOT / "examples" / "learn" / "train.yaml"
 SVG = ROOT / "docs" / "reward_curve.svg"
 
 
-def run(config: Path, out: Path, steps: int | None) -> Path:
+def run(config: Path, out: Path, steps: int | None, sets: list[str]) -> Path:
     """Train with `polar train`'s own entry point, in this process (the evaluator is imported from the
     repository root, which is put on `sys.path` here)."""
     sys.path.insert(0, str(ROOT))
-    from polar.train.config import load_config
+    from polar.train.config import load_config, parse_override
     from polar.train.loop import train
 
-    cfg, tasks = load_config(config)
+    cfg, tasks = load_config(config, [parse_override(s) for s in sets])
     updates: dict[str, Any] = {"out": str(out)}
     if steps is not None:
         updates["steps"] = steps
@@ -50,6 +52,15 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['zero_variance_groups']} | {r['staleness_mean']:.1f} | {r['train_s']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def pacing(rows: list[dict[str, Any]], wall_s: float | None) -> str:
+    """What staleness cost the run: groups dropped, the staleness trained on, the time per step."""
+    dropped = sum(r["dropped_stale_groups"] for r in rows)
+    stale = sum(r["staleness_mean"] for r in rows) / len(rows)
+    step_s = sorted(r["rollout_wait_s"] + r["train_s"] + r["sync_s"] for r in rows)[len(rows) // 2]
+    wall = f"   wall {wall_s:.0f} s" if wall_s is not None else ""
+    return f"dropped stale groups {dropped}   staleness trained on (mean) {stale:.2f}   step s (median) {step_s:.1f}{wall}"
 
 
 def summary(rows: list[dict[str, Any]], k: int = 5) -> tuple[float, float]:
@@ -89,12 +100,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="training output folder (default: a temporary one)")
     parser.add_argument("--steps", type=int, help="override the config's steps")
     parser.add_argument("--svg", type=Path, default=SVG)
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    wall_s = None
     if args.metrics is not None:
         metrics = args.metrics
     else:
         out = args.out or Path(tempfile.mkdtemp(prefix="polar-reward-curve-"))
-        metrics = run(args.config, out, args.steps)
+        started = time.monotonic()
+        metrics = run(args.config, out, args.steps, args.sets)
+        wall_s = time.monotonic() - started
     rows = read(metrics)
     if not rows:
         raise SystemExit(f"{metrics}: no steps recorded")
@@ -103,6 +118,7 @@ def main() -> None:
     print(
         f"\nreward_mean, first 5 steps: {first:.3f}   last 5 steps: {last:.3f}   change: {last - first:+.3f}"
     )
+    print(pacing(rows, wall_s))
     args.svg.parent.mkdir(parents=True, exist_ok=True)
     plot(rows, f"GRPO on CPU, tiny policy: reward per step ({first:.2f} → {last:.2f})", args.svg)
     print(f"plot: {args.svg}")
