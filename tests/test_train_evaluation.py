@@ -118,3 +118,19 @@ def test_eval_tasks_load_like_tasks_and_errors_name_their_line(tmp_path: Path) -
         with pytest.raises(ConfigError) as err:
             parse_config("tasks: t.yaml\n" + text, "c.yaml", tmp_path)
         assert expected in str(err.value), (text, str(err.value))
+
+
+def test_a_folder_with_evaluations_is_not_trained_over_and_overwrite_removes_them(tmp_path: Path) -> None:
+    from polar.cli.train import _start
+    from polar.rollout.rundir import RunDirError
+
+    (tmp_path / "t.yaml").write_text("task_id: t\ninstruction: do it\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    config, _ = parse_config(f"tasks: t.yaml\nout: {out}\n", "c.yaml", tmp_path)
+    # A run killed during its baseline evaluation: no step yet, one evaluation written.
+    (out / "eval.jsonl").write_text('{"step": 0, "eval_accuracy": 0.5}\n')
+    with pytest.raises(RunDirError, match=r"already holds a training run \(evaluations in eval\.jsonl\)"):
+        _start(config, out, resume_latest=False, overwrite=False)
+    _, line = _start(config, out, resume_latest=False, overwrite=True)
+    assert "eval.jsonl" in line and not (out / "eval.jsonl").exists()

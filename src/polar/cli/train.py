@@ -74,10 +74,11 @@ def train(
     Every field, its default and meaning: docs/reference/train-config.md.
     Writes under the config's `out` directory:
       metrics.jsonl               one JSON line per step (docs/reference/metrics.md)
+      eval.jsonl                  one JSON line per held-out evaluation (with `eval:`; docs/training.md)
       checkpoints/step-N/         Hugging Face model + tokenizer, optimizer.pt, trainer_state.json
       gateway.db, server.db       every recorded model call; the rollout server's state
 
-    An `out` that already holds a run (metrics.jsonl or checkpoints) is never overwritten silently: start
+    An `out` that already holds a run (metrics.jsonl, eval.jsonl or checkpoints) is never overwritten silently: start
     with --resume (continue from its latest checkpoint, metrics appended), `resume:` in the config, or
     --overwrite; otherwise polar train refuses. Ctrl-C stops after cancelling the rollouts in flight,
     keeps every finished step's metrics and checkpoints, and exits with status 130.
@@ -198,10 +199,13 @@ def _start(cfg: TrainConfig, out: Path, *, resume_latest: bool, overwrite: bool)
                 f"; the interrupted run's lines for {span} (past the checkpoint) stay, resumed steps follow"
             )
         return cfg, line
-    if saved or steps:
+    evaluated = out / "eval.jsonl"
+    if saved or steps or (evaluated.is_file() and evaluated.stat().st_size):
         held = f"{len(steps)} steps in metrics.jsonl"
         if saved:
             held += f", last checkpoint {saved[-1].relative_to(out)}"
+        elif not steps:  # killed during the baseline evaluation: its lines would mix with a new run's
+            held = "evaluations in eval.jsonl"
         raise RunDirError(
             f"{out} already holds a training run ({held}): continue it with --resume, replace it with "
             "--overwrite, or choose another --out"

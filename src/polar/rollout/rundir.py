@@ -37,7 +37,7 @@ RUN_FILES = (
     "messages.parquet",
     "tokens.parquet",
 )
-TRAIN_FILES = ("metrics.jsonl", "checkpoints", "tensorboard", "sync", "server.db", "gateway.db")
+TRAIN_FILES = ("metrics.jsonl", "eval.jsonl", "checkpoints", "tensorboard", "sync", "server.db", "gateway.db")
 _SIDECARS = ("-wal", "-shm")  # SQLite's, beside a .db file
 LOCK = ".polar.lock"
 
