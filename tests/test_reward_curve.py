@@ -44,6 +44,7 @@ def test_plots_an_existing_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "| 10 | 10 | 0.700 | 4 | 0 | 1.0 | 5.0 |" in proc.stdout
     assert "first 5 steps: 0.560   last 5 steps: 0.660" in proc.stdout
+    assert "dropped stale groups" not in proc.stdout  # a file without the keys: no pacing line, no error
     text = first.read_text()
     root = ET.fromstring(text)
     assert root.tag == "{http://www.w3.org/2000/svg}svg" and "Matplotlib" in text
@@ -57,3 +58,17 @@ def test_an_empty_run_is_refused(tmp_path: Path) -> None:
     metrics.write_text("")
     proc = plot(metrics, tmp_path / "a.svg")
     assert proc.returncode == 1 and "no steps recorded" in proc.stderr
+
+
+def test_says_what_staleness_cost_the_run(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [
+        {"step": s, "policy_version": s, "reward_mean": 0.5, "groups": 4, "zero_variance_groups": 0,
+         "staleness_mean": 1.0 if s > 1 else 0.0, "train_s": 5.0, "rollout_wait_s": 2.0, "sync_s": 1.0,
+         "dropped_stale_groups": 3 if s in (4, 6) else 0}
+        for s in range(1, 11)
+    ]  # fmt: skip
+    metrics.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    proc = plot(metrics, tmp_path / "a.svg")
+    assert proc.returncode == 0, proc.stderr
+    assert "dropped stale groups 6   staleness trained on (mean) 0.90   step s (median) 8.0" in proc.stdout
