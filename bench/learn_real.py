@@ -249,7 +249,7 @@ def table(results: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['mode']} | {len(s)} | {med['train_s']:.1f} | {med['sync_s']:.1f} | "
             f"{med['rollout_wait_s']:.1f} | {r['trainer_peak_rss_gb']:.1f} | {r['train_s']:.0f} | {errors} | "
-            f"{sum(x['dropped_stale_groups'] for x in s)} | "
+            f"{sum(x.get('dropped_stale_groups', 0) for x in s)} | "
             f"{sum(x.get('filtered_zero_variance_groups', 0) + x.get('filtered_masked_groups', 0) for x in s):.0f} |"
         )
     return "\n".join(lines)

@@ -144,9 +144,10 @@ def test_the_bench_tabulates_and_plots_a_summary(tmp_path: Path) -> None:
 
     def mode(name: str, after: float) -> dict[str, Any]:
         steps = [
-            {"step": s, "reward_mean": 0.25 * s, "train_s": 30.0, "sync_s": 3.0, "rollout_wait_s": 9.0}
+            {"step": s, "reward_mean": 0.25 * s, "train_s": 30.0, "sync_s": 3.0, "rollout_wait_s": 9.0,
+             "dropped_stale_groups": s - 1, "filtered_zero_variance_groups": 1}
             for s in (1, 2)
-        ]
+        ]  # fmt: skip
         by_task = {f"{skill}-w{i}": [1.0, 0.0] for skill in ("upper", "first") for i in range(4)}
         better = {k: [after, after] for k in by_task}
         return {
@@ -158,7 +159,7 @@ def test_the_bench_tabulates_and_plots_a_summary(tmp_path: Path) -> None:
     table = bench.table(results)
     assert "| full | all | 0.500 [0.500, 0.500] | 1.000 [1.000, 1.000] | +0.500 | no |" in table
     assert "| lora | all | 0.500 [0.500, 0.500] | 0.000 [0.000, 0.000] | -0.500 | no |" in table
-    assert "| full | 2 | 30.0 | 3.0 | 9.0 | 3.0 | 60 | 0 |" in table
+    assert "| full | 2 | 30.0 | 3.0 | 9.0 | 3.0 | 60 | 0 | 1 | 2 |" in table  # ... dropped, left out
     bench.plot(results, tmp_path / "learning_real.svg")
     assert (tmp_path / "learning_real.svg").read_text().startswith("<?xml")
 
