@@ -311,6 +311,35 @@ async def test_paced_rollouts_are_never_too_old_to_train_on(base_trainer: Traine
     assert loop._submitted == 3  # no rollout ran ahead to be thrown away
 
 
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
+async def test_paced_rollouts_replace_the_groups_the_filter_leaves_out(
+    base_trainer: Trainer, tmp_path: Path
+) -> None:
+    # Found on the real-LM run: with pacing, a group left out did not free its place until the step had its
+    # batch, so once every admitted group was left out nothing ran and the step waited forever.
+    trainer = new_trainer(base_trainer)
+    out = tmp_path / "out"
+    with embedded_engine(None, device="cpu") as (engine, server):
+        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
+            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
+            # Every sample passes: every group has zero variance. On-policy pacing admits one group at a time.
+            zero = GroupFilter(zero_variance=True, max_groups=3)
+            config = LoopConfig(steps=1, batch_groups=1, max_in_flight=4, max_staleness=0, filter=zero)
+            async with RolloutClient(stack.server_url, token=stack.token) as client:
+                loop = TrainLoop(
+                    [task(tmp_path, grade="true")],
+                    trainer,
+                    client,
+                    gate,
+                    EngineSync(engine),
+                    Metrics([]),
+                    config,
+                )
+                (step,) = await asyncio.wait_for(loop.run(), timeout=300)
+    assert step.extra["filtered_zero_variance_groups"] == 2.0 and step.extra["filter_cap_reached"] == 1.0
+    assert loop._submitted == 3 and loop._wasted == 2 and loop.dropped_total == 0
+
+
 def test_pacing_admits_groups_by_steps_taken_and_never_starves_a_step() -> None:
     class Stub:
         step_count = 5  # a resumed trainer: pacing counts from where the loop started

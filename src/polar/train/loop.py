@@ -264,16 +264,17 @@ class TrainLoop:
                 kept.append(shaped)
                 continue
             left_out.append((shaped, reason))
+            self._wasted += 1  # at once: pacing must start the group that replaces it (else: no group runs)
             cap = cfg.filter.max_groups
             if cap is not None and len(kept) + len(left_out) >= cap:
                 need = cfg.batch_groups - len(kept)
                 kept += [s for s, _ in left_out[-need:]]
                 del left_out[-need:]
+                self._wasted -= need  # trained on after all
                 cap_reached = True
         counts: dict[FilterReason, int] = {"zero_variance": 0, "all_masked": 0}
         for _, reason in left_out:
             counts[reason] += 1
-        self._wasted += len(left_out)
         if cap_reached:
             log.warning(
                 "step %d: %d groups taken, %d with a learning signal: filled the batch with groups the "
