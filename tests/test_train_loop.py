@@ -4,9 +4,10 @@ the shell harness calling the gateway, one training step and the weight sync; an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -187,64 +188,69 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
     assert torch.equal(checkpoint["model.norm.weight"], trainer.model.model.norm.weight)
 
 
+@contextlib.asynccontextmanager
+async def loop_parts(out: Path) -> AsyncIterator[tuple[Any, GatewayGate, RolloutClient]]:
+    """What a loop runs on: the tiny engine, a local stack writing to `out`, its gateway gate, a client."""
+    with embedded_engine(None, device="cpu") as (engine, server):
+        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
+            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
+            async with RolloutClient(stack.server_url, token=stack.token) as client:
+                yield engine, gate, client
+
+
 @pytest.mark.slow  # loads the tiny model and runs the whole stack
 async def test_a_step_leaves_out_groups_without_signal_and_takes_the_next_one(
     base_trainer: Trainer, tmp_path: Path
 ) -> None:
     trainer = new_trainer(base_trainer)
     out = tmp_path / "out"
-    with embedded_engine(None, device="cpu") as (engine, server):
-        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
-            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
-            metrics = Metrics.create(out, steps=3)
-            async with RolloutClient(stack.server_url, token=stack.token) as client:
-                # Two real groups: every sample passes (reward 1, 1: no signal), and only the first sample
-                # graded passes (the grader's mkdir succeeds once: reward 1, 0).
-                same = [r async for r in client.run([task(tmp_path, "same", grade="true")])]
-                won = tmp_path / "won"
-                mixed = [r async for r in client.run([task(tmp_path, "mixed", grade=f"mkdir {won}")])]
-                assert sorted(r.reward for r in same) == [1.0, 1.0] and sorted(r.reward for r in mixed) == [
-                    0,
-                    1,
-                ]
+    async with loop_parts(out) as (engine, gate, client):
+        metrics = Metrics.create(out, steps=3)
+        # Two real groups: every sample passes (reward 1, 1: no signal), and only the first sample
+        # graded passes (the grader's mkdir succeeds once: reward 1, 0).
+        same = [r async for r in client.run([task(tmp_path, "same", grade="true")])]
+        won = tmp_path / "won"
+        mixed = [r async for r in client.run([task(tmp_path, "mixed", grade=f"mkdir {won}")])]
+        assert sorted(r.reward for r in same) == [1.0, 1.0] and sorted(r.reward for r in mixed) == [
+            0,
+            1,
+        ]
 
-                def queue(loop: TrainLoop, *groups: tuple[str, list[SessionResult]]) -> None:
-                    """Groups taken before any the loop submits (its own are cancelled first)."""
-                    for name, results in groups:
-                        loop._ready.put_nowait(Group(name, tuple(results), 0))
+        def queue(loop: TrainLoop, *groups: tuple[str, list[SessionResult]]) -> None:
+            """Groups taken before any the loop submits (its own are cancelled first)."""
+            for name, results in groups:
+                loop._ready.put_nowait(Group(name, tuple(results), 0))
 
-                zero = GroupFilter(zero_variance=True, all_masked=True, max_groups=2)
-                config = LoopConfig(steps=3, batch_groups=1, max_in_flight=1, filter=zero)
-                loop = TrainLoop([task(tmp_path)], trainer, client, gate, EngineSync(engine), metrics, config)
-                # The zero-variance group is left out and counted; the step trains on the next one.
-                queue(loop, ("same-1", same), ("mixed-1", mixed))
-                first = await loop.step()
-                assert first.groups == 1 and first.samples == 2 and first.zero_variance_groups == 0
-                assert first.extra["filtered_zero_variance_groups"] == 1.0
-                assert first.extra["filter_cap_reached"] == 0.0 and first.reward_mean == 0.5
+        zero = GroupFilter(zero_variance=True, all_masked=True, max_groups=2)
+        config = LoopConfig(steps=3, batch_groups=1, max_in_flight=1, filter=zero)
+        loop = TrainLoop([task(tmp_path)], trainer, client, gate, EngineSync(engine), metrics, config)
+        # The zero-variance group is left out and counted; the step trains on the next one.
+        queue(loop, ("same-1", same), ("mixed-1", mixed))
+        first = await loop.step()
+        assert first.groups == 1 and first.samples == 2 and first.zero_variance_groups == 0
+        assert first.extra["filtered_zero_variance_groups"] == 1.0
+        assert first.extra["filter_cap_reached"] == 0.0 and first.reward_mean == 0.5
 
-                # Two groups without signal reach the cap of 2: the last one fills the batch, said so.
-                await loop.close()
-                queue(loop, ("same-2", same), ("same-3", same))
-                second = await loop.step()
-                assert second.groups == 1 and second.zero_variance_groups == 1 and second.reward_mean == 1.0
-                assert second.extra["filtered_zero_variance_groups"] == 1.0
-                assert second.extra["filter_cap_reached"] == 1.0
+        # Two groups without signal reach the cap of 2: the last one fills the batch, said so.
+        await loop.close()
+        queue(loop, ("same-2", same), ("same-3", same))
+        second = await loop.step()
+        assert second.groups == 1 and second.zero_variance_groups == 1 and second.reward_mean == 1.0
+        assert second.extra["filtered_zero_variance_groups"] == 1.0
+        assert second.extra["filter_cap_reached"] == 1.0
 
-                # Overlong masking: the caller asks for 6 tokens and the tiny model never stops before,
-                # so every answer is cut; masked, the group has no live sample and is left out.
-                assert all(cut(t) for t in Group("x", tuple(same), 0).trajectories())
-                loop.config = dataclasses.replace(config, overlong=Overlong("mask"))
-                await loop.close()
-                queue(loop, ("same-4", same), ("mixed-2", mixed))
-                third = await loop.step()
-                assert (
-                    third.extra["filtered_masked_groups"] == 1.0 and third.extra["filter_cap_reached"] == 1.0
-                )
-                assert third.extra["overlong_samples"] == 2.0 and third.extra["masked"] == 2.0
-                assert third.samples == 0 and third.trainable_tokens == 0
-                await loop.close()
-            metrics.close()
+        # Overlong masking: the caller asks for 6 tokens and the tiny model never stops before,
+        # so every answer is cut; masked, the group has no live sample and is left out.
+        assert all(cut(t) for t in Group("x", tuple(same), 0).trajectories())
+        loop.config = dataclasses.replace(config, overlong=Overlong("mask"))
+        await loop.close()
+        queue(loop, ("same-4", same), ("mixed-2", mixed))
+        third = await loop.step()
+        assert third.extra["filtered_masked_groups"] == 1.0 and third.extra["filter_cap_reached"] == 1.0
+        assert third.extra["overlong_samples"] == 2.0 and third.extra["masked"] == 2.0
+        assert third.samples == 0 and third.trainable_tokens == 0
+        await loop.close()
+        metrics.close()
     lines = [orjson.loads(line) for line in (out / "metrics.jsonl").read_bytes().splitlines()]
     assert [(m["filtered_zero_variance_groups"], m["filtered_masked_groups"]) for m in lines] == [
         (1.0, 0.0),
@@ -263,15 +269,12 @@ async def test_held_out_tasks_are_evaluated_by_one_policy_version_at_a_time(
     # gives the interval [0, 1]). The training task is another.
     held_out = (task(tmp_path, "pass", grade="true"), task(tmp_path, "fail", grade="false"))
     plan = EvalPlan(held_out, every=2, before_training=True)
-    with embedded_engine(None, device="cpu") as (engine, server):
-        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
-            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
-            metrics = Metrics.create(out, steps=3)
-            config = LoopConfig(steps=3, batch_groups=1, max_in_flight=1, eval=plan)
-            async with RolloutClient(stack.server_url, token=stack.token) as client:
-                loop = TrainLoop([task(tmp_path)], trainer, client, gate, EngineSync(engine), metrics, config)
-                history = await loop.run()
-            metrics.close()
+    async with loop_parts(out) as (engine, gate, client):
+        metrics = Metrics.create(out, steps=3)
+        config = LoopConfig(steps=3, batch_groups=1, max_in_flight=1, eval=plan)
+        loop = TrainLoop([task(tmp_path)], trainer, client, gate, EngineSync(engine), metrics, config)
+        history = await loop.run()
+        metrics.close()
     # Before training, after step 2 (every 2) and after the last step (3).
     evals = [orjson.loads(line) for line in (out / "eval.jsonl").read_bytes().splitlines()]
     assert [(e["step"], e["policy_version"]) for e in evals] == [(0, 0), (2, 2), (3, 3)]
@@ -296,17 +299,12 @@ async def test_held_out_tasks_are_evaluated_by_one_policy_version_at_a_time(
 async def test_paced_rollouts_are_never_too_old_to_train_on(base_trainer: Trainer, tmp_path: Path) -> None:
     trainer = new_trainer(base_trainer)
     out = tmp_path / "out"
-    with embedded_engine(None, device="cpu") as (engine, server):
-        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
-            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
-            # On-policy (max_staleness 0) with room for 4 groups in flight: paced, the loop starts one
-            # group per step, after each sync, so nothing it samples is dropped.
-            config = LoopConfig(steps=3, batch_groups=1, max_in_flight=4, max_staleness=0)
-            async with RolloutClient(stack.server_url, token=stack.token) as client:
-                loop = TrainLoop(
-                    [task(tmp_path)], trainer, client, gate, EngineSync(engine), Metrics([]), config
-                )
-                history = await loop.run()
+    async with loop_parts(out) as (engine, gate, client):
+        # On-policy (max_staleness 0) with room for 4 groups in flight: paced, the loop starts one
+        # group per step, after each sync, so nothing it samples is dropped.
+        config = LoopConfig(steps=3, batch_groups=1, max_in_flight=4, max_staleness=0)
+        loop = TrainLoop([task(tmp_path)], trainer, client, gate, EngineSync(engine), Metrics([]), config)
+        history = await loop.run()
     assert [m.staleness_max for m in history] == [0, 0, 0] and loop.dropped_total == 0
     assert loop._submitted == 3  # no rollout ran ahead to be thrown away
 
@@ -319,23 +317,20 @@ async def test_paced_rollouts_replace_the_groups_the_filter_leaves_out(
     # batch, so once every admitted group was left out nothing ran and the step waited forever.
     trainer = new_trainer(base_trainer)
     out = tmp_path / "out"
-    with embedded_engine(None, device="cpu") as (engine, server):
-        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
-            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
-            # Every sample passes: every group has zero variance. On-policy pacing admits one group at a time.
-            zero = GroupFilter(zero_variance=True, max_groups=3)
-            config = LoopConfig(steps=1, batch_groups=1, max_in_flight=4, max_staleness=0, filter=zero)
-            async with RolloutClient(stack.server_url, token=stack.token) as client:
-                loop = TrainLoop(
-                    [task(tmp_path, grade="true")],
-                    trainer,
-                    client,
-                    gate,
-                    EngineSync(engine),
-                    Metrics([]),
-                    config,
-                )
-                (step,) = await asyncio.wait_for(loop.run(), timeout=300)
+    async with loop_parts(out) as (engine, gate, client):
+        # Every sample passes: every group has zero variance. On-policy pacing admits one group at a time.
+        zero = GroupFilter(zero_variance=True, max_groups=3)
+        config = LoopConfig(steps=1, batch_groups=1, max_in_flight=4, max_staleness=0, filter=zero)
+        loop = TrainLoop(
+            [task(tmp_path, grade="true")],
+            trainer,
+            client,
+            gate,
+            EngineSync(engine),
+            Metrics([]),
+            config,
+        )
+        (step,) = await asyncio.wait_for(loop.run(), timeout=300)
     assert step.extra["filtered_zero_variance_groups"] == 2.0 and step.extra["filter_cap_reached"] == 1.0
     assert loop._submitted == 3 and loop._wasted == 2 and loop.dropped_total == 0
 
