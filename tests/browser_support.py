@@ -24,7 +24,7 @@ def need_browser() -> Any:
     try:
         import playwright  # noqa: F401
     except ImportError:
-        pytest.skip("playwright is not installed (pip install 'polar[test]')")
+        pytest.skip("playwright is not installed (pip install 'polar-rl[test]')")
     if not CHROMIUM.exists():
         pytest.skip("chromium is not installed (apt-get install chromium; scripts/test does)")
 

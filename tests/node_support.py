@@ -42,7 +42,9 @@ print(r.choices[0].message.content)
 
 @contextlib.contextmanager
 def fake_policy(script: Script = None) -> Iterator[tuple[str, FakeInferenceServer]]:
-    app = make_fake_backend("vllm", script)
+    """A fake vLLM serving SERVED_MODEL only, as a real one serves (and lists) the model it loaded: `polar
+    run` checks the --model it is given against the list before it starts."""
+    app = make_fake_backend("vllm", script, model=SERVED_MODEL)
     with serve(app) as srv:
         yield srv.url, app
 

@@ -37,7 +37,7 @@ def two_fakes(**faults: Any) -> Iterator[list[tuple[str, FakeInferenceServer]]]:
     with contextlib.ExitStack() as stack:
         out = []
         for _ in range(2):
-            app = make_fake_backend("vllm", **faults)
+            app = make_fake_backend("vllm", **{"model": SERVED_MODEL, **faults})
             out.append((stack.enter_context(serve(app)).url, app))
         yield out
 

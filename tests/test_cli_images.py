@@ -44,7 +44,7 @@ def test_user_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     result = CliRunner().invoke(
         main, ["images", "base", "--engine", "docker", "--cache", str(tmp_path / "c")]
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "needs mmdebstrap (Debian/Ubuntu: apt-get install mmdebstrap)" in result.output
     assert "Traceback" not in result.output
 
@@ -123,7 +123,7 @@ def _task(task_id: str, image: str, build: str = "", backend: str = "docker") ->
 def test_task_file_mistakes_are_one_line(tmp_path: Path) -> None:
     bad = _taskfile(tmp_path, _task("a", "img:1", "{context: ctx, dockerfil: D}"))
     result = CliRunner().invoke(main, ["images", "build", str(bad)])
-    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.exit_code == 2 and "Traceback" not in result.output
     assert (
         f"{bad}:7: tasks[0].runtime.build.dockerfil: Extra inputs are not permitted (did you mean dockerfile?)"
         in (result.output)
@@ -136,7 +136,7 @@ def test_task_file_mistakes_are_one_line(tmp_path: Path) -> None:
         _task("c", "img:1", "{context: two, dockerfile: D}"),
     )
     result = CliRunner().invoke(main, ["images", "build", str(twice)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert (
         f"img:1 is built two ways: task a from {tmp_path}/one/Dockerfile, task c from {tmp_path}/two/D"
         in (result.output)
@@ -248,7 +248,7 @@ def test_the_cli_builds_what_a_task_file_needs(docker_engine: str, tag: str, tmp
     )
     result = CliRunner().invoke(main, ["images", "build", str(tasks)])
     out = result.output
-    assert result.exit_code == 1, out
+    assert result.exit_code == 3, out
     assert "1 task(s) run in no docker/podman image" in out
     assert f"{tag} (docker, 2 tasks): built" in out
     assert "polar-base:bookworm (docker, task c): present" in out

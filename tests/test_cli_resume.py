@@ -110,7 +110,7 @@ def test_a_second_run_resumes_and_overwrite_replaces(tmp_path: Path) -> None:
         write_tasks(taskfile, [say("say-0", call + " # changed"), say("say-1", call), say("say-2", call)])
         before = (out / "results.jsonl").read_bytes()
         changed = polar(*argv)
-        assert changed.returncode == 1 and "Traceback" not in changed.stderr
+        assert changed.returncode == 2 and "Traceback" not in changed.stderr
         assert "task say-0" in changed.stderr and "differs in agent" in changed.stderr
         assert "--overwrite" in changed.stderr
         assert (out / "results.jsonl").read_bytes() == before
@@ -130,8 +130,9 @@ def test_files_without_server_state_are_not_replaced(tmp_path: Path) -> None:
     out.mkdir()
     (out / "results.jsonl").write_text('{"session_id": "s"}\n')
     taskfile = write_tasks(tmp_path / "tasks.yaml", [say("t", "true")])
-    proc = polar("run", str(taskfile), "--backend", "http://127.0.0.1:9", "--out", str(out))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    with fake_policy() as (url, _):
+        proc = polar("run", str(taskfile), "--backend", url, "--out", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "holds results.jsonl but no server.db to resume from" in proc.stderr
     assert (out / "results.jsonl").read_text() == '{"session_id": "s"}\n'
 
@@ -235,3 +236,85 @@ def test_the_readme_command_twice_loses_nothing(tmp_path: Path) -> None:
     assert "all 10 sessions finished earlier; nothing to run" in again.stdout
     assert (out / "results.jsonl").read_bytes() == kept
     assert "repair-moving-average" in again.stdout  # the summary table of the kept results
+
+
+def test_sessions_the_infrastructure_failed_are_retried_by_a_plain_rerun(tmp_path: Path) -> None:
+    """Was: a session that ended ERROR counted as finished, the run exited 0, and running the same command
+    again said "nothing to run": only --overwrite (losing every good result) got out of it."""
+    caller = tmp_path / "call_gateway.py"
+    caller.write_text(CALL_GATEWAY)
+    fixed = tmp_path / "fixed"
+    # Until `fixed` exists, the harness command cannot start (exit 127): the node's infrastructure error.
+    broken = f"test -f {fixed} || exit 127; {sys.executable} {caller} 1"
+    good = f"{sys.executable} {caller} 1"
+    taskfile = write_tasks(
+        tmp_path / "tasks.yaml", [say("good", good, on_host=True), say("broken", broken, on_host=True)]
+    )
+    out = tmp_path / "out"
+    with fake_policy() as (url, _):
+        argv = ["run", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out)]
+        first = polar(*argv)
+        assert first.returncode == 3, first.stdout + first.stderr
+        assert "Traceback" not in first.stderr
+        assert (
+            "2 of 4 sessions ended in an infrastructure failure, not the policy's doing "
+            "(2x harness command failed to start): fix it and run the same command again to retry just those"
+        ) in first.stderr
+        kept = (out / "results.jsonl").read_bytes()
+        good_ids = {r["session_id"] for r in results(out) if r["task_id"] == "good"}
+
+        fixed.touch()
+        again = polar(*argv)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert (
+            "2 of 4 sessions finished earlier (kept), 2 to run (2 after an infrastructure failure: run again)"
+        ) in again.stdout
+        # Only the failed ones ran again, under new ids; the failed attempts' lines stay in results.jsonl.
+        every = results(out)
+        assert (out / "results.jsonl").read_bytes().startswith(kept) and len(every) == 6
+        retried = every[4:]
+        assert {r["task_id"] for r in retried} == {"broken"}
+        assert sorted(r["metadata"]["sample_index"] for r in retried) == [0, 1]
+        assert all(r["status"] == "COMPLETED" for r in retried)
+        assert not {r["session_id"] for r in retried} & {r["session_id"] for r in every[:4]}
+        assert good_ids <= {r["session_id"] for r in every}
+
+        third = polar(*argv)  # nothing failed now: nothing runs
+        assert third.returncode == 0 and "all 4 sessions finished earlier; nothing to run" in third.stdout
+    assert open_sessions(out) == 0
+
+
+def test_ctrl_c_twice_is_as_clean_as_once(tmp_path: Path) -> None:
+    """Was: a second Ctrl-C while the first one's cleanup ran (a few seconds) raised KeyboardInterrupt
+    inside that cleanup: ~190 lines of traceback, and what it had not cleaned up was left behind."""
+    marks = tmp_path / "started"
+    taskfile = write_tasks(
+        tmp_path / "tasks.yaml", [say("slow", f"echo $$ >> {marks}; sleep 600", on_host=True)]
+    )
+    out = tmp_path / "out"
+    with fake_policy() as (url, _):
+        argv = [sys.executable, "-m", "polar", "run", str(taskfile), "--backend", url]
+        argv += ["--model", SERVED_MODEL, "--out", str(out)]
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, preexec_fn=interruptible
+        )
+        try:
+            wait_until(
+                lambda: marks.is_file() and len(marks.read_text().split()) == 2,
+                timeout=120,
+                what="both sessions to run",
+            )
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)  # the first press's cleanup has begun
+            proc.send_signal(signal.SIGINT)
+            printed, errors = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130, printed + errors
+    assert "Traceback" not in errors and "KeyboardInterrupt" not in errors
+    assert errors.count("polar: stopping (cancelling what runs, keeping what finished)") == 1, errors
+    assert "interrupted: cancelled the running sessions; nothing finished was lost" in printed
+    assert "2 sessions left: run the same command again to resume them" in printed
+    assert open_sessions(out) == 2  # left to the next run, not lost

@@ -65,7 +65,7 @@ def test_run_refuses_a_bad_task_file_with_its_line(tmp_path: Path) -> None:
     taskfile = tmp_path / "tasks.yaml"
     taskfile.write_text("tasks:\n  - task_id: a\n    instruction: x\n    runtime:\n      backend: vm\n")
     proc = polar("run", str(taskfile), "--backend", "http://127.0.0.1:9", "--out", str(tmp_path / "o"))
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert f"{taskfile}:5: tasks[0].runtime.backend" in proc.stderr
     missing = polar("run", str(tmp_path / "nope.yaml"), "--backend", "http://127.0.0.1:9")
     assert missing.returncode != 0 and "nope.yaml" in missing.stderr

@@ -132,12 +132,14 @@ def test_run_with_its_backend_down(tmp_path: Path) -> None:
     taskfile = tmp_path / "tasks.yaml"
     taskfile.write_text("task_id: a\ninstruction: x\nagent: {harness: shell, settings: {command: 'true'}}\n")
     down = f"http://127.0.0.1:{free_port()}"
-    proc = polar("run", str(taskfile), "--backend", down, "--out", str(tmp_path / "out"))
-    # stdout carries the run's own progress ("new run in ...", "running 1 sessions"); the error is one line.
-    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
-    assert proc.stderr.strip().splitlines() == [
-        f"polar run: could not list the backend's models (inference server unreachable at {down}); pass --model"
-    ]
+    for model in ([], ["--model", "m"]):  # was, with --model: every session ERROR, exit 0
+        proc = polar("run", str(taskfile), "--backend", down, *model, "--out", str(tmp_path / "out"))
+        # Checked before anything starts: one line, exit 2, no output folder made.
+        assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr
+        assert proc.stderr.strip().splitlines() == [
+            f"polar run: --backend {down}: inference server unreachable at {down}"
+        ]
+        assert proc.stdout == "" and not (tmp_path / "out").exists()
 
 
 def test_serve_model_on_a_device_that_is_not_here() -> None:

@@ -45,7 +45,7 @@ def polar(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
 
 def assert_refused_before_start(proc: subprocess.CompletedProcess[str], expected: str) -> None:
     """The command stopped on the file: its line in the message, no traceback, nothing started."""
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr
     assert expected in proc.stderr
     assert "Traceback" not in proc.stderr
     # What each command prints once the engine is loaded or the run has begun.
@@ -184,7 +184,7 @@ def test_submit_maps_the_servers_did_you_mean_to_the_line(tmp_path: Path) -> Non
         )
     finally:
         server.stop()
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert (
         f"{taskfile}:7: HTTP 400: agent.harness: unknown harness 'claude-code' (did you mean 'claude_code'?)"
         in (r.output)
@@ -259,7 +259,7 @@ def test_an_internal_error_asks_to_be_reported(monkeypatch: pytest.MonkeyPatch) 
     assert len(lines) < 20  # short: the innermost frames, not click's
     # A user's mistake stays one message, without a traceback or the request.
     r = CliRunner().invoke(main, ["mistake"])
-    assert r.exit_code == 1 and r.output == "Error: tasks.yaml:3: a user's mistake\n"
+    assert r.exit_code == 2 and r.output == "Error: tasks.yaml:3: a user's mistake\n"
 
 
 def test_train_checks_its_model_before_loading(tmp_path: Path) -> None:

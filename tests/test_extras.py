@@ -82,7 +82,7 @@ def test_the_embedded_engine_without_torch_is_one_line(tmp_path: Path, args: tup
     out = tmp_path / "out"
     proc = polar_without(("torch",), *(a.replace("{out}", str(out)) for a in args), cwd=ROOT)
     line = one_line_error(proc)
-    assert re.search(r"the embedded engine needs torch, .*: pip install 'polar\[engine\]'$", line), line
+    assert re.search(r"the embedded engine needs torch, .*: pip install 'polar-rl\[engine\]'$", line), line
     assert not out.exists()
 
 
@@ -99,7 +99,7 @@ def test_the_trl_bridge_without_trl_says_so_at_construction() -> None:
     proc = python_without(("trl",), code)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("needs trl, which cannot be imported (No module named 'trl'): "
-                                         "pip install 'polar[trl]'")  # fmt: skip
+                                         "pip install 'polar-rl[trl]'")  # fmt: skip
 
 
 def test_polar_train_names_resolve_lazily() -> None:
@@ -120,7 +120,7 @@ def test_ray_without_ray_is_one_line(tmp_path: Path, args: tuple[str, ...]) -> N
     out = tmp_path / "out"
     proc = polar_without(("ray",), *(a.replace("{out}", str(out)) for a in args), cwd=ROOT)
     line = one_line_error(proc)
-    assert re.search(r"--ray .*needs ray, .*: pip install 'polar\[ray\]'$", line), line
+    assert re.search(r"--ray .*needs ray, .*: pip install 'polar-rl\[ray\]'$", line), line
     assert not out.exists()
 
 

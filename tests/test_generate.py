@@ -149,7 +149,7 @@ def test_generate_filter_by_status_and_failures(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("tasks:\n  - task_id: a\n    instruction: x\n    runtime:\n      backend: vm\n")
     proc = polar("generate", str(bad), "--backend", "http://127.0.0.1:9", "--out", str(tmp_path / "o"))
-    assert proc.returncode == 1 and f"{bad}:5: tasks[0].runtime.backend" in proc.stderr
+    assert proc.returncode == 2 and f"{bad}:5: tasks[0].runtime.backend" in proc.stderr
     proc = polar("generate", str(taskfile), "--backend", "http://127.0.0.1:9", "--capacity", "0")
     assert proc.returncode == 2 and "--capacity" in proc.stderr
     proc = polar("generate", str(taskfile), "--status", "DONE")
@@ -173,5 +173,5 @@ def test_generate_without_pyarrow_fails_before_any_session(tmp_path: Path, fmt: 
         )  # fmt: skip
         assert app.requests == []
     line = one_line_error(proc)
-    assert "Parquet output needs pyarrow" in line and "pip install 'polar[export]'" in line
+    assert "Parquet output needs pyarrow" in line and "pip install 'polar-rl[export]'" in line
     assert not out.exists()

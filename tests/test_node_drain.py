@@ -154,7 +154,7 @@ def test_polar_node_drain_help_and_an_unknown_node(tmp_path: Path) -> None:
         )
     finally:
         server.stop()
-    assert r.exit_code == 1 and "no node ghost" in r.output
+    assert r.exit_code == 2 and "no node ghost" in r.output
 
 
 async def test_an_idle_node_drained_through_the_server_leaves(tmp_path: Path) -> None:

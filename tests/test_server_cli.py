@@ -33,10 +33,10 @@ def test_submit_reports_schema_errors_with_file_and_line(tmp_path: Path) -> None
     f = tmp_path / "tasks.yaml"
     f.write_text("tasks:\n  - task_id: a\n    instruction: x\n    num_samples: -1\n")
     r = CliRunner().invoke(main, ["submit", str(f), "--server", "http://127.0.0.1:9"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert f"{f}:4: tasks[0].num_samples" in r.output
     r = CliRunner().invoke(main, ["submit", str(tmp_path / "missing.yaml")])
-    assert r.exit_code == 1 and "cannot read" in r.output
+    assert r.exit_code == 2 and "cannot read" in r.output
 
 
 def test_submit_to_a_server_that_is_down(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_submit_to_a_server_that_is_down(tmp_path: Path) -> None:
     f.write_text("task_id: a\ninstruction: x\n")
     down = f"http://127.0.0.1:{free_port()}"
     r = CliRunner().invoke(main, ["submit", str(f), "--server", down], env=ENV)
-    assert r.exit_code == 1 and isinstance(r.exception, SystemExit)  # a message, not a traceback
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit)  # a message, not a traceback
     assert f"{down}: POST {down}/rollout/task/submit: ConnectError" in r.output
 
 
@@ -54,14 +54,14 @@ def test_submit_maps_the_servers_refusal_to_the_line(tmp_path: Path) -> None:
     server = start_server(tmp_path / "server.db")
     try:
         r = CliRunner().invoke(main, ["submit", str(f), "--server", server.url], env=ENV)
-        assert r.exit_code == 1
+        assert r.exit_code == 2
         assert f"{f}:7: HTTP 400: agent.harness: unknown harness 'no-such-agent'" in r.output
         r = CliRunner().invoke(main, ["status", "--server", server.url], env=ENV)
         assert "tasks:    none" in r.output  # nothing of the refused file was stored
     finally:
         server.stop()
     r = CliRunner().invoke(main, ["status", "--server", server.url], env=ENV)
-    assert r.exit_code == 1 and server.url in r.output
+    assert r.exit_code == 2 and server.url in r.output
 
 
 async def test_submit_wait_and_status_with_a_real_node(tmp_path: Path) -> None:

@@ -79,7 +79,7 @@ def test_a_bad_config_points_at_the_line(tmp_path: Path) -> None:
     path = tmp_path / "train.yaml"
     path.write_text("tasks: tasks.yaml\nsteps: 3\noptimizer:\n  lr: 0\n")
     proc = polar("train", str(path))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"{path}:4: optimizer.lr: Input should be greater than 0" in proc.stderr
 
 
@@ -122,6 +122,11 @@ def test_task_file_and_inline_uploads_are_relative_to_the_config(tmp_path: Path)
     config, tasks = parse_config("tasks: t.yaml\ngroup_size: 2\n", "cfg.yaml", tmp_path)
     assert config.group_size == 2 and tasks[0].task_id == "t" and config.in_flight == 4
     inline = "tasks:\n  - task_id: u\n    instruction: x\n    runtime:\n      prepare:\n        - {type: upload, src: repo}\n"
+    with pytest.raises(
+        ConfigError, match=r"cfg.yaml:6: tasks\[0\].runtime.prepare\[0\].src: 'repo': no such"
+    ):
+        parse_config(inline, "cfg.yaml", tmp_path)  # was: every session ERROR once training started
+    (tmp_path / "repo").mkdir()
     _, tasks = parse_config(inline, "cfg.yaml", tmp_path)
     assert tasks[0].runtime.prepare[0].src == str(tmp_path / "repo")  # type: ignore[union-attr]
 
@@ -144,7 +149,7 @@ def test_a_missing_optional_package_fails_before_training(
     overrides = [arg for s in sets for arg in ("--set", s)]
     proc = polar_without(blocked, "train", str(small_config(tmp_path)), *overrides)
     line = one_line_error(proc)
-    assert expected in line and f"pip install 'polar[{extra}]'" in line
+    assert expected in line and f"pip install 'polar-rl[{extra}]'" in line
     assert not (tmp_path / "run").exists()
 
 
@@ -169,7 +174,7 @@ def test_resume_continues_the_step_count_and_optimizer(tmp_path: Path) -> None:
     assert all(int(s["step"]) == 2 for s in state["state"].values())  # Adam's moments carried over
 
     missing = polar("train", str(small_config(tmp_path, resume=str(tmp_path / "nowhere"))))
-    assert missing.returncode == 1 and "is not a checkpoint written by polar train" in missing.stderr
+    assert missing.returncode == 2 and "is not a checkpoint written by polar train" in missing.stderr
 
 
 def fake_earlier_run(run: Path, steps: int, checkpoint: int | None) -> bytes:
@@ -187,20 +192,20 @@ def fake_earlier_run(run: Path, steps: int, checkpoint: int | None) -> bytes:
 def test_an_earlier_run_in_out_is_never_trained_over_silently(tmp_path: Path) -> None:
     metrics = fake_earlier_run(tmp_path / "run", steps=3, checkpoint=2)
     proc = polar("train", str(small_config(tmp_path)))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "already holds a training run (3 steps in metrics.jsonl, last checkpoint checkpoints/step-2)" in (
         proc.stderr
     )
     assert "--resume" in proc.stderr and "--overwrite" in proc.stderr
     both = polar("train", str(small_config(tmp_path)), "--resume", "--overwrite")
-    assert both.returncode == 1 and "give one" in both.stderr
+    assert both.returncode == 2 and "give one" in both.stderr
     assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
 
 
 def test_resume_needs_a_checkpoint(tmp_path: Path) -> None:
     fake_earlier_run(tmp_path / "run", steps=1, checkpoint=None)
     proc = polar("train", str(small_config(tmp_path)), "--resume")
-    assert proc.returncode == 1 and "has no checkpoint to continue from" in proc.stderr
+    assert proc.returncode == 2 and "has no checkpoint to continue from" in proc.stderr
 
 
 @pytest.mark.slow  # loads the tiny model and runs the whole stack, three times

@@ -194,6 +194,22 @@ def test_read_results_reports_line_and_field(tmp_path: Path) -> None:
         list(read_results(path))
 
 
+def test_a_retried_sample_counts_once_by_its_last_line(tmp_path: Path) -> None:
+    """A re-run retries a session an infrastructure failure ended and appends the retry's line (same task
+    and sample index, new id): a group must still count that sample once, as its retry."""
+
+    def line(sid: str, sample: int, status: str) -> bytes:
+        result = SessionResult(
+            session_id=sid, task_id="t", status=SessionStatus(status), metadata={"sample_index": sample}
+        )
+        return orjson.dumps(result.model_dump(mode="json")) + b"\n"
+
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(line("a", 0, "COMPLETED") + line("b", 1, "ERROR") + line("c", 1, "COMPLETED"))
+    assert [r.session_id for r in read_results(path)] == ["a", "c"]
+    assert [r.session_id for r in read_results(path, retried=True)] == ["a", "b", "c"]
+
+
 def test_advantages_and_weights_are_looked_up_per_trace_then_per_session() -> None:
     t = build(agent_session("s0"))
     got = list(rows(t, advantages={"s0": 0.5, ("s0", 1): -1.0}, weights={("s0", 0): 0.5, ("s0", 1): 0.5}))

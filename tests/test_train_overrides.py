@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from polar.cli import main
 from polar.cli.train import train
 from polar.train.config import (
     OverrideError,
@@ -145,12 +146,12 @@ def test_the_cli_prints_one_line_and_exits_2(args: list[str], line: str) -> None
     assert result.output == line + "\n"  # one line: no usage block, no traceback
 
 
-def test_a_bad_file_still_exits_1(tmp_path: Path) -> None:
+def test_a_bad_file_exits_2_as_a_bad_override_does(tmp_path: Path) -> None:
     path = tmp_path / "train.yaml"
     path.write_text("tasks: t.yaml\noptimizer:\n  lr: 0\n")
-    result = CliRunner().invoke(train, [str(path), "--set", "steps=2"])
+    result = CliRunner().invoke(main, ["train", str(path), "--set", "steps=2"])
     assert (
-        result.exit_code == 1
+        result.exit_code == 2
         and "train.yaml:3: optimizer.lr: Input should be greater than 0" in result.output
     )
 

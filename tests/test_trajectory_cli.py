@@ -107,7 +107,7 @@ def test_audit_passes_and_fails_with_exit_codes(store: Path) -> None:
     code, out = run(
         "audit", "--store", str(store), "s3", "--strategy", "tests.test_trajectory_api:first_call_only"
     )
-    assert code == 1 and "FAILS" in out and "missing from every trace" in out
+    assert code == 3 and "FAILS" in out and "missing from every trace" in out
 
 
 def test_bad_selection_and_options_are_usage_errors(store: Path, tmp_path: Path) -> None:
@@ -137,5 +137,5 @@ def test_parquet_export_as_a_user_runs_it(store: Path, tmp_path: Path, pyarrow: 
         assert pq.read_table(out).num_rows > 0
     else:
         line = one_line_error(proc)
-        assert "Parquet output needs pyarrow" in line and "pip install 'polar[export]'" in line
+        assert "Parquet output needs pyarrow" in line and "pip install 'polar-rl[export]'" in line
         assert not out.exists()

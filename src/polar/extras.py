@@ -5,7 +5,7 @@ model, a session), instead of dying on an `ImportError` minutes later:
 
     polar generate tasks.yaml --format parquet      (pyarrow missing)
     Error: Parquet output needs pyarrow, which cannot be imported (No module named 'pyarrow'):
-    pip install 'polar[export]'
+    pip install 'polar-rl[export]'
 
 The check imports the modules for real (a broken install is as missing as an absent one); each is one the
 feature imports right after anyway, so the check costs nothing extra when it passes.
@@ -50,7 +50,7 @@ def missing(extra: Extra) -> str | None:
         except ImportError as exc:
             return (
                 f"{extra.feature} needs {module.split('.')[0]}, which cannot be imported ({exc}): "
-                f"pip install 'polar[{extra.extra}]'"
+                f"pip install 'polar-rl[{extra.extra}]'"
             )
     return None
 

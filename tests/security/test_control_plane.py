@@ -238,7 +238,7 @@ def test_clients_find_the_token_or_say_how_to_set_one(
     with pytest.raises(TokenError, match="no control token: set POLAR_TOKEN"):
         RolloutClient("http://127.0.0.1:9")
     r = CliRunner().invoke(main, ["status", "--server", "http://127.0.0.1:9"])
-    assert r.exit_code == 1 and "no control token" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "no control token" in r.output and "Traceback" not in r.output
     created = load_token(create=True)  # what `polar serve` does on first start
     token_file = tmp_path / "config" / "polar" / "token"
     assert token_file.read_text().strip() == created and token_file.stat().st_mode & 0o777 == 0o600

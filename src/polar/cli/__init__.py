@@ -4,6 +4,9 @@
 A user's mistake (a bad file, option or setting; a server that cannot start) is one message without a
 traceback (`click.ClickException`). Anything else escaping a command is a bug in polar: a short traceback
 and one line asking to report it (`_report_bug`).
+
+Every command exits with one of these statuses (docs/cli.md, "Exit status"), so scripts and schedulers can
+tell a bug from a mistake from work that ran and partly failed.
 """
 
 from __future__ import annotations
@@ -14,6 +17,12 @@ import traceback
 from typing import Any
 
 import click
+
+OK = 0
+BUG = 1  # an internal error: a traceback and a request to report it
+USER_ERROR = 2  # bad input, options or settings; a missing extra; something the command needs is not there
+FAILURES = 3  # the command ran, but part of its work failed (sessions, image builds, audits): it says which
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), after keeping what finished
 
 # Frames of a bug's traceback shown (the innermost ones: where it went wrong, not how click got there).
 BUG_FRAMES = 8
@@ -72,7 +81,7 @@ def _report(exc: BaseException, ctx: click.Context) -> None:
         failure.show()
         ctx.exit(failure.exit_code)
     _report_bug(exc.error if isinstance(exc, StartupError) else exc)
-    ctx.exit(1)
+    ctx.exit(BUG)
 
 
 def _report_bug(exc: BaseException) -> None:
@@ -85,11 +94,29 @@ def _report_bug(exc: BaseException) -> None:
     )
 
 
+class _UserError(click.ClickException):
+    """A `click.ClickException` raised with click's default status 1, shown as it was, with status 2."""
+
+    exit_code = USER_ERROR
+
+    def __init__(self, original: click.ClickException) -> None:
+        super().__init__(original.message)
+        self.original = original
+
+    def show(self, file: Any = None) -> None:
+        self.original.show(file)
+
+
 class _LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except click.exceptions.ClickException as exc:
+            # Status 1 is click's default for its exception; raised by a command, it is the user's mistake.
+            if exc.exit_code == BUG:
+                raise _UserError(exc) from None
+            raise
+        except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except OSError as exc:
             if exc.errno == errno.EPIPE:  # output piped into `head`: click ends quietly
@@ -117,7 +144,7 @@ class _LazyGroup(click.Group):
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="polar")
+@click.version_option(package_name="polar-rl")
 def main() -> None:
     """polar: train models inside the agent harnesses people use, without changing them.
 

@@ -474,7 +474,7 @@ def dashboard_options(tokenizer: str | None, train_dir: Path | None = None) -> A
             decode = load_tokenizer(tokenizer)
         except ImportError:
             raise click.BadParameter(
-                "needs transformers: pip install 'polar[engine]'", param_hint="--tokenizer"
+                "needs transformers: pip install 'polar-rl[engine]'", param_hint="--tokenizer"
             ) from None
         except (OSError, ValueError) as exc:
             raise click.BadParameter(

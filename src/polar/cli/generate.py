@@ -17,8 +17,9 @@ from typing import Any
 import click
 from rich.table import Table
 
+from polar import interrupt
 from polar.cli.common import setup_logging
-from polar.cli.run import RunState, _console, interrupted, rollout_options, run_taskfile
+from polar.cli.run import RunState, _console, exit_for, interrupted, rollout_options, run_taskfile
 
 _STATUSES = ("COMPLETED", "TIMEOUT", "ERROR", "CANCELLED")
 
@@ -102,6 +103,7 @@ def generate(
     from polar.train.export import Filter
 
     setup_logging(log_level, json=log_json)
+    interrupt.guard()
     formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
     if "parquet" in formats:  # before any session runs, not after all of them
         require_cli(PARQUET)
@@ -118,3 +120,4 @@ def generate(
         interrupted(state)
     console.print(_summary(counts))
     console.print(f"data: {out}/messages.*  {out}/tokens.*   all sessions: {out / 'results.jsonl'}")
+    exit_for(results)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from polar.cli import FAILURES
 from polar.runtime.base import RuntimeFailure
 from polar.runtime.images import (
     DEFAULT_INCLUDE,
@@ -163,7 +164,7 @@ def build(taskfile: Path, engine: str | None, force: bool, only: tuple[str, ...]
     Each distinct image (engine and tag) is built once, with the engine's own builder (`docker build`,
     `podman build --pull=never`), and labelled with a hash of its Dockerfile, context and base images:
     an unchanged image is not built again. Base images must be local (nothing is pulled): make them
-    with `polar images base`. An image with no `runtime.build` must already be present. Exits non-zero
+    with `polar images base`. An image with no `runtime.build` must already be present. Exits 3
     when an image failed to build or is missing.
 
     \b
@@ -230,4 +231,4 @@ def build(taskfile: Path, engine: str | None, force: bool, only: tuple[str, ...]
     summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
     click.echo(f"{len(wanted)} image(s): {summary or 'nothing to do'}")
     if counts["missing"] or counts["failed"]:
-        raise click.exceptions.Exit(1)
+        raise click.exceptions.Exit(FAILURES)

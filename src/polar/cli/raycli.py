@@ -36,7 +36,7 @@ def ray_options(run: bool) -> Any:
                          help="Run the gateway nodes as Ray actors, one on each Ray node that offers what a node "
                          "takes (docs/deploy.md). ADDRESS: the Ray cluster (HOST:PORT, auto); alone: "
                          "RAY_ADDRESS, else the cluster last started on this machine, else a new local one. "
-                         "Needs pip install 'polar[ray]'."),
+                         "Needs pip install 'polar-rl[ray]'."),
             click.option("--ray-resource", metavar="NAME",
                          help="Only Ray nodes declaring this custom resource get a gateway node (it takes one "
                          "unit), e.g. ray start --resources '{\"polar\": 1}'."),

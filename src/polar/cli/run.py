@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from polar import interrupt
+from polar.cli import FAILURES, INTERRUPTED
 from polar.cli.common import (
     BACKEND_HELP,
     allow_callback_option,
@@ -247,7 +250,10 @@ def run_taskfile(
             prepare_model(policy)
         except ModelNotFound as exc:
             raise click.BadParameter(str(exc), param_hint="--policy") from None
+    if placement is None:  # Ray's nodes have their own images and network: they check at their start
+        _check_ready(tasks, taskfile, backend_urls, backend_kind, model)
     out = state.out
+    made = not out.exists()  # a start that fails leaves no folder behind it
     try:
         with contextlib.ExitStack() as ray_session:
             if placement is not None:  # before the run folder is touched: a Ray that is not there is one line
@@ -273,8 +279,38 @@ def run_taskfile(
     except RunDirError as exc:
         raise click.ClickException(str(exc)) from None
     except RayError as exc:  # Ray unreachable, or no Ray node can host a gateway node
+        _unmake(out, made, state)
         raise click.ClickException(str(exc)) from None
+    except BaseException:
+        _unmake(out, made, state)
+        raise
     return list(state.results.values())
+
+
+def _check_ready(
+    tasks: list[Any], taskfile: Path, backend_urls: tuple[str, ...], backend_kind: str, model: str | None
+) -> None:
+    """Everything the sessions need is there (`polar.rollout.preflight`), or one line per problem, exit 2."""
+    from polar.cli.common import CannotStart, command_name
+    from polar.rollout import preflight
+
+    problems = preflight.image_problems(tasks, taskfile)
+    if backend_urls:
+        problems = preflight.backend_problems(backend_kind, backend_urls, model) + problems
+    if problems:
+        raise CannotStart("\n".join(f"{command_name()}: {p}" for p in problems))
+
+
+def _unmake(out: Path, made: bool, state: RunState) -> None:
+    """A run that stopped before it submitted a session made nothing worth keeping in a folder it created:
+    remove that folder (never one that was there before), so a second try starts as new."""
+    from polar.rollout.rundir import LOCK, RUN_FILES, remove
+
+    if not made or state.started or not out.is_dir():
+        return
+    remove(out, [*RUN_FILES, LOCK, "nodes"])
+    with contextlib.suppress(OSError):
+        out.rmdir()  # only when empty: anything else in it stays
 
 
 def _serve_and_run(
@@ -311,7 +347,7 @@ def _serve_and_run(
                 dashboard = dataclasses.replace(dashboard, tokenizer=name, decode=decoder(engine.tokenizer))
         each = " on each gateway node" if ray is not None else ""
         click.echo(f"running {plan.to_run} sessions, {capacity} at a time{each}")
-        asyncio.run(
+        interrupt.run(
             _run(
                 tasks,
                 plan,
@@ -350,6 +386,9 @@ def _ray_placement(ray: dict[str, Any], tasks: list[Any], capacity: int, taskfil
 
 def interrupted(state: RunState) -> NoReturn:
     """Ctrl-C: say what was kept and where, then exit with status 130 (no traceback, no "Aborted!")."""
+    if not state.started and not state.out.exists():
+        click.echo("interrupted before any session started: nothing was written")
+        raise click.exceptions.Exit(INTERRUPTED)
     unfinished = max(0, state.total - len(state.results))
     cancelled = "cancelled the running sessions; " if state.started else ""
     click.echo(f"interrupted: {cancelled}nothing finished was lost")
@@ -360,7 +399,30 @@ def interrupted(state: RunState) -> NoReturn:
         )
         if unfinished:
             click.echo(f"{unfinished} sessions left: run the same command again to resume them")
-    raise click.exceptions.Exit(130)
+    raise click.exceptions.Exit(INTERRUPTED)
+
+
+def exit_for(results: list[Any]) -> None:
+    """Exit status 3 (`polar.cli.FAILURES`) when sessions ended in an infrastructure failure, which a plain
+    re-run retries, or when none completed; return (status 0) otherwise. Rewards do not count: a policy
+    that fails every task ran correctly."""
+    from polar.rollout.rewards import infrastructure_failure
+
+    failed = [r for r in results if infrastructure_failure(r.status.value, r.reason)]
+    if failed:
+        reasons = Counter(
+            re.split(r"[:(]", r.reason or r.status.value)[0].strip() for r in failed
+        ).most_common(2)
+        why = "; ".join(f"{n}x {reason}" for reason, n in reasons)
+        click.echo(
+            f"{len(failed)} of {len(results)} sessions ended in an infrastructure failure, not the policy's "
+            f"doing ({why}): fix it and run the same command again to retry just those",
+            err=True,
+        )
+        raise click.exceptions.Exit(FAILURES)
+    if results and not any(r.status.value == "COMPLETED" for r in results):
+        click.echo(f"none of the {len(results)} sessions completed", err=True)
+        raise click.exceptions.Exit(FAILURES)
 
 
 @click.command("run")
@@ -411,6 +473,7 @@ def run(
     sessions; the server on this machine places sessions on them (docs/deploy.md).
     """
     setup_logging(log_level, json=log_json)
+    interrupt.guard()
     check_ray_options(ray_address, ray_resource, ray_cpus, ray_memory_mb)
     ray = None
     if ray_address is not None:
@@ -429,3 +492,4 @@ def run(
     console.print(_summary(results))
     records = out / ("nodes/*/gateway.db" if ray is not None else "gateway.db")
     console.print(f"results: {out / 'results.jsonl'}   records: {records}")
+    exit_for(results)

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import orjson
 
+from polar.cli import FAILURES
 from polar.cli.common import resolve_token, token_file_option
 
 SERVER = "http://127.0.0.1:8300"
@@ -55,6 +56,7 @@ def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out
       polar submit examples/tasks.yaml --wait --out results.jsonl
     """
     from polar.client import RolloutClient, RolloutError
+    from polar.rollout.rewards import infrastructure_failure
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
     try:
@@ -66,7 +68,7 @@ def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out
     token = resolve_token(token_file, create=False)
 
     async def go() -> int:
-        failed = 0
+        failed, completed, seen = 0, 0, 0
         async with RolloutClient(server, token=token) as client:
             await client.submit(tasks)
             for t in tasks:
@@ -76,7 +78,9 @@ def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out
             sink = out.open("wb") if out is not None else None
             try:
                 async for r in client.results([t.task_id for t in tasks]):
-                    failed += r.status != "COMPLETED"
+                    failed += infrastructure_failure(r.status.value, r.reason)
+                    completed += r.status == "COMPLETED"
+                    seen += 1
                     reward = "-" if r.reward is None else f"{r.reward:g}"
                     reason = f"  ({r.reason})" if r.reason else ""
                     click.echo(
@@ -87,7 +91,8 @@ def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out
             finally:
                 if sink is not None:
                     sink.close()
-        return 1 if failed else 0
+        # As `polar run`: sessions the infrastructure failed, or none completed, make it exit 3.
+        return FAILURES if failed or (seen and not completed) else 0
 
     try:
         code = asyncio.run(go())

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polar import plugins
+from polar.cli import FAILURES
 from polar.extras import PARQUET, require_cli
 from polar.store.records import CompletionRecord, SessionInfo
 from polar.trajectory import AuditReport, BuildError, Trajectory, audit, build
@@ -328,7 +329,7 @@ def audit_cmd(
     session_ids: tuple[str, ...], store_path: Path, task_id: str | None, strategy: str, on_drift: str,
     eot_id: int | None, train_without_logprobs: bool,
 ) -> None:  # fmt: skip
-    """Prove each session's trajectory against its records; exit 1 if any audit fails."""
+    """Prove each session's trajectory against its records; exit 3 if any audit fails."""
     console = Console()
     options = _options(strategy, on_drift, eot_id, train_without_logprobs)
     failed = [
@@ -338,4 +339,4 @@ def audit_cmd(
     ]
     if failed:
         console.print(f"[red]audit failed for {len(failed)} session(s): {', '.join(failed)}[/red]")
-        raise SystemExit(1)
+        raise click.exceptions.Exit(FAILURES)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from polar import interrupt
 from polar.cli.common import logging_options, setup_logging
 from polar.cli.run import _console
 from polar.rollout.rundir import TRAIN_FILES, RunDirError, checkpoints, locked, metrics_steps, remove
@@ -130,6 +131,7 @@ def train(
         if not torch.cuda.is_available():
             raise click.ClickException(f"{config}: device: CUDA is not available here (use cpu or auto)")
     setup_logging(log_level, json=log_json)
+    interrupt.guard()
     console = _console()
     run_dir = Path(cfg.out)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and int(os.environ.get("RANK", "0")) > 0:

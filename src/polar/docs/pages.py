@@ -121,6 +121,11 @@ def results() -> str:
         "(`OUT/results.jsonl`): one JSON object per line, one line per session as its node reported it "
         "(`polar.rollout.protocol.SessionResult`). Read it with `polar.train.export.read_results`, export "
         "its trajectories with `polar traces export --results` ([exports.md](exports.md)).",
+        "A session that ended in an infrastructure failure (`ERROR`, or a `TIMEOUT` of the session deadline "
+        "rather than the agent's budget) is retried when the same `polar run`/`generate` command runs again: "
+        "its line stays, and the retry's line is appended under a new `session_id` with the same `task_id` "
+        "and `metadata.sample_index`. The last line of a (`task_id`, `sample_index`) is the one that counts; "
+        "`read_results` gives only those (`retried=True`: every line).",
         "## Example line",
         "One session of a tool-using agent: two model calls merged into one trace (indented here; one "
         "line in the file). The token ids are short and made up; every key and value besides them and "

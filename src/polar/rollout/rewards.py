@@ -35,6 +35,16 @@ SESSION_DEADLINE = "session deadline exceeded"
 _STATUSES = {"COMPLETED", "TIMEOUT", "ERROR", "CANCELLED"}
 
 
+def infrastructure_failure(status: str, reason: str | None) -> bool:
+    """Whether a session ended for a reason that is not the policy's doing (the rules above: ERROR, or a
+    TIMEOUT of the session deadline rather than the agent's own budget). Such a session is fully masked,
+    a plain re-run of a local run retries it (`polar.rollout.rundir`), and the run's exit status says so.
+    A CANCELLED session is someone's decision, not a failure: it is kept as it is."""
+    if status == "ERROR":
+        return True
+    return status == "TIMEOUT" and not (reason or "").startswith(AGENT_BUDGET_EXHAUSTED)
+
+
 def has_tool_parse_error(trace: Trace) -> bool:
     """Whether any call in the trace was flagged `tool_call_parse_error` (see `sequences.chain_trace`:
     `metadata["flags"]` maps completion id -> flags; a flat list from a custom builder counts too)."""

@@ -24,6 +24,7 @@ from typing import IO, Any
 import orjson
 
 from polar.rollout.protocol import SessionResult
+from polar.rollout.rewards import infrastructure_failure
 from polar.rollout.task import Task
 from polar.store.files import private_dirs
 
@@ -163,6 +164,7 @@ class RunPlan:
     known: set[str] = field(default_factory=set)
     active: set[str] = field(default_factory=set)  # known tasks with sessions still to run
     removed: list[str] = field(default_factory=list)
+    retried: int = 0  # sessions that ended in an infrastructure failure, queued to run again
 
     @property
     def to_run(self) -> int:
@@ -177,9 +179,10 @@ class RunPlan:
         if self.mode == "resumed":
             if self.nothing_to_run:
                 return f"resuming {out}: all {len(self.finished)} sessions finished earlier; nothing to run"
+            retried = f" ({self.retried} after an infrastructure failure: run again)" if self.retried else ""
             return (
                 f"resuming {out}: {len(self.finished)} of {self.total} sessions finished earlier (kept), "
-                f"{self.to_run} to run"
+                f"{self.to_run} to run{retried}"
             )
         if self.mode == "overwritten":
             return f"overwrote {out} (removed {', '.join(self.removed)}): new run of {self.total} sessions"
@@ -196,6 +199,7 @@ def plan_run(out: Path, tasks: Sequence[Task], *, overwrite: bool, source: Any =
 
     No earlier run: new. `overwrite`: the earlier run's files are removed, then new. Otherwise the earlier
     run is resumed; a task it ran must be the same task now (`RunDirError` names the fields that differ),
+    sessions that ended in an infrastructure failure are queued again (`rewards.infrastructure_failure`),
     and files without a `server.db` to resume from are refused rather than replaced."""
     from polar.rollout.server.store import ServerStore
 
@@ -231,6 +235,17 @@ def plan_run(out: Path, tasks: Sequence[Task], *, overwrite: bool, source: Any =
         while page := store.results(sorted(plan.known), after):
             plan.finished += [SessionResult.model_validate_json(blob) for _, blob in page]
             after = page[-1][0]
+        # A session the infrastructure failed (backend down, a runtime that did not start, the deadline)
+        # says nothing about the policy: a plain re-run retries it under a new id. Its failed line stays in
+        # results.jsonl; the agent's own outcomes (any reward, its budget spent, cancelled) are kept.
+        failed = [r for r in plan.finished if infrastructure_failure(r.status.value, r.reason)]
+        if failed:
+            from polar.rollout.server.service import new_session_id
+
+            plan.retried = store.retry([r.session_id for r in failed], new_session_id)
+            again = {r.session_id for r in failed}
+            plan.finished = [r for r in plan.finished if r.session_id not in again]
+            plan.active |= {r.task_id for r in failed}
     finally:
         store.close()
     plan.active |= {t.task_id for t in tasks if t.task_id not in plan.known}

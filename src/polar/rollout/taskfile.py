@@ -202,7 +202,8 @@ def dataset_items(
 
 
 class UploadOutside(ValueError):
-    """An upload `src` (at `index` in runtime.prepare) that leaves the directory it is relative to."""
+    """An upload `src` (at `index` in runtime.prepare) that leaves the directory it is relative to, or is
+    not there."""
 
     def __init__(self, index: int, reason: str) -> None:
         super().__init__(reason)
@@ -225,6 +226,8 @@ def anchor_uploads(task: Task, base: Path) -> Task:
         except ValueError:
             where = (base / action.src).resolve()
             raise UploadOutside(i, f"{action.src!r} leads outside {base} (to {where})") from None
+        if not (base / action.src).exists():  # else every session fails at its start, one by one
+            raise UploadOutside(i, f"{action.src!r}: no such file or folder in {base}")
         prepare[i] = action.model_copy(update={"src": str(base / action.src)})
     update: dict[str, Any] = {}
     if prepare != task.runtime.prepare:

@@ -188,11 +188,11 @@ class MetricsSection(_Section):
     tensorboard: bool = Field(
         False,
         description="Also write TensorBoard scalars to out/tensorboard (needs the `tensorboard` extra: "
-        "`pip install 'polar[tensorboard]'`; without it polar train stops before starting, exit 2).",
+        "`pip install 'polar-rl[tensorboard]'`; without it polar train stops before starting, exit 2).",
     )
     wandb: bool = Field(
         False,
-        description="Also log to Weights & Biases (needs the `wandb` extra: `pip install 'polar[wandb]'`; "
+        description="Also log to Weights & Biases (needs the `wandb` extra: `pip install 'polar-rl[wandb]'`; "
         "without it polar train stops before starting, exit 2).",
     )
     wandb_project: str = Field("polar", description="W&B project.")

@@ -30,8 +30,28 @@ class ResultsError(ValueError):
     """A results file that cannot be read, with `path:line` and the reason."""
 
 
-def read_results(path: str | Path) -> Iterator[SessionResult]:
-    """Every `SessionResult` in a results JSONL file (blank lines skipped)."""
+def read_results(path: str | Path, *, retried: bool = False) -> Iterator[SessionResult]:
+    """The `SessionResult`s of a results JSONL file, in file order (blank lines skipped).
+
+    A re-run of `polar run` retries the sessions an infrastructure failure ended and appends the retry's
+    line, same task and sample index, new session id (`polar.rollout.rundir`): by default only the last line
+    of each (task_id, sample_index) is given, so a group counts each sample once; `retried=True` gives every
+    line, the failed attempts too."""
+    every = list(_read(path))
+    if retried:
+        yield from every
+        return
+    last: dict[tuple[str, Any], int] = {}
+    for i, r in enumerate(every):
+        if r.metadata.get("sample_index") is not None:
+            last[(r.task_id, r.metadata["sample_index"])] = i
+    for i, r in enumerate(every):
+        sample = r.metadata.get("sample_index")
+        if sample is None or last[(r.task_id, sample)] == i:
+            yield r
+
+
+def _read(path: str | Path) -> Iterator[SessionResult]:
     with open(path, "rb") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():

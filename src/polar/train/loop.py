@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from polar import interrupt
 from polar.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult
 from polar.rollout.rewards import has_tool_parse_error
@@ -547,7 +548,7 @@ def train(
                 engine,
                 server,
             ):
-                return asyncio.run(go(server.url, engine.name, EngineSync(engine)))
+                return interrupt.run(go(server.url, engine.name, EngineSync(engine)))
         adapter = config.lora.adapter_name if config.lora and config.lora.sync == "adapter" else None
         sync = VLLMSync(
             config.backend,
@@ -557,7 +558,7 @@ def train(
             adapter=adapter,
         )
         # With a runtime adapter, the rollouts ask vLLM for it by name: the base model is not the policy.
-        return asyncio.run(go(config.backend, adapter or config.served_model, sync))
+        return interrupt.run(go(config.backend, adapter or config.served_model, sync))
     finally:
         if trainer is not None:
             trainer.close()  # the other ranks' serve() returns

@@ -34,7 +34,7 @@ def _peft() -> Any:
     try:
         import peft
     except ImportError:
-        raise RuntimeError("LoRA needs peft: pip install 'polar[lora]'") from None
+        raise RuntimeError("LoRA needs peft: pip install 'polar-rl[lora]'") from None
     return peft
 
 

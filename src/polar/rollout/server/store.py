@@ -14,7 +14,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -391,6 +391,36 @@ class ServerStore:
                     (new_id(), old),
                 )
             return len(rows)
+
+    def retry(self, session_ids: Sequence[str], new_id: Callable[[], str]) -> int:
+        """Put these finished sessions back in the queue under fresh ids (their tasks active again).
+
+        For a local run resumed after sessions ended in an infrastructure failure (`polar.rollout.rundir`):
+        the old id keys the failed attempt's records and its line in results.jsonl, so the retry gets a new
+        one; task and sample index stay. Returns how many were requeued."""
+        marks = ", ".join("?" * len(OPEN))
+        n = 0
+        with self._tx() as c:
+            for old in session_ids:
+                row = c.execute(
+                    f"SELECT task_id FROM sessions WHERE session_id = ? AND status NOT IN ({marks})",
+                    (old, *OPEN),
+                ).fetchone()
+                if row is None:
+                    continue
+                c.execute(
+                    "UPDATE sessions SET session_id = ?, status = 'REGISTERED', node_id = NULL, confirmed = 0, "
+                    "attempts = 0, dispatched_at = NULL, finished_at = NULL, finish_seq = NULL, reason = NULL, "
+                    "reward = NULL, result = NULL, result_token = NULL WHERE session_id = ?",
+                    (new_id(), old),
+                )
+                c.execute(
+                    "UPDATE tasks SET state = 'ACTIVE', finished_at = NULL, reason = NULL "
+                    "WHERE task_id = ? AND state = 'DONE'",
+                    (row[0],),
+                )
+                n += 1
+        return n
 
     def set_stage(self, session_id: str, status: SessionStatus) -> None:
         """A non-terminal progress report from a node (INITIALIZING, RUNNING, ...)."""

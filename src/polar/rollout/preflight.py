@@ -1,0 +1,107 @@
+"""What a local run (`polar run`, `polar generate`) needs, checked before its first session.
+
+Without these checks a run whose inference server is down, whose model name is wrong or whose container
+image is not on this machine still starts every session, each fails on its own a few seconds later, and the
+run ends with every session ERROR. Each check answers in one line naming what is missing and what to do; the
+CLI prints them all and exits 2 before it creates anything. Upload sources are checked where the task file
+is read (`taskfile.anchor_uploads`), at their line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from polar.rollout.task import Task
+
+CONTAINER_ENGINES = ("docker", "podman")
+PROBE_TIMEOUT_S = 10.0
+# Answers that say the server is up but will not list its models to us (a key it wants, an OpenAI-compatible
+# server without /v1/models): the run may still work, so they are not a problem to stop for.
+_CANNOT_LIST = frozenset({401, 403, 404, 405})
+
+
+def backend_problems(kind: str, urls: Sequence[str], model: str | None) -> list[str]:
+    """One line per inference server that does not answer `GET /v1/models`, or does not serve `model`."""
+    return asyncio.run(_backend_problems(kind, urls, model))
+
+
+async def _backend_problems(kind: str, urls: Sequence[str], model: str | None) -> list[str]:
+    from polar.gateway.backends import make_backend
+    from polar.gateway.backends.base import BackendOptions
+    from polar.gateway.errors import GatewayError
+
+    options = BackendOptions(timeout_s=PROBE_TIMEOUT_S, connect_timeout_s=PROBE_TIMEOUT_S, retries=0)
+    problems = []
+    for url in urls:
+        backend = make_backend(kind, url, options)
+        await backend.start()
+        try:
+            models = await backend.list_models()
+        except GatewayError as err:
+            if err.status not in _CANNOT_LIST:
+                problems.append(f"--backend {url}: {err.message}")
+            continue
+        finally:
+            await backend.aclose()
+        if model is not None and models and model not in models:
+            served = ", ".join(models[:5]) + (", ..." if len(models) > 5 else "")
+            problems.append(f"--model {model}: not served by {url} (it serves {served})")
+    return problems
+
+
+def image_problems(tasks: Sequence[Task], taskfile: Path) -> list[str]:
+    """One line per container image a task runs in that its engine does not have (or an engine that is not
+    there), with the command that makes it."""
+    wanted: dict[tuple[str, str], list[str]] = {}
+    built: set[tuple[str, str]] = set()
+    for task in tasks:
+        rt = task.runtime
+        if rt.backend in CONTAINER_ENGINES and rt.image is not None:
+            wanted.setdefault((rt.backend, rt.image), []).append(task.task_id)
+            if rt.build is not None:
+                built.add((rt.backend, rt.image))
+    problems = []
+    for (engine, image), task_ids in wanted.items():
+        missing = _missing(engine, image)
+        if missing is None:
+            continue
+        which = (
+            f"task {task_ids[0]}"
+            if len(task_ids) == 1
+            else f"tasks {task_ids[0]} and {len(task_ids) - 1} more"
+        )
+        if (engine, image) in built:
+            fix = f"build it: polar images build {taskfile} --engine {engine}"
+        else:
+            fix = f"pull or build it: {engine} pull {image}"
+        problems.append(f"{which}: {engine} image {image}: {missing}; {fix}")
+    return problems
+
+
+def _missing(engine: str, image: str) -> str | None:
+    """None when `engine` has `image`; otherwise why not, in a few words."""
+    try:
+        done = subprocess.run(
+            [engine, "image", "inspect", "--format", "{{.Id}}", image],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except FileNotFoundError:
+        return f"{engine} is not installed"
+    except subprocess.TimeoutExpired:
+        return f"`{engine} image inspect` did not answer within 60 s"
+    if done.returncode == 0:
+        return None
+    err = (done.stderr.strip().splitlines() or [""])[-1]
+    low = err.lower()
+    # docker: "Error response from daemon: No such image: x"; podman: "Error: x: image not known".
+    if "no such image" in low or "image not known" in low:
+        return "not on this machine"
+    if "cannot connect" in low or "daemon running" in low:
+        return f"{engine} is not running ({err})"
+    return f"`{engine} image inspect` failed ({err or f'exit {done.returncode}'})"

@@ -1,0 +1,120 @@
+"""The exit statuses every command shares (`polar.cli`: 0 ok, 1 a bug, 2 a user's mistake, 3 work that ran
+and partly failed, 130 interrupted), the distribution's name and version, and the checks `polar run` makes
+before its first session (each problem one line, exit 2, nothing created)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import polar.cli
+from polar.cli import main
+from tests.conftest import SERVED_MODEL
+from tests.node_support import fake_policy
+
+
+def polar_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polar", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env or {**os.environ, "PYTHONUNBUFFERED": "1"},  # as the fixtures left it (DOCKER_HOST)
+    )
+
+
+def test_the_distribution_is_polar_rl_and_says_its_version() -> None:
+    """Was: `pip install polar` installs an unrelated project of that name from the package index."""
+    dist = importlib.metadata.distribution("polar-rl")
+    assert dist.read_text("top_level.txt") is None or "polar" in (dist.read_text("top_level.txt") or "")
+    r = CliRunner().invoke(main, ["--version"], prog_name="polar")
+    assert r.exit_code == 0 and r.output == f"polar, version {dist.version}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [
+        (["run", "no-such-file.yaml"], 2),  # a file that is not there
+        (["run", "--no-such-option"], 2),  # click's usage error
+        (["train", "no-such-config.yaml"], 2),
+        (["traces", "show", "--store", "/nonexistent/x.db"], 2),
+    ],
+)
+def test_a_users_mistake_exits_2(argv: list[str], status: int) -> None:
+    """Was: task-file and config mistakes exited 1 (click's default) and option mistakes 2."""
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == status, r.output
+    assert "Traceback" not in r.output
+    assert (polar.cli.OK, polar.cli.BUG, polar.cli.USER_ERROR, polar.cli.FAILURES) == (0, 1, 2, 3)
+    assert polar.cli.INTERRUPTED == 130
+
+
+def test_a_missing_upload_is_its_line_before_anything_starts(tmp_path: Path) -> None:
+    """Was: not checked; every session ended ERROR at its start and the run exited 0."""
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text(
+        "task_id: a\ninstruction: x\nruntime:\n  prepare:\n    - {type: upload, src: repo, dst: repo}\n"
+    )
+    proc = polar_run(str(taskfile), "--out", str(tmp_path / "out"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (
+        f"Error: {taskfile}:5: runtime.prepare[0].src: 'repo': no such file or folder in {tmp_path}"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_the_backend_does_not_serve_is_one_line(tmp_path: Path) -> None:
+    """Was: every call a 404 from the server, every session ERROR, exit 0."""
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text("task_id: a\ninstruction: x\nagent: {harness: shell, settings: {command: 'true'}}\n")
+    with fake_policy() as (url, backend):
+        proc = polar_run(
+            str(taskfile), "--backend", url, "--model", "Qwen/Qwen3-8B", "--out", str(tmp_path / "o")
+        )
+        assert backend.requests == []  # no session started, no call made
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"polar run: --model Qwen/Qwen3-8B: not served by {url} (it serves {SERVED_MODEL})"
+    ]
+    assert proc.stdout == "" and not (tmp_path / "o").exists()
+
+
+@pytest.mark.containers
+def test_images_a_task_needs_are_checked_before_sessions(docker_engine: str, tmp_path: Path) -> None:
+    """Was: each session failed late on docker's registry error (`Unable to find image ... locally`), exit 0.
+    Now one line per missing image, with the command that makes it; the image that is there passes."""
+    taskfile = tmp_path / "tasks.yaml"
+    (tmp_path / "ctx").mkdir()
+    taskfile.write_text(
+        "tasks:\n"
+        "  - {task_id: a, instruction: x, runtime: {backend: docker, image: 'polar-test-absent:1'}}\n"
+        "  - {task_id: b, instruction: x, runtime: {backend: docker, image: 'polar-test-unbuilt:1',"
+        " build: {context: ctx}}}\n"
+        "  - {task_id: c, instruction: x, runtime: {backend: docker, image: 'polar-test-unbuilt:1',"
+        " build: {context: ctx}}}\n"
+        "  - {task_id: d, instruction: x, runtime: {backend: docker, image: 'polar-base:bookworm'}}\n"
+    )
+    with fake_policy() as (url, _):
+        proc = polar_run(str(taskfile), "--backend", url, "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        "polar run: task a: docker image polar-test-absent:1: not on this machine; "
+        "pull or build it: docker pull polar-test-absent:1",
+        "polar run: tasks b and 1 more: docker image polar-test-unbuilt:1: not on this machine; "
+        f"build it: polar images build {taskfile} --engine docker",
+    ]
+    assert not (tmp_path / "o").exists()
+
+
+def test_shell_completion_completes_commands() -> None:
+    """docs/cli.md's completion line: click's, through the installed `polar` command."""
+    polar = Path(sys.executable).with_name("polar")
+    env = {**os.environ, "COMP_WORDS": "polar tr", "COMP_CWORD": "1", "_POLAR_COMPLETE": "bash_complete"}
+    done = subprocess.run([str(polar)], capture_output=True, text=True, env=env, timeout=60)
+    assert done.stdout.split() == ["plain,traces", "plain,train"]
