@@ -520,7 +520,7 @@ def test_error_body_shapes() -> None:
         (429, "rate_limit", 429),
         (413, "request_too_large", 413),
         (401, "upstream_error", 502),
-        (409, "invalid_request", 400),
+        (409, "upstream_error", 502),  # a replay without the call: not the request's fault
         (500, "upstream_error", 502),
     ],
 )

@@ -226,3 +226,49 @@ async def test_a_real_cli_session_replays_to_the_same_trajectory(tmp_path: Path,
     assert [(t.prompt_ids, t.response_ids, t.loss_mask) for t in one.traces] == [
         (t.prompt_ids, t.response_ids, t.loss_mask) for t in two.traces
     ]
+
+
+def test_a_run_that_departs_from_its_recording_fails_as_infrastructure(tmp_path: Path) -> None:
+    """Was: every call a 409 from the replay, yet the session COMPLETED with reward 0 (a zero-reward sample to
+    train on) and `polar run` exited 0. A replay that cannot answer is no outcome of the policy's."""
+    import yaml
+
+    from polar.store.sqlite import SQLiteStore
+    from tests.node_support import CALL_GATEWAY, fake_policy
+
+    (tmp_path / "call_gateway.py").write_text(CALL_GATEWAY)
+
+    def run(calls: int, backend: str, out: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        task = {
+            "task_id": "say",
+            "instruction": "say something",
+            "runtime": {"prepare": [{"type": "upload", "src": "call_gateway.py", "dst": "call_gateway.py"}]},
+            "agent": {
+                "harness": "shell",
+                "settings": {"command": f"{sys.executable} call_gateway.py {calls}"},
+            },
+            "evaluator": {"strategy": "session_completed"},
+        }
+        (tmp_path / "tasks.yaml").write_text(yaml.safe_dump(task))
+        argv = [sys.executable, "-m", "polar", "run", str(tmp_path / "tasks.yaml"), "--backend", backend]
+        argv += ["--out", str(tmp_path / out), *extra]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180)
+
+    with fake_policy() as (url, _):
+        recorded = run(1, url, "recorded")
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    with SQLiteStore(tmp_path / "recorded" / "gateway.db") as store:
+        (sid,) = [info.session_id for info in store.sessions() if store.completions(info.session_id)]
+    with serve(create_replay_app(Recording.load(tmp_path / "recorded" / "gateway.db", sid))) as replay:
+        wrong = run(1, replay.url, "wrong", "--model", "tiny")  # docs/harnesses.md's example said so
+        departed = run(2, replay.url, "departed")  # a second call the recording does not have
+    assert wrong.returncode == 2 and wrong.stderr.splitlines() == [
+        f"polar run: --model tiny: not served by {replay.url} (it serves {SERVED_MODEL})"
+    ]
+    assert departed.returncode == 3, departed.stdout + departed.stderr
+    (line,) = (tmp_path / "departed" / "results.jsonl").read_text().splitlines()
+    result = json.loads(line)
+    assert result["status"] == "ERROR" and result["reward"] is None
+    assert "inference backend failed during the run" in result["reason"]
+    assert "HTTP 409" in result["reason"] and "at messages[1]" in result["reason"], result["reason"]
+    assert "1 of 1 sessions ended in an infrastructure failure" in departed.stderr

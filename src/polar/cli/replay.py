@@ -27,7 +27,8 @@ def replay(store: Path, session_id: str, host: str, port: int, log_level: str, l
     Examples:
       polar replay polar-run/gateway.db sess-1a2b --port 8100
       polar gateway --backend http://127.0.0.1:8100 --port 8200   # then run the harness against :8200
-      polar traces show polar-run/gateway.db    # to find a session id
+      polar run task.yaml --backend http://127.0.0.1:8100 --out replayed  # or the same task again
+      polar traces show --store polar-run/gateway.db --stats-only   # to find a session id
     """
     from polar.cli.common import cannot_start, serve_until_stopped
     from polar.replay import Recording, RecordingError, create_replay_app

@@ -331,6 +331,10 @@ def map_status(status: int, raw: bytes) -> GatewayError:
         return GatewayError(
             "upstream_error", f"inference server refused the gateway's credentials (HTTP {status}): {msg}"
         )
+    if status == 409:
+        # The server's state refuses the call, whatever the request says: `polar replay` answering a call it
+        # did not record. Not the policy's doing, so the session is an infrastructure failure, not a sample.
+        return GatewayError("upstream_error", f"inference server refused the call (HTTP 409): {msg}")
     if 400 <= status < 500:
         return GatewayError("invalid_request", msg, param=param)
     return GatewayError("upstream_error", f"inference server failed (HTTP {status}): {msg}")
