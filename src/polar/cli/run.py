@@ -492,4 +492,5 @@ def run(
     console.print(_summary(results))
     records = out / ("nodes/*/gateway.db" if ray is not None else "gateway.db")
     console.print(f"results: {out / 'results.jsonl'}   records: {records}")
+    console.print(f"browse them: polar dashboard {out}")  # the run's own dashboard ended with it
     exit_for(results)

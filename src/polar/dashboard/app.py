@@ -66,8 +66,11 @@ class Dashboard:
         options: DashboardOptions,
         service: Callable[[], Any],
         on_refused: Refused | None = None,
+        records: Callable[[str], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.token, self.options, self.service = token, options, service
+        # A finished run's records, read from its folder (`finished.FinishedRun`) instead of from nodes.
+        self.local_records = records
         self.logins = Logins(options.login_ttl_s)
         self.env = Environment(loader=PackageLoader("polar.dashboard"), autoescape=select_autoescape())
         self.env.filters["ago"] = _ago
@@ -261,7 +264,9 @@ class Dashboard:
             trajectory = await self._trajectory(detail, node, ctx["notes"])
         records: list[dict[str, Any]] = []
         if tab in ("completions", "tokens", "conversation"):
-            if node is None:
+            if self.local_records is not None:
+                records = await asyncio.to_thread(self.local_records, sid)
+            elif node is None:
                 ctx["notes"].append("the session never reached a node: there are no gateway records")
             else:
                 fetched = await self.reader.completions(node.url, sid)
@@ -291,7 +296,7 @@ class Dashboard:
     async def _trajectory(self, detail: queries.SessionDetail, node: Any, notes: list[str]) -> Any:
         """The result's trajectory, or (a session not finished) the one its node builds from the calls so far."""
         trajectory = (detail.result or {}).get("trajectory")
-        if trajectory is not None or node is None:
+        if trajectory is not None or node is None or self.local_records is not None:
             return trajectory
         fetched = await self.reader.trajectory(node.url, detail.summary.session_id)
         if fetched.error:
