@@ -69,6 +69,7 @@ def test_inline_tasks_of_a_training_config_stay_in_its_directory(tmp_path: Path)
         ConfigError, match=r"cfg.yaml:6: tasks\[0\]\.runtime\.prepare\[0\]\.src: '\.\./x' leads outside"
     ):
         parse_config(config, "cfg.yaml", tmp_path)
+    (tmp_path / "x").write_text("an upload")
     cfg, _ = parse_config(config.replace("../x", "x"), "cfg.yaml", tmp_path)
     assert upload_roots(cfg, tmp_path / "cfg.yaml") == (tmp_path.resolve(),)
 

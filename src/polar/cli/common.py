@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import signal
 import sqlite3
 import sys
@@ -179,6 +181,20 @@ def command_name() -> str:
     """`polar gateway` for the command running now."""
     ctx = click.get_current_context(silent=True)
     return f"polar {ctx.info_name}" if ctx is not None and ctx.info_name else "polar"
+
+
+def polar_command() -> str:
+    """How to run polar again from the shell this process came from, for the commands a run prints:
+    `polar` when that is on PATH, else the path it was started by (`.venv/bin/polar` after scripts/demo),
+    else `python -m polar`."""
+    argv0 = Path(sys.argv[0])
+    found = shutil.which("polar")
+    if found is not None and (argv0.name != "polar" or Path(found).resolve() == argv0.resolve()):
+        return "polar"
+    if argv0.name == "polar" and argv0.is_file():
+        rel = os.path.relpath(argv0)
+        return rel if not rel.startswith("..") else str(argv0)
+    return f"{sys.executable} -m polar"
 
 
 def one_line(exc: BaseException) -> str:

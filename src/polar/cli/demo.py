@@ -15,11 +15,12 @@ from typing import Any
 
 import click
 import httpx
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from polar.cli.common import logging_options, setup_logging
+from polar.cli.common import logging_options, polar_command, setup_logging
 
 BASH_TOOL = {
     "type": "function",
@@ -93,8 +94,12 @@ def _other_dialects(base_url: str, keys: dict[str, str], model: str, max_tokens:
 
 @click.command("demo")
 @click.option(
-    "--model", default=None, help="Model for the embedded engine (default: the offline tiny policy)."
+    "--policy",
+    "model",
+    default=None,
+    help="Model for the embedded engine (default: the offline tiny policy), as `polar run --policy`.",
 )
+@click.option("--model", "model_alias", default=None, hidden=True)  # its name before it matched `polar run`'s
 @click.option(
     "--out",
     default="polar-demo",
@@ -105,8 +110,27 @@ def _other_dialects(base_url: str, keys: dict[str, str], model: str, max_tokens:
 @click.option("--turns", default=4, show_default=True, type=int, help="Turns of the agent loop.")
 @click.option("--max-tokens", default=24, show_default=True, type=int, help="Tokens sampled per turn.")
 @logging_options("warning")
-def demo(model: str | None, out: Path, turns: int, max_tokens: int, log_level: str, log_json: bool) -> None:
-    """Run the quickstart: engine + gateway + SQLite, driven by a real SDK, then trajectories and audit."""
+def demo(
+    model: str | None,
+    model_alias: str | None,
+    out: Path,
+    turns: int,
+    max_tokens: int,
+    log_level: str,
+    log_json: bool,
+) -> None:
+    """Run the quickstart: engine + gateway + SQLite, driven by a real SDK, then trajectories and audit.
+
+    OUT/polar.db keeps the records of every demo run into OUT; OUT/trajectories.jsonl holds the trajectories
+    of all of them.
+
+    \b
+    Examples:
+      polar demo
+      polar demo --out /tmp/demo --turns 8
+      polar demo --policy Qwen/Qwen3-0.6B     # a real model (its weights must be on this machine)
+    """
+    model = model or model_alias
     from polar.extras import ENGINE, require_cli
 
     require_cli(ENGINE)
@@ -159,19 +183,10 @@ def demo(model: str | None, out: Path, turns: int, max_tokens: int, log_level: s
             _other_dialects(gateway.url, keys, engine.name, max_tokens)
             progress.update(step, completed=1)
 
-        table = Table(title="captured sessions")
-        for col in (
-            "dialect",
-            "calls",
-            "prompt ids",
-            "sampled ids",
-            "traces (per_request)",
-            "traces (merged)",
-            "chain breaks",
-            "coverage",
-            "audit",
-        ):
-            table.add_column(col)
+        table = Table(title="captured sessions", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        # Headers short enough for an 80-column terminal (rich cuts a wider table's cells to "…").
+        for col in ("dialect", "calls", "prompt ids", "sampled", "traces", "breaks", "coverage", "audit"):
+            table.add_column(col, no_wrap=col not in ("breaks", "audit"))
         trajectories = []
         with SQLiteStore(store_path) as store:
             for name, key in keys.items():
@@ -185,22 +200,38 @@ def demo(model: str | None, out: Path, turns: int, max_tokens: int, log_level: s
                     str(len(records)),
                     str(sum(len(r.prompt_ids or []) for r in records)),
                     str(sum(len(r.response_ids or []) for r in records)),
-                    str(len(flat.traces)),
-                    str(len(merged.traces)),
-                    ", ".join(f"{k} {v}" for k, v in merged.metadata["breaks"].items()) or "-",
+                    f"{len(flat.traces)} / {len(merged.traces)}",
+                    ", ".join(
+                        f"{k.removeprefix('context_').replace('_', ' ')} {v}"
+                        for k, v in merged.metadata["breaks"].items()
+                    )
+                    or "-",
                     f"{merged.metadata['coverage']:.3f}",
                     "ok" if report.ok else "; ".join(report.errors),
                 )
         console.print(table)
+        # Every demo session the store holds, earlier runs' too: polar.db keeps them all, so the file does.
+        with SQLiteStore(store_path) as store:
+            every = [s.session_id for s in store.sessions(task_id="demo")]
+            earlier = [
+                build(store.completions(sid), strategy="prefix_merging")
+                for sid in every
+                if sid not in keys.values()
+            ]
         jsonl = out / "trajectories.jsonl"
-        write_jsonl((row for t in trajectories for row in rows(t, task_id="demo")), jsonl)
+        write_jsonl((row for t in [*earlier, *trajectories] for row in rows(t, task_id="demo")), jsonl)
         console.print(
-            "per_request/prefix_merging: traces a trainer gets. The default policy is random, so its turns often "
+            "traces: per_request / prefix_merging, the traces a trainer gets; breaks: where a merged chain was "
+            "split. The default policy is random, so its turns often "
             "re-tokenize differently in the next prompt (context drift): the chain is split there, never merged "
             "over a context the policy did not see."
         )
-        console.print(f"store: {store_path}   trajectories: {jsonl}")
-        console.print(f"inspect: polar traces show --store {store_path} --task demo")
+        runs = f" ({len(every)} sessions, {len(earlier)} of them from earlier demos)" if earlier else ""
+        # Not wrapped at the terminal's width: a command is copied whole.
+        console.print(f"store: {store_path}   trajectories: {jsonl}{runs}", soft_wrap=True)
+        console.print(
+            f"inspect: {polar_command()} traces show --store {store_path} --task demo", soft_wrap=True
+        )
     finally:
         for srv in reversed(servers):
             srv.stop()

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -35,6 +36,7 @@ from polar.cli.common import (
     expand_backends,
     logging_options,
     outbound_policy,
+    polar_command,
     setup_logging,
     tokenizer_option,
 )
@@ -69,8 +71,15 @@ def _console() -> Console:
 
 
 def _summary(results: list[Any]) -> Table:
-    table = Table(title="results")
-    for col in ("task", "sessions", "completed", "timeout", "error", "mean reward", "passed"):
+    # Fits an 80-column terminal with task ids of ~20 characters (rich cuts a wider table's cells to "…").
+    table = Table(
+        title="results",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        caption="reward: mean of those with one",
+    )
+    for col in ("task", "sessions", "completed", "timeout", "error", "reward", "passed"):
         table.add_column(col, justify="right" if col != "task" else "left")
     by_task: dict[str, list[Any]] = defaultdict(list)
     for r in results:
@@ -492,5 +501,5 @@ def run(
     console.print(_summary(results))
     records = out / ("nodes/*/gateway.db" if ray is not None else "gateway.db")
     console.print(f"results: {out / 'results.jsonl'}   records: {records}")
-    console.print(f"browse them: polar dashboard {out}")  # the run's own dashboard ended with it
+    console.print(f"browse them: {polar_command()} dashboard {out}")  # the run's own dashboard ended with it
     exit_for(results)
