@@ -321,6 +321,9 @@ def test_a_training_runs_curves(tmp_path: Path) -> None:
             for label in ("reward_mean", "mean + std", "mean - std"):  # the mean and its ± std band
                 assert reward.locator(f".u-legend .u-label:text-is('{label}')").count() == 1, label
             assert page.locator("text=have no reward_std").count() == 0
+            # The value axes' tick labels (drawn on canvas: the formatter itself). Was: 0.0004 as "0".
+            ticks = page.evaluate("[0.0004, 0.0015, 0.25, 2, 1500, 0, -0.002].map(polarDashboard.tick)")
+            assert ticks == ["4.0e-4", "0.0015", "0.25", "2", "1500", "0", "-0.002"]
             for title in (
                 "reward",
                 "pass rate",

@@ -87,6 +87,41 @@ async def test_sessions_dispatched_by_the_server_complete_and_report(tmp_path: P
         assert res["trajectory"]["metadata"]["policy_version"] == 3
 
 
+async def test_the_servers_stage_counts_follow_each_session_without_waiting_a_heartbeat(
+    tmp_path: Path,
+) -> None:
+    """Was: a node's stage counts reached the server (and the dashboard) only with its next heartbeat, so it
+    showed "running 2" with nothing running. Heartbeats every 600 s here: only the stage changes send them."""
+    caller = write_caller(tmp_path)
+    server = start_server(tmp_path / "server.db")
+    try:
+        with fake_policy() as (url, _):
+            async with (
+                running_node(url, tmp_path, server_url=server.url, heartbeat_s=600, capacity=2),
+                httpx.AsyncClient(base_url=server.url, headers=AUTH) as client,
+            ):
+                await eventually(lambda: _registered(client), "registration")
+                body = _task("stages", f"sleep 2; {PY} {caller}", num_samples=2)
+                assert (await client.post("/rollout/task/submit", json=body)).status_code == 201
+
+                async def stage_counts() -> dict[str, int] | None:
+                    (node,) = (await client.get("/nodes")).json()["nodes"]
+                    return (node.get("status") or {}).get("by_stage")
+
+                async def running() -> bool | None:
+                    return bool((await stage_counts() or {}).get("RUNNING")) or None
+
+                await eventually(running, "the server to see the sessions running")
+                await eventually(_view(client, "stages", _all_terminal), "the task")
+
+                async def emptied() -> bool | None:
+                    return (await stage_counts()) == {} or None
+
+                await eventually(emptied, "the node's stage counts to empty after its sessions ended")
+    finally:
+        server.stop()
+
+
 async def test_result_delivery_is_retried_through_a_server_restart(tmp_path: Path) -> None:
     gate = tmp_path / "go"
     port = free_port()

@@ -535,3 +535,20 @@ def test_task_order_shuffles_each_pass_with_its_seed() -> None:
     assert [next(other) for _ in range(n)] != passes[0]
     plain = task_order(n, False, 7)
     assert [next(plain) for _ in range(2 * n)] == list(range(n)) * 2
+
+
+def test_a_resumed_runs_progress_bar_counts_from_its_checkpoint(tmp_path: Path) -> None:
+    """Was: a run resumed at step 10 of 12 ended its bar at "2/12"."""
+    import io
+
+    from rich.console import Console
+
+    from polar.train.metrics import ConsoleSink, Metrics
+
+    console = Console(file=io.StringIO(), force_terminal=False, width=100)
+    metrics = Metrics.create(tmp_path, steps=12, console=console)
+    metrics.resumed_at(10)
+    (bar,) = [s for s in metrics.sinks if isinstance(s, ConsoleSink)]
+    task = bar.progress.tasks[0]
+    assert (task.completed, task.total) == (10, 12)
+    metrics.close()

@@ -485,6 +485,7 @@ def train(
         trainer = Trainer.load(trainer_config, world)
         if config.resume is not None:
             trainer.restore(Path(config.resume))
+            metrics.resumed_at(trainer.step_count)  # `steps` is the total: the bar starts where it left off
         loop_config = LoopConfig(
             steps=config.steps,
             batch_groups=config.batch_groups,

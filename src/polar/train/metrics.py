@@ -265,6 +265,9 @@ class ConsoleSink:
         )
         self.progress.update(self.task, advance=1)
 
+    def resumed_at(self, step: int) -> None:
+        self.progress.update(self.task, completed=step)
+
     def close(self) -> None:
         self.progress.stop()
 
@@ -301,6 +304,13 @@ class Metrics:
         if console is not None:
             sinks.append(ConsoleSink(console, steps))
         return cls(sinks, out / "eval.jsonl", console)
+
+    def resumed_at(self, step: int) -> None:
+        """A run resumed from a checkpoint of `step`: the console's bar counts from there (was: "2/12" at
+        the end of a run resumed at step 10 of 12)."""
+        for sink in self.sinks:
+            if isinstance(sink, ConsoleSink):
+                sink.resumed_at(step)
 
     def evaluated(self, line: dict[str, Any]) -> None:
         """A held-out evaluation (`EvalResult.line()`): appended to eval.jsonl, and a line on the console."""

@@ -4,6 +4,16 @@
   "use strict";
   const COLORS = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2"];
 
+  // A value axis's tick label. uPlot's default rounds to 3 decimals, so a loss of 0.0004 read "0, 0, 0":
+  // three significant digits instead, and exponents for the very small and very large.
+  function tick(v) {
+    if (v === 0) return "0";
+    const a = Math.abs(v);
+    if (a < 1e-3 || a >= 1e6) return v.toExponential(1);
+    return String(Number(v.toPrecision(3)));
+  }
+  window.polarDashboard = {tick: tick};
+
   function drawChart(el) {
     if (el.dataset.drawn) return;
     el.dataset.drawn = "1";
@@ -17,7 +27,10 @@
       height: 220,
       scales: {x: {time: false}},
       // Sample indices and steps are whole numbers: no tick between them.
-      axes: [{incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]}, {size: 64}],
+      axes: [
+        {incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]},
+        {size: 64, values: function (u, splits) { return splits.map(tick); }},
+      ],
       series: [{label: spec.xlabel || (points ? "sample" : "step")}].concat(names.map(function (name, i) {
         if (band.indexOf(name) >= 0) {  // the edges of a band (mean ± std): thin, dashed, the mean's colour
           return {label: name, stroke: COLORS[0], width: 1, dash: [4, 4], points: {show: false}};

@@ -307,6 +307,9 @@ class Node:
         self.journal.admit(sid, token, spec.task.task_id, spec.server_url or self.config.server_url)
         deadline = Deadline(spec.task.timeout_seconds)
         s = NodeSession(spec=spec, harness=harness, evaluator=evaluator, deadline=deadline, wants_fresh=fresh)
+        # Each stage change and each end is a heartbeat at once (coalesced): the server's and the dashboard's
+        # counts per stage were a heartbeat behind ("running 2" with nothing running).
+        s.on_stage = self.reporter.beat_now
         self._sessions[spec.session_id] = s
         s.driver = asyncio.create_task(self._drive(s), name=f"session-{spec.session_id}")
         s.driver.add_done_callback(lambda _: self._driver_ended(s))
@@ -607,6 +610,7 @@ class Node:
             self.journal.end(result, owed=report)
         self._results[s.session_id] = result
         self._sessions.pop(s.session_id, None)
+        self.reporter.beat_now()
         self._trim()
         s.done.set()
         log.info("session %s %s%s", s.session_id, result.status.value, f": {s.reason}" if s.reason else "")

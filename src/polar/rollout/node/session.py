@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,9 @@ class NodeSession:
     driver: asyncio.Task[None] | None = None
     result: SessionResult | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    on_stage: Callable[[], None] | None = (
+        None  # the node's heartbeat, sent at once: its stage counts stay true
+    )
 
     @property
     def session_id(self) -> str:
@@ -59,6 +63,8 @@ class NodeSession:
     def enter(self, status: SessionStatus) -> None:
         self.status = status
         self.marks.setdefault(status.value, time.monotonic())
+        if self.on_stage is not None:
+            self.on_stage()
 
     def timings(self, ended_at: float) -> dict[str, float]:
         """Seconds spent queued, in INIT, waiting READY, RUNNING and in POSTRUN (stages it reached)."""
