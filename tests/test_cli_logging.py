@@ -76,7 +76,7 @@ def test_log_json_lines_all_parse_uvicorn_included(tmp_path: Path) -> None:
     with fake_policy() as (url, _):
         argv = [sys.executable, "-m", "polar", "gateway", "--backend", url, "--model", SERVED_MODEL]
         argv += ["--port", str(port), "--control-port", str(control), "--store", str(tmp_path / "gw.db")]
-        argv += ["--log-json"]
+        argv += ["--log-json", "--log-level", "debug"]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
 
         def up() -> bool:
@@ -92,13 +92,16 @@ def test_log_json_lines_all_parse_uvicorn_included(tmp_path: Path) -> None:
     records = [orjson.loads(line) for line in out.splitlines() if line.strip()]
     assert records and all(set(r) >= {"time", "level", "logger", "message"} for r in records)
     loggers = {r["logger"] for r in records}
-    assert "polar.gateway" in loggers and "uvicorn.error" in loggers  # uvicorn's own records, as JSON
-    assert any(r["message"].startswith("Started server process") for r in records), records
+    assert "polar.gateway" in loggers and "uvicorn" in loggers  # uvicorn's own records, as JSON
+    assert "uvicorn.error" not in loggers  # was: its life-cycle lines under that name, though nothing failed
+    started = [r for r in records if r["message"].startswith("Started server process")]
+    assert len(started) == 2 and {r["level"] for r in started} == {"debug"}  # one per listener, at DEBUG
 
 
 def test_polar_serve_routes_uvicorn_through_the_plain_format(tmp_path: Path) -> None:
     port = free_port()
     argv = [sys.executable, "-m", "polar", "serve", "--port", str(port), "--db", str(tmp_path / "s.db")]
+    argv += ["--log-level", "debug"]  # uvicorn's life-cycle lines are DEBUG
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
 
     def up() -> bool:
@@ -111,5 +114,31 @@ def test_polar_serve_routes_uvicorn_through_the_plain_format(tmp_path: Path) -> 
     wait_until(up, timeout=60, what="polar serve")
     out = stop(proc, signal.SIGTERM)
     lines = [line for line in out.splitlines() if line.strip()]
-    assert any("uvicorn.error: Started server process" in line for line in lines), out
+    assert any("DEBUG   uvicorn: Started server process" in line for line in lines), out
     assert all(PLAIN.match(line) for line in lines), out  # nothing in uvicorn's own "INFO:     " format
+
+
+def test_uvicorns_life_cycle_lines_are_not_info() -> None:
+    """Was: "uvicorn.error: Started server process" at INFO, twice for a gateway (once per listener)."""
+    import logging
+
+    from polar.cli.common import setup_logging
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    setup_logging("info")
+    keep = Keep()
+    logging.getLogger().addHandler(keep)
+    try:
+        error = logging.getLogger("uvicorn.error")
+        error.info("Started server process [%d]", 1)
+        error.error("Exception in ASGI application")
+    finally:
+        logging.getLogger().removeHandler(keep)
+    assert [(r.name, r.levelname, r.getMessage()) for r in seen] == [
+        ("uvicorn", "ERROR", "Exception in ASGI application")
+    ]

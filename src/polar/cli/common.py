@@ -47,6 +47,32 @@ class JsonFormatter(logging.Formatter):
 
 PLAIN_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-7s %(name)s: %(message)s"
 
+# uvicorn's life-cycle lines, once per listener (a gateway has two: "Started server process" twice), and
+# under the logger name `uvicorn.error` although nothing failed. polar logs what it serves where itself.
+_UVICORN_LIFECYCLE = (
+    "Started server process",
+    "Finished server process",
+    "Waiting for application startup",
+    "Application startup complete",
+    "Waiting for application shutdown",
+    "Application shutdown complete",
+    "Shutting down",
+    "Waiting for connections to close",
+    "Waiting for background tasks to complete",
+)
+
+
+class _UvicornRecords(logging.Filter):
+    """Records of `uvicorn.error` under the name `uvicorn`; its life-cycle lines at DEBUG, not INFO."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.name = "uvicorn"
+        if record.levelno == logging.INFO and str(record.msg).startswith(_UVICORN_LIFECYCLE):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True
+
+
 # Client libraries that log every request at INFO (a node's heartbeat every few seconds): WARNING and up
 # only, unless --log-level debug asks for everything.
 _CHATTY = ("httpx", "httpcore", "hpack")
@@ -78,6 +104,9 @@ def setup_logging(level: str = "info", *, json: bool = False) -> None:
         logger = logging.getLogger(name)
         logger.handlers.clear()
         logger.propagate = True
+    error = logging.getLogger("uvicorn.error")
+    error.filters = [f for f in error.filters if not isinstance(f, _UvicornRecords)]
+    error.addFilter(_UvicornRecords())
 
 
 def _apply(f: F, options: list[Callable[[F], F]]) -> F:
