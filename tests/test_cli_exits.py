@@ -118,3 +118,19 @@ def test_shell_completion_completes_commands() -> None:
     env = {**os.environ, "COMP_WORDS": "polar tr", "COMP_CWORD": "1", "_POLAR_COMPLETE": "bash_complete"}
     done = subprocess.run([str(polar)], capture_output=True, text=True, env=env, timeout=60)
     assert done.stdout.split() == ["plain,traces", "plain,train"]
+
+
+def test_check_only_checks_and_starts_nothing(tmp_path: Path) -> None:
+    """Was: no way to validate a task file and its set-up without running it."""
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text(
+        "task_id: a\ninstruction: x\nnum_samples: 3\nagent: {harness: shell, settings: {command: 'true'}}\n"
+    )
+    with fake_policy() as (url, backend):
+        ok = polar_run(str(taskfile), "--backend", url, "--out", str(tmp_path / "o"), "--check")
+        bad = polar_run(str(taskfile), "--backend", url, "--model", "nope", "--check")
+        assert backend.requests == []
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout == f"{taskfile}: 1 task(s), 3 session(s): ready to run against {url}\n"
+    assert not (tmp_path / "o").exists()
+    assert bad.returncode == 2 and bad.stderr.startswith("polar run: --model nope: not served by")

@@ -232,6 +232,7 @@ def run_taskfile(
     overwrite: bool = False,
     dashboard: Any = None,
     ray: dict[str, Any] | None = None,
+    check_only: bool = False,
 ) -> list[Any]:
     """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
     import paths) before anything loads, resume or start the run in `state.out`, start the embedded engine
@@ -261,6 +262,13 @@ def run_taskfile(
             raise click.BadParameter(str(exc), param_hint="--policy") from None
     if placement is None:  # Ray's nodes have their own images and network: they check at their start
         _check_ready(tasks, taskfile, backend_urls, backend_kind, model)
+    if check_only:  # --check: nothing is started or written
+        sessions = sum(t.num_samples for t in tasks)
+        policy_at = ", ".join(backend_urls) or "the embedded engine"
+        click.echo(
+            f"{taskfile}: {len(tasks)} task(s), {sessions} session(s): ready to run against {policy_at}"
+        )
+        return []
     out = state.out
     made = not out.exists()  # a start that fails leaves no folder behind it
     try:
@@ -439,6 +447,13 @@ def exit_for(results: list[Any]) -> None:
 @rollout_options("polar-run")
 @tokenizer_option
 @ray_options(run=True)
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Check TASKFILE and what its sessions need (inference server, model, uploads, images), then stop: "
+    "nothing is started or written. Exit 0 when ready, 2 with one line per problem.",
+)
 def run(
     taskfile: Path,
     backend_urls: tuple[str, ...],
@@ -456,6 +471,7 @@ def run(
     ray_resource: str | None,
     ray_cpus: float | None,
     ray_memory_mb: int | None,
+    check_only: bool,
 ) -> None:
     """Run every task in TASKFILE end to end on this machine and write the results.
 
@@ -476,6 +492,7 @@ def run(
       polar run tasks.yaml --backend URL --tokenizer Qwen/Qwen3-0.6B   # token view as text, not ids
       polar run tasks.yaml --backend http://gpu1:8000 --ray             # gateway nodes as Ray actors
       polar run tasks.yaml --ray head:6379 --ray-resource polar --capacity 16 --backend @servers.txt
+      polar run tasks.yaml --backend URL --model M --check   # only check; start nothing
     (On the embedded engine the token view shows text without --tokenizer: it uses the engine's.)
 
     With --ray, each Ray node offering what a gateway node takes runs one (as a Ray actor) with --capacity
@@ -494,10 +511,12 @@ def run(
     try:
         results = run_taskfile(
             taskfile, backend_urls, backend_kind, model, policy, state, capacity, console, allow_callback,
-            overwrite=overwrite, dashboard=dashboard, ray=ray,
+            overwrite=overwrite, dashboard=dashboard, ray=ray, check_only=check_only,
         )  # fmt: skip
     except KeyboardInterrupt:
         interrupted(state)
+    if check_only:
+        return
     console.print(_summary(results))
     records = out / ("nodes/*/gateway.db" if ray is not None else "gateway.db")
     console.print(f"results: {out / 'results.jsonl'}   records: {records}")
