@@ -134,3 +134,12 @@ def test_check_only_checks_and_starts_nothing(tmp_path: Path) -> None:
     assert ok.stdout == f"{taskfile}: 1 task(s), 3 session(s): ready to run against {url}\n"
     assert not (tmp_path / "o").exists()
     assert bad.returncode == 2 and bad.stderr.startswith("polar run: --model nope: not served by")
+
+
+@pytest.mark.parametrize("command", sorted(polar.cli._COMMANDS))
+def test_every_command_has_help_with_examples_and_exits_2_on_a_bad_option(command: str) -> None:
+    helped = CliRunner().invoke(main, [command, "--help"], prog_name="polar")
+    assert helped.exit_code == 0, helped.output
+    assert "Example" in helped.output or "Commands:" in helped.output, helped.output  # a group lists its own
+    bad = CliRunner().invoke(main, [command, "--no-such-option"], prog_name="polar")
+    assert bad.exit_code == 2 and "No such option '--no-such-option'" in bad.output, bad.output

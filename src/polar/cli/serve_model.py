@@ -63,6 +63,12 @@ def serve_model(
 
     Without MODEL it serves the offline default: the real Qwen3 tokenizer and chat template with tiny random
     weights, built once into $POLAR_HOME/models (or ~/.cache/polar/models). It is for plumbing, not quality.
+
+    \b
+    Examples:
+      polar serve-model                                  # the offline default on :8000
+      polar serve-model Qwen/Qwen3-0.6B --port 8001 --device cuda --dtype bfloat16
+      polar serve-model ./model.gguf --served-model-name policy
     """
     from polar.cli.common import cannot_start, one_line, serve_until_stopped
     from polar.extras import ENGINE, require_cli

@@ -70,7 +70,14 @@ def _task(console: Console, view: dict[str, Any]) -> None:
 @token_file_option
 @click.option("--json", "as_json", is_flag=True, help="Print the server's JSON.")
 def status(task_id: str | None, server: str, token_file: Path | None, as_json: bool) -> None:
-    """Show the server's tasks, sessions and nodes; with TASK_ID, that task's sessions and rewards."""
+    """Show the server's tasks, sessions and nodes; with TASK_ID, that task's sessions and rewards.
+
+    \b
+    Examples:
+      polar status                                   # the server at POLAR_SERVER or the default
+      polar status repair-slugify --server http://head:8300
+      polar status --json | jq .sessions
+    """
     from polar.client import RolloutClient, RolloutError
 
     token = resolve_token(token_file, create=False)
