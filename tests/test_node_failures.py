@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from polar.rollout.protocol import SessionStatus
 from polar.trajectory import Trajectory
 from tests.node_support import PY, fake_policy, running_node, shell_task, spec, write_caller
@@ -215,13 +217,16 @@ class BadClassifier(SlowCollector):
         raise KeyError("seq")
 
 
-async def test_agent_failing_because_the_backend_failed_is_an_infrastructure_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("status", [503, 404, 409])  # down; its model gone (was a sample); a replay's refusal
+async def test_agent_failing_because_the_backend_failed_is_an_infrastructure_error(
+    tmp_path: Path, status: int
+) -> None:
     """The agent exits non-zero after the policy's server failed its calls: ERROR (fully masked), not an
     agent outcome with reward 0 that a trainer would learn from."""
     caller = write_caller(tmp_path)
     with fake_policy() as (url, backend):
         async with running_node(url, tmp_path) as node:
-            backend.set(status=503)
+            backend.set(status=status)
             await node.submit(spec(shell_task(f"{PY} {caller} 1"), "sess-backend-down"))
             down = await node.wait("sess-backend-down")
             backend.set(status=None)
@@ -229,5 +234,7 @@ async def test_agent_failing_because_the_backend_failed_is_an_infrastructure_err
             await node.submit(spec(shell_task("exit 1"), "sess-gave-up"))
             gave_up = await node.wait("sess-gave-up")
     assert down.status == SessionStatus.ERROR
-    assert down.reason is not None and "inference backend failed" in down.reason and "503" in down.reason
+    assert (
+        down.reason is not None and "inference backend failed" in down.reason and str(status) in down.reason
+    )
     assert gave_up.status == SessionStatus.COMPLETED and gave_up.reason == "harness exited with code 1"

@@ -288,8 +288,10 @@ async def run_stage(s: NodeSession, env: StageEnv) -> None:
 
 
 # Gateway failure kinds that are the inference server's fault, not the policy's (a context-length or
-# invalid-request error is the policy's own doing and stays an agent outcome).
-_INFRA_FAILURES = frozenset({"upstream_error", "timeout", "overloaded", "rate_limit"})
+# invalid-request error is the policy's own doing and stays an agent outcome). `not_found` is the server's
+# 404, the gateway always sending the model it serves: that model is gone there (a LoRA adapter unloaded
+# after a sync, a server restarted with another model), which no sample of the policy's caused.
+_INFRA_FAILURES = frozenset({"upstream_error", "timeout", "overloaded", "rate_limit", "not_found"})
 
 
 def _backend_failure(store_path: Path, session_id: str) -> str | None:
