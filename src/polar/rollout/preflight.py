@@ -10,13 +10,12 @@ is read (`taskfile.anchor_uploads`), at their line.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 from polar.rollout.task import Task
+from polar.runtime.images import ENGINES, image_missing
 
-CONTAINER_ENGINES = ("docker", "podman")
 PROBE_TIMEOUT_S = 10.0
 # Answers that say the server is up but will not list its models to us (a key it wants, an OpenAI-compatible
 # server without /v1/models): the run may still work, so they are not a problem to stop for.
@@ -59,13 +58,13 @@ def image_problems(tasks: Sequence[Task], taskfile: Path) -> list[str]:
     built: set[tuple[str, str]] = set()
     for task in tasks:
         rt = task.runtime
-        if rt.backend in CONTAINER_ENGINES and rt.image is not None:
+        if rt.backend in ENGINES and rt.image is not None:
             wanted.setdefault((rt.backend, rt.image), []).append(task.task_id)
             if rt.build is not None:
                 built.add((rt.backend, rt.image))
     problems = []
     for (engine, image), task_ids in wanted.items():
-        missing = _missing(engine, image)
+        missing = image_missing(engine, image)
         if missing is None:
             continue
         which = (
@@ -79,29 +78,3 @@ def image_problems(tasks: Sequence[Task], taskfile: Path) -> list[str]:
             fix = f"pull or build it: {engine} pull {image}"
         problems.append(f"{which}: {engine} image {image}: {missing}; {fix}")
     return problems
-
-
-def _missing(engine: str, image: str) -> str | None:
-    """None when `engine` has `image`; otherwise why not, in a few words."""
-    try:
-        done = subprocess.run(
-            [engine, "image", "inspect", "--format", "{{.Id}}", image],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except FileNotFoundError:
-        return f"{engine} is not installed"
-    except subprocess.TimeoutExpired:
-        return f"`{engine} image inspect` did not answer within 60 s"
-    if done.returncode == 0:
-        return None
-    err = (done.stderr.strip().splitlines() or [""])[-1]
-    low = err.lower()
-    # docker: "Error response from daemon: No such image: x"; podman: "Error: x: image not known".
-    if "no such image" in low or "image not known" in low:
-        return "not on this machine"
-    if "cannot connect" in low or "daemon running" in low:
-        return f"{engine} is not running ({err})"
-    return f"`{engine} image inspect` failed ({err or f'exit {done.returncode}'})"

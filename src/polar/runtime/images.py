@@ -91,13 +91,33 @@ def build_rootfs(image: BaseImage, cache: Path, *, force: bool = False) -> tuple
 
 
 def image_exists(engine: str, tag: str) -> bool:
+    return image_missing(engine, tag) is None
+
+
+def image_missing(engine: str, tag: str) -> str | None:
+    """None when `engine` has the image `tag`; otherwise why not, in a few words (for one line to a user)."""
     try:
         done = subprocess.run(
-            [engine, "image", "inspect", tag], capture_output=True, text=True, timeout=60, check=False
+            [engine, "image", "inspect", "--format", "{{.Id}}", tag],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
-    except (FileNotFoundError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0
+    except FileNotFoundError:
+        return f"{engine} is not installed"
+    except subprocess.TimeoutExpired:
+        return f"`{engine} image inspect` did not answer within 60 s"
+    if done.returncode == 0:
+        return None
+    err = (done.stderr.strip().splitlines() or [""])[-1]
+    low = err.lower()
+    # docker: "Error response from daemon: No such image: x"; podman: "Error: x: image not known".
+    if "no such image" in low or "image not known" in low:
+        return "not on this machine"
+    if "cannot connect" in low or "daemon running" in low:
+        return f"{engine} is not running ({err})"
+    return f"`{engine} image inspect` failed ({err or f'exit {done.returncode}'})"
 
 
 def import_image(engine: str, rootfs: Path, tag: str) -> None:
