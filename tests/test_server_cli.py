@@ -80,6 +80,17 @@ async def test_submit_wait_and_status_with_a_real_node(tmp_path: Path) -> None:
                 args = ["submit", str(f), "--server", server.url, "--wait", "--out", str(out)]
                 r = await asyncio.to_thread(runner.invoke, main, args)
                 assert r.exit_code == 0, r.output
+                # A harness command that cannot start (127) is the node's infrastructure error: exit 3, as
+                # `polar run` (was 1, the status of a bug in polar).
+                broken = tmp_path / "broken.yaml"
+                broken.write_text(
+                    "task_id: broken\ninstruction: hi\nagent: {harness: shell, settings: {command: 'exit 127'}}\n"
+                )
+                failed = await asyncio.to_thread(
+                    runner.invoke, main, ["submit", str(broken), "--server", server.url, "--wait"]
+                )
+                assert failed.exit_code == 3, failed.output
+                assert "1 of 1 sessions ended in an infrastructure failure" in failed.output
                 status = await asyncio.to_thread(runner.invoke, main, ["status", "--server", server.url])
                 one = await asyncio.to_thread(runner.invoke, main, ["status", "echo", "--server", server.url])
                 js = await asyncio.to_thread(
@@ -90,7 +101,7 @@ async def test_submit_wait_and_status_with_a_real_node(tmp_path: Path) -> None:
     assert "submitted echo: 2 session(s)" in r.output
     assert r.output.count("COMPLETED reward=1") == 2
     assert len(out.read_text().splitlines()) == 2
-    assert "tasks:    DONE 1" in status.output and "COMPLETED 2" in status.output
+    assert "tasks:    DONE 2" in status.output and "COMPLETED 2" in status.output
     assert "node-test" in status.output
     assert "echo: DONE, COMPLETED 2" in one.output
     assert '"state": "DONE"' in js.output

@@ -419,27 +419,47 @@ def interrupted(state: RunState) -> NoReturn:
     raise click.exceptions.Exit(INTERRUPTED)
 
 
-def exit_for(results: list[Any]) -> None:
-    """Exit status 3 (`polar.cli.FAILURES`) when sessions ended in an infrastructure failure, which a plain
-    re-run retries, or when none completed; return (status 0) otherwise. Rewards do not count: a policy
-    that fails every task ran correctly."""
-    from polar.rollout.rewards import infrastructure_failure
+@dataclass
+class Outcomes:
+    """The exit rule of the commands that run sessions (`polar run`, `generate`, `submit --wait`), kept as
+    results stream by: status 3 (`polar.cli.FAILURES`) when sessions ended in an infrastructure failure,
+    which a plain re-run of `polar run` retries, or when none completed. Rewards do not count: a policy that
+    fails every task ran correctly."""
 
-    failed = [r for r in results if infrastructure_failure(r.status.value, r.reason)]
-    if failed:
-        reasons = Counter(
-            re.split(r"[:(]", r.reason or r.status.value)[0].strip() for r in failed
-        ).most_common(2)
-        why = "; ".join(f"{n}x {reason}" for reason, n in reasons)
-        click.echo(
-            f"{len(failed)} of {len(results)} sessions ended in an infrastructure failure, not the policy's "
-            f"doing ({why}): fix it and run the same command again to retry just those",
-            err=True,
-        )
-        raise click.exceptions.Exit(FAILURES)
-    if results and not any(r.status.value == "COMPLETED" for r in results):
-        click.echo(f"none of the {len(results)} sessions completed", err=True)
-        raise click.exceptions.Exit(FAILURES)
+    sessions: int = 0
+    completed: int = 0
+    failed: Counter[str] = field(default_factory=Counter)  # infrastructure failures by reason
+
+    def add(self, result: Any) -> None:
+        from polar.rollout.rewards import infrastructure_failure
+
+        self.sessions += 1
+        self.completed += result.status.value == "COMPLETED"
+        if infrastructure_failure(result.status.value, result.reason):
+            self.failed[re.split(r"[:(]", result.reason or result.status.value)[0].strip()] += 1
+
+    def exit(self) -> None:
+        """Say why and exit 3 when the rule says so; return otherwise."""
+        failed = sum(self.failed.values())
+        if failed:
+            why = "; ".join(f"{n}x {reason}" for reason, n in self.failed.most_common(2))
+            click.echo(
+                f"{failed} of {self.sessions} sessions ended in an infrastructure failure, not the policy's "
+                f"doing ({why}): fix it and run the same command again to retry just those",
+                err=True,
+            )
+            raise click.exceptions.Exit(FAILURES)
+        if self.sessions and not self.completed:
+            click.echo(f"none of the {self.sessions} sessions completed", err=True)
+            raise click.exceptions.Exit(FAILURES)
+
+
+def exit_for(results: list[Any]) -> None:
+    """`Outcomes.exit` over a finished run's results."""
+    outcomes = Outcomes()
+    for result in results:
+        outcomes.add(result)
+    outcomes.exit()
 
 
 @click.command("run")

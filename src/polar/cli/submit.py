@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import click
 import orjson
 
-from polar.cli import FAILURES
 from polar.cli.common import resolve_token, token_file_option
 
 SERVER = "http://127.0.0.1:8300"
@@ -55,8 +53,8 @@ def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out
     Example:
       polar submit examples/tasks.yaml --wait --out results.jsonl
     """
+    from polar.cli.run import Outcomes
     from polar.client import RolloutClient, RolloutError
-    from polar.rollout.rewards import infrastructure_failure
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
     try:
@@ -67,20 +65,19 @@ def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out
         raise click.BadParameter("needs --wait", param_hint="--out")
     token = resolve_token(token_file, create=False)
 
-    async def go() -> int:
-        failed, completed, seen = 0, 0, 0
+    outcomes = Outcomes()
+
+    async def go() -> None:
         async with RolloutClient(server, token=token) as client:
             await client.submit(tasks)
             for t in tasks:
                 click.echo(f"submitted {t.task_id}: {len(client.session_ids[t.task_id])} session(s)")
             if not wait:
-                return 0
+                return
             sink = out.open("wb") if out is not None else None
             try:
                 async for r in client.results([t.task_id for t in tasks]):
-                    failed += infrastructure_failure(r.status.value, r.reason)
-                    completed += r.status == "COMPLETED"
-                    seen += 1
+                    outcomes.add(r)
                     reward = "-" if r.reward is None else f"{r.reward:g}"
                     reason = f"  ({r.reason})" if r.reason else ""
                     click.echo(
@@ -91,12 +88,10 @@ def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out
             finally:
                 if sink is not None:
                     sink.close()
-        # As `polar run`: sessions the infrastructure failed, or none completed, make it exit 3.
-        return FAILURES if failed or (seen and not completed) else 0
 
     try:
-        code = asyncio.run(go())
+        asyncio.run(go())
     except RolloutError as exc:
         where = locate(taskfile, exc.param) if exc.status == 400 else server
         raise click.ClickException(f"{where}: {exc}") from None
-    sys.exit(code)
+    outcomes.exit()  # as `polar run`: infrastructure failures, or none completed, exit 3
