@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import logging
 import random
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -462,7 +463,7 @@ def train(
         try:
             worker.serve()
         finally:
-            distributed.leave()
+            distributed.leave(clean=sys.exc_info()[1] is None)
         return []
 
     out = Path(config.out)
@@ -562,8 +563,8 @@ def train(
         return interrupt.run(go(config.backend, adapter or config.served_model, sync))
     finally:
         if trainer is not None:
-            trainer.close()  # the other ranks' serve() returns
-        distributed.leave()
+            trainer.close()  # the other ranks' serve() returns, and they come to leave() too
+        distributed.leave(clean=trainer is not None)
         metrics.close()
 
 
