@@ -19,8 +19,8 @@ import httpx
 import torch
 import uvicorn
 
+from polar.chat.render import render_chat
 from polar.engine import Engine, EngineConfig, create_engine_app
-from polar.engine.chat import render_chat
 
 TOPICS = [
     "the sea",

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from polar.engine.reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
+from polar.chat.reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import pytest
 from jinja2 import Environment
 from transformers import AutoTokenizer
 
-from polar.engine.chat import render_chat
-from polar.engine.reasoning import split_reasoning
+from polar.chat.reasoning import split_reasoning
+from polar.chat.render import render_chat
+from polar.chat.tool_parsers import detect_parser, get_parser
 from polar.engine.serving_chat import _ToolStream
 from polar.engine.tiny import qwen_tokenizer_dir
-from polar.engine.tool_parsers import detect_parser, get_parser
 
 CALLS = [
     {"name": "run_shell", "arguments": {"command": "ls -la /tmp", "timeout": 30}},

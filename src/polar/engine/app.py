@@ -21,8 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from polar.chat.render import ChatTemplateError, render_chat
 from polar.engine import serving_chat, serving_completion
-from polar.engine.chat import ChatTemplateError, render_chat
 from polar.engine.engine import Engine
 from polar.engine.protocol import (
     APIError,

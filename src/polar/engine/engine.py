@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
+from polar.chat.tool_parsers import ToolParser, detect_parser, get_parser
 from polar.engine.loader import LoadedModel, load_model
 from polar.engine.sampling import SamplingParams
 from polar.engine.scheduler import Scheduler, SeqUpdate
-from polar.engine.tool_parsers import ToolParser, detect_parser, get_parser
 from polar.engine.weights import load_checkpoint
 
 # The tiny default model never emits <|im_end|>: without a cap a request without max_tokens would run to

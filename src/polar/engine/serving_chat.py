@@ -14,10 +14,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar.engine.chat import ChatTemplateError, render_chat
+from polar.chat.reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
+from polar.chat.render import ChatTemplateError, render_chat
+from polar.chat.tool_parsers import ToolParse, ToolParser
 from polar.engine.engine import Engine
 from polar.engine.protocol import APIError, ChatCompletionRequest
-from polar.engine.reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
 from polar.engine.scheduler import SeqUpdate
 from polar.engine.serving_common import (
     SSE_DONE,
@@ -29,7 +30,6 @@ from polar.engine.serving_common import (
     sse,
     token_text,
 )
-from polar.engine.tool_parsers import ToolParse, ToolParser
 
 FLAG_TOOL_PARSE_ERROR = "tool_call_parse_error"
 

@@ -294,6 +294,20 @@ def _backend(config: GatewayConfig) -> Backend:
     )
 
 
+async def _rendering(backend: Backend, served: str, config: GatewayConfig) -> Backend:
+    """The client rendering prompts itself (`polar.gateway.render`); a clear error when it cannot."""
+    from polar.gateway.render import TemplateUnusable, rendering
+
+    try:
+        return await rendering(backend, served, config.tokenizer, config.tool_parser, config.reasoning_parser)
+    except TemplateUnusable as exc:
+        raise RuntimeError(f"render: gateway: {exc}") from None
+    except ImportError as exc:
+        raise RuntimeError(
+            f"render: gateway needs transformers for the model's tokenizer ({exc}): pip install 'polar-rl[engine]'"
+        ) from None
+
+
 class HotPath:
     """Serves the generation routes straight from ASGI, in front of Starlette's router and middleware.
 
@@ -377,6 +391,8 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
                 served = await backend.resolve_model(config.served_model)
             else:
                 served = config.served_model or await _first_model(backend)
+            if config.render == "gateway":
+                backend = await _rendering(backend, served, config)
             if config.check_token_data:
                 await _check_token_data(backend, served)
             app.state.config = config

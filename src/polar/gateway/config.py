@@ -55,6 +55,14 @@ class GatewayConfig:
     # Several servers only: keep a session on the server holding its prefix, and how often each is probed.
     backend_affinity: bool = True
     health_interval_s: float = 5.0
+    # Who renders the chat template (`polar.gateway.render`): the server (vLLM's chat route), or the gateway,
+    # which continues each session's token chain and sends token ids to /v1/completions (vllm kind only).
+    render: Literal["server", "gateway"] = "server"
+    # render: gateway only. The served model's folder for its tokenizer and template (default: the folder
+    # the server reports for the model); its tool-call and reasoning parsers ("auto": from the template).
+    tokenizer: str | None = None
+    tool_parser: str = "auto"
+    reasoning_parser: str = "auto"
 
     def __post_init__(self) -> None:
         urls = tuple(u.rstrip("/") for u in self.backend_urls or (self.backend_url,) if u)
@@ -68,6 +76,13 @@ class GatewayConfig:
         object.__setattr__(self, "backend_url", urls[0])
         if self.backend_kind not in ("vllm", "sglang", "openai"):
             raise ValueError(f"backend_kind must be vllm, sglang or openai, not {self.backend_kind!r}")
+        if self.render not in ("server", "gateway"):
+            raise ValueError(f"render must be server or gateway, not {self.render!r}")
+        if self.render == "gateway" and self.backend_kind != "vllm":
+            raise ValueError(
+                "render: gateway sends token ids to vLLM's /v1/completions: it needs backend_kind vllm "
+                f"(vLLM or the embedded engine), not {self.backend_kind}"
+            )
         for url in urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"backend_url must be an http(s) URL, not {url!r}")

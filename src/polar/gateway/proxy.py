@@ -39,6 +39,7 @@ from polar.gateway.fit import fit_max_tokens
 from polar.gateway.keys import session_key
 from polar.gateway.metrics import AUTHENTICATION, GatewayMetrics
 from polar.gateway.quirks import apply_quirks
+from polar.gateway.render.chain import Chain
 from polar.gateway.routing import FLAG_ROUTED, SIDE_CALL, SideRoute, provisional_record
 from polar.gateway.sessions import SessionRegistry, SessionState
 from polar.gateway.signatures import ReasoningCodec
@@ -442,13 +443,19 @@ class Proxy:
 
     async def _complete(self, call: Call, placed: Placed) -> Completion:
         if self.pool is not None and placed.backend is self.pool:
-            return await self.pool.complete(placed.upstream, call.state.ids_memo, call.state.session_id)
-        return await placed.backend.complete(placed.upstream, self._memo(call, placed))
+            return await self.pool.complete(
+                placed.upstream, call.state.ids_memo, call.state.chain, session=call.state.session_id
+            )
+        return await placed.backend.complete(
+            placed.upstream, self._memo(call, placed), self._chain(call, placed)
+        )
 
     def _stream(self, call: Call, placed: Placed) -> AsyncGenerator[StreamChunk, None]:
         if self.pool is not None and placed.backend is self.pool:
-            return self.pool.stream(placed.upstream, call.state.ids_memo, call.state.session_id)
-        return placed.backend.stream(placed.upstream, self._memo(call, placed))
+            return self.pool.stream(
+                placed.upstream, call.state.ids_memo, call.state.chain, session=call.state.session_id
+            )
+        return placed.backend.stream(placed.upstream, self._memo(call, placed), self._chain(call, placed))
 
     async def _fitted(self, call: Call, placed: Placed, err: GatewayError) -> Placed:
         """`placed` with its `max_tokens` cut to what the server's context holds, for one more attempt;
@@ -464,6 +471,10 @@ class Proxy:
     def _memo(self, call: Call, placed: Placed) -> IdsMemo | None:
         """The session's prompt-ids memo for a call to the policy (a side call's model tokenizes otherwise)."""
         return call.state.ids_memo if placed.backend is self.backend else None
+
+    def _chain(self, call: Call, placed: Placed) -> Chain | None:
+        """The session's token chain for a call to the policy (`polar.gateway.render`)."""
+        return call.state.chain if placed.backend is self.backend else None
 
     async def _call_streamed(self, call: Call, placed: Placed, fmt: StreamFormat) -> Response:
         """Start the upstream stream and answer with `_relay` once its first chunk is here.

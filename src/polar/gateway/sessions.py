@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar.gateway.backends.prompt_ids import IdsMemo, MemoBudget
+from polar.gateway.render.chain import Chain
 from polar.gateway.restore import ToolArguments
 from polar.gateway.routing import Classifiers, SideRoute, side_route
 from polar.store.cache import DEFAULT_IDLE_S
@@ -44,6 +45,7 @@ class SessionState:
     ids_memo: IdsMemo = field(
         default_factory=IdsMemo
     )  # its last prompt ids (polar.gateway.backends.prompt_ids)
+    chain: Chain = field(default_factory=Chain)  # its token chain, where the gateway renders (gateway.render)
     # Calls that took a seq and have not finished: such a session is never evicted, since reloading it would
     # hand out a seq that is in use.
     in_flight: int = 0

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from polar.engine.tool_parsers.base import ParsedCall, ToolParse, ToolParser
-from polar.engine.tool_parsers.hermes import HermesParser
-from polar.engine.tool_parsers.llama3 import Llama3JsonParser
-from polar.engine.tool_parsers.mistral import MistralParser
-from polar.engine.tool_parsers.qwen3_coder import Qwen3CoderParser
+from polar.chat.tool_parsers.base import ParsedCall, ToolParse, ToolParser
+from polar.chat.tool_parsers.hermes import HermesParser
+from polar.chat.tool_parsers.llama3 import Llama3JsonParser
+from polar.chat.tool_parsers.mistral import MistralParser
+from polar.chat.tool_parsers.qwen3_coder import Qwen3CoderParser
 
 PARSERS: dict[str, type] = {
     "hermes": HermesParser,

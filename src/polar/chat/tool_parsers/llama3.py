@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polar.engine.tool_parsers.base import ParsedCall, ToolParse, arguments_json, call_id, failed
+from polar.chat.tool_parsers.base import ParsedCall, ToolParse, arguments_json, call_id, failed
 
 PYTHON_TAG = "<|python_tag|>"
 

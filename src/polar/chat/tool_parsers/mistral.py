@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polar.engine.tool_parsers.base import (
+from polar.chat.tool_parsers.base import (
     ParsedCall,
     ToolParse,
     arguments_json,

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from polar.engine.tool_parsers.base import (
+from polar.chat.tool_parsers.base import (
     ParsedCall,
     ToolCallTagParser,
     ToolParse,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -22,6 +22,9 @@ from polar.gateway.canonical import CanonicalRequest, Completion, FinishReason, 
 from polar.gateway.errors import GatewayError
 from polar.netguard import OutboundPolicy
 from polar.store.codec import TokenIds
+
+if TYPE_CHECKING:
+    from polar.gateway.render.chain import Chain
 from polar.store.records import (
     FLAG_LOGPROB_MISMATCH,
     FLAG_NO_LOGPROBS,
@@ -58,13 +61,19 @@ class Backend(Protocol):
         """The exact OpenAI Chat body sent upstream: the request, the served model, and the training fields."""
         ...
 
-    async def complete(self, body: dict[str, Any], memo: IdsMemo | None = None) -> Completion:
+    async def complete(
+        self, body: dict[str, Any], memo: IdsMemo | None = None, chain: Chain | None = None
+    ) -> Completion:
         """Send `body` (from `build_body` of a request that is not streamed) and read the answer; raises
         `GatewayError`. `memo`: the session's previous prompt ids, so only new ones are decoded
-        (`polar.gateway.backends.prompt_ids`; a kind without prompt ids ignores it)."""
+        (`polar.gateway.backends.prompt_ids`; a kind without prompt ids ignores it). `chain`: the session's
+        token chain, which a backend that renders prompts itself continues (`polar.gateway.render`); the
+        others ignore it."""
         ...
 
-    def stream(self, body: dict[str, Any], memo: IdsMemo | None = None) -> AsyncGenerator[StreamChunk, None]:
+    def stream(
+        self, body: dict[str, Any], memo: IdsMemo | None = None, chain: Chain | None = None
+    ) -> AsyncGenerator[StreamChunk, None]:
         """Send `body` (from `build_body` of a streamed request) and yield the answer's chunks as they come
         (`polar.gateway.backends.stream`; a `StreamAccumulator` adds them up to the `Completion`). Raises
         `GatewayError` before the first chunk (refused, unreachable) or mid-stream (dropped connection, an

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -25,6 +25,9 @@ from polar.gateway.backends.http import Decoder, UpstreamClient
 from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.backends.stream import parse_chunk, whole_chunk
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
+
+if TYPE_CHECKING:
+    from polar.gateway.render.chain import Chain
 from polar.store.records import FLAG_NO_LOGPROBS, FLAG_NO_PROMPT_IDS, FLAG_NO_RESPONSE_IDS
 
 TOKEN_FLAGS = {
@@ -95,11 +98,13 @@ class OpenAIBackend:
         body.update(self.training_fields())
         return body
 
-    async def complete(self, body: dict[str, Any], memo: IdsMemo | None = None) -> Completion:
+    async def complete(
+        self, body: dict[str, Any], memo: IdsMemo | None = None, chain: Chain | None = None
+    ) -> Completion:
         return self.parse_completion(await self.http.post(self.chat_path, body, self.decoder(memo)))
 
     async def stream(
-        self, body: dict[str, Any], memo: IdsMemo | None = None
+        self, body: dict[str, Any], memo: IdsMemo | None = None, chain: Chain | None = None
     ) -> AsyncGenerator[StreamChunk, None]:
         if not body.get("stream"):
             yield whole_chunk(await self.complete(body, memo))

@@ -33,6 +33,7 @@ from polar.gateway.backends.http import UpstreamUnavailable
 from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
 from polar.gateway.errors import GatewayError
+from polar.gateway.render.chain import Chain
 from polar.metrics import BusyClock
 
 log = logging.getLogger("polar.gateway")
@@ -128,20 +129,28 @@ class BackendPool:
         return self.servers[0].backend.build_body(req, served_model)
 
     async def complete(
-        self, body: dict[str, Any], memo: IdsMemo | None = None, session: str | None = None
+        self,
+        body: dict[str, Any],
+        memo: IdsMemo | None = None,
+        chain: Chain | None = None,
+        session: str | None = None,
     ) -> Completion:
         """Send `body` to `session`'s server (or the least loaded usable one), moving on when a server
         delivers nothing."""
-        return await self._on_server(session, lambda b: b.complete(body, memo))
+        return await self._on_server(session, lambda b: b.complete(body, memo, chain))
 
     async def stream(
-        self, body: dict[str, Any], memo: IdsMemo | None = None, session: str | None = None
+        self,
+        body: dict[str, Any],
+        memo: IdsMemo | None = None,
+        chain: Chain | None = None,
+        session: str | None = None,
     ) -> AsyncGenerator[StreamChunk, None]:
         """`complete`, streamed: the call moves to another server only until its first chunk (after that
         the harness has seen tokens, and a failure ends its stream)."""
 
         async def first_chunk(backend: Backend) -> tuple[AsyncGenerator[StreamChunk, None], StreamChunk]:
-            chunks = backend.stream(body, memo)
+            chunks = backend.stream(body, memo, chain)
             try:
                 return chunks, await anext(chunks)
             except StopAsyncIteration:

@@ -1,0 +1,89 @@
+"""The gateway rendering prompts itself and sending token ids (`render: gateway`, opt-in per gateway).
+
+`Template` is the served model's chat format (render, render a delta, read an answer back), `Chain` a
+session's token chain, `RenderingBackend` the client that answers chat calls from `/v1/completions`.
+`rendering` turns the started client of a gateway into that one, once the served model is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from polar.gateway.backends.base import Backend
+from polar.gateway.backends.openai import TokenizingBackend
+from polar.gateway.errors import GatewayError
+from polar.gateway.render.backend import FLAG_RENDERED, RenderingBackend
+from polar.gateway.render.chain import Chain, Prompt
+from polar.gateway.render.template import Template, TemplateUnusable
+
+__all__ = [
+    "FLAG_RENDERED",
+    "Chain",
+    "Prompt",
+    "RenderingBackend",
+    "Template",
+    "TemplateUnusable",
+    "rendering",
+]
+
+log = logging.getLogger("polar.gateway")
+
+
+async def rendering(
+    backend: Backend,
+    served_model: str,
+    tokenizer: str | None,
+    tool_parser: str = "auto",
+    reasoning_parser: str = "auto",
+) -> Backend:
+    """`backend` (a started vllm client, or a pool of them) rendering with the served model's tokenizer:
+    the folder `tokenizer`, else the folder the server says the model was loaded from (`root` in vLLM's
+    /v1/models); raises `TemplateUnusable` naming what is missing."""
+    from polar.gateway.backends.pool import BackendPool
+
+    found = [s.backend for s in backend.servers] if isinstance(backend, BackendPool) else [backend]
+    servers = [s for s in found if isinstance(s, TokenizingBackend) and s.kind == "vllm"]
+    if len(servers) != len(found):
+        raise TemplateUnusable(
+            f"render: gateway sends token ids to vLLM's /v1/completions; a {backend.kind} backend has none "
+            "(use --backend-kind vllm: vLLM or the embedded engine)"
+        )
+    folder = tokenizer or await _model_root(servers[0], served_model)
+    template = await asyncio.to_thread(Template.load, folder, tool_parser, reasoning_parser)
+    log.info(
+        "gateway renders prompts with the tokenizer at %s (tool parser %s, reasoning %s)",
+        folder,
+        getattr(template.parser, "name", None),
+        template.reasoning,
+    )
+    if isinstance(backend, BackendPool):
+        for s in backend.servers:
+            assert isinstance(s.backend, TokenizingBackend)
+            s.backend = RenderingBackend(s.backend, template)
+        return backend
+    assert isinstance(backend, TokenizingBackend)
+    return RenderingBackend(backend, template)
+
+
+async def _model_root(backend: TokenizingBackend, served_model: str) -> str:
+    """Where the server loaded `served_model` from, when that is a folder here (vLLM's `root`)."""
+    try:
+        data: Any = await backend.http.get(backend.models_path)
+    except GatewayError as err:
+        raise TemplateUnusable(
+            f"could not ask {backend.url} for its model's folder ({err.message}); pass --tokenizer"
+        ) from None
+    items = data.get("data") if isinstance(data, dict) else None
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, dict) and item.get("id") == served_model:
+            root = item.get("root")
+            if isinstance(root, str) and Path(root).is_dir():
+                return root
+            raise TemplateUnusable(
+                f"the server loaded {served_model} from {root!r}, not a folder here; pass --tokenizer with the "
+                "model's folder"
+            )
+    raise TemplateUnusable(f"the server at {backend.url} does not list {served_model}; pass --tokenizer")

@@ -1,0 +1,192 @@
+"""The policy's server with the gateway rendering (`render: gateway`): token ids in, token ids out.
+
+The harness's call is still parsed by its dialect into the canonical chat request, and that chat body (the
+served model, messages, tools, sampling settings) is what the record stores as `upstream_request`; the ids
+actually sent are the record's `prompt_ids`. This client renders the prompt itself (`Chain.prompt`: the
+session's chain continued, or a full rendering), posts it as token ids to the server's `/v1/completions`
+(vLLM, and the embedded engine, which answers in vLLM's shape), and reads the sampled ids back into content,
+reasoning and tool calls with the model's parsers (`Template.read`), so all four dialects answer from it as
+they answer from a server-rendered call.
+
+Streaming: the answer is generated whole and handed to the harness's stream as one chunk (the parsers read
+the whole text; the harness's SSE stream is still well formed in its dialect), so a streamed harness sees
+its first token only when the answer is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from polar.chat.render import ChatTemplateError
+from polar.gateway.backends.base import assemble, chat_body, float_list, int_list, upstream_error
+from polar.gateway.backends.openai import (
+    TOKEN_CHECK_MESSAGES,
+    TOKEN_FLAGS,
+    TokenDataMissing,
+    TokenizingBackend,
+)
+from polar.gateway.backends.prompt_ids import IdsMemo
+from polar.gateway.backends.stream import whole_chunk
+from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
+from polar.gateway.errors import GatewayError, invalid
+from polar.gateway.render.chain import Chain, Prompt
+from polar.gateway.render.template import Template
+from polar.store.records import FLAG_TOOL_PARSE_ERROR
+
+COMPLETIONS = "/v1/completions"
+# Chat-only fields: they shape the rendering (done here) or the chat answer, and /v1/completions has no
+# use for them (vLLM rejects some). The sampling settings pass through as the harness sent them.
+_CHAT_ONLY = frozenset(
+    {
+        "messages",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "add_special_tokens",
+        "documents",
+        "include_reasoning",
+        "reasoning_effort",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "top_logprobs",
+        "max_completion_tokens",
+        "return_token_ids",
+        "echo",
+    }
+)
+# A record's flag naming the rendering: `render:gateway`, then `chain:<why>` when its prompt starts a chain.
+FLAG_RENDERED = "render:gateway"
+
+
+class RenderingBackend(TokenizingBackend):
+    """`TokenizingBackend` (models, `/tokenize`, start-up) of a `vllm` server, answering chat calls from
+    `/v1/completions` with prompts the gateway renders. `template` is the served model's tokenizer."""
+
+    streams = False
+
+    def __init__(self, inner: TokenizingBackend, template: Template) -> None:
+        super().__init__(inner.url, inner.options)
+        self.http = inner.http  # one connection pool: the inner client's, already started
+        self.kind = inner.kind
+        self.template = template
+
+    def build_body(self, req: CanonicalRequest, served_model: str) -> dict[str, Any]:
+        """The chat body the prompt is rendered from (stored as the record's `upstream_request`)."""
+        return chat_body(req, served_model)
+
+    async def complete(
+        self, body: dict[str, Any], memo: IdsMemo | None = None, chain: Chain | None = None
+    ) -> Completion:
+        chain = chain if chain is not None else Chain()
+        messages, tools = body["messages"], body.get("tools")
+        kwargs = body.get("chat_template_kwargs")
+        try:
+            prompt = chain.prompt(self.template, messages, tools, kwargs)
+        except ChatTemplateError as exc:
+            raise invalid(str(exc), exc.param or "messages") from None
+        data = await self.http.post(COMPLETIONS, completion_body(body, prompt.ids))
+        comp = self.read(data, prompt, tools, body.get("tool_choice"))
+        if comp.response_ids is not None:
+            chain.advance(
+                prompt, comp.response_ids, self.template.end_id, messages, comp.message(), tools, kwargs
+            )
+        return comp
+
+    async def stream(
+        self, body: dict[str, Any], memo: IdsMemo | None = None, chain: Chain | None = None
+    ) -> AsyncGenerator[StreamChunk, None]:
+        yield whole_chunk(await self.complete(body, memo, chain))
+
+    def read(
+        self, raw: Any, prompt: Prompt, tools: list[dict[str, Any]] | None, tool_choice: Any
+    ) -> Completion:
+        """The `Completion` of a `/v1/completions` answer to `prompt`: ids and logprobs as the server sent
+        them (flagged when missing), the message read from the sampled ids."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("choices"), list) or not raw["choices"]:
+            raise upstream_error("inference server's /v1/completions answer has no `choices`")
+        choice = raw["choices"][0]
+        if not isinstance(choice, dict):
+            raise upstream_error("inference server answer's `choices[0]` is not an object")
+        sampled = int_list(choice.get("token_ids"))
+        logprobs = _token_logprobs(choice.get("logprobs"))
+        flags = [FLAG_RENDERED]
+        if prompt.restart is not None:
+            flags.append(f"chain:{prompt.restart}")
+        for extra in (choice.get("polar_flags"), raw.get("polar_flags")):
+            if isinstance(extra, list):
+                flags += [f for f in extra if isinstance(f, str) and f not in flags]
+        message: dict[str, Any] = {"role": "assistant", "content": None}
+        content = reasoning = sampled_text = None
+        if sampled is not None:
+            answer = self.template.read(sampled, prompt.rendered, tools, tool_choice)
+            content, reasoning, sampled_text = answer.content, answer.reasoning, answer.text
+            if answer.error is not None:
+                flags.append(FLAG_TOOL_PARSE_ERROR)
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in answer.calls
+            ] or None
+        version = raw.get("policy_version")
+        return assemble(
+            raw,
+            choice,
+            message,
+            content=content,
+            reasoning=reasoning,
+            prompt_ids=prompt.ids,
+            response_ids=sampled,
+            logprobs=logprobs,
+            policy_version=version if type(version) is int else None,
+            extra_flags=flags,
+            sampled_text=sampled_text,
+        )
+
+    async def check_token_data(self, served_model: str) -> None:
+        """One greedy one-token call as every call is sent (rendered here, token ids in); raises
+        `TokenDataMissing` naming what the server left out."""
+        body = {"model": served_model, "messages": TOKEN_CHECK_MESSAGES, "max_tokens": 1, "temperature": 0}
+        try:
+            done = await self.complete(body)
+        except GatewayError as err:
+            if err.kind == "not_found":
+                raise TokenDataMissing(
+                    f"the {self.kind} server at {self.url} has no /v1/completions for token-id prompts "
+                    "(render: gateway needs one)"
+                ) from None
+            raise
+        missing = [TOKEN_FLAGS[f] for f in done.flags if f in TOKEN_FLAGS]
+        if missing:
+            raise TokenDataMissing(
+                f"the {self.kind} server at {self.url} answered a token-id prompt without token data "
+                f"({', '.join(missing)}): render: gateway needs a vLLM (or the embedded engine) that returns them"
+            )
+
+    async def count_tokens(self, req: CanonicalRequest, served_model: str) -> int:
+        """The prompt's length as a fresh chain renders it (a continued chain can be a little longer)."""
+        text = self.template.render(req.messages, req.tools, req.params.get("chat_template_kwargs"))
+        return len(self.template.encode(text))
+
+
+def completion_body(chat: dict[str, Any], prompt_ids: list[int]) -> dict[str, Any]:
+    """The `/v1/completions` body: the chat body's sampling settings, the prompt as ids, and the fields that
+    make vLLM return the sampled ids and their logprobs."""
+    body = {k: v for k, v in chat.items() if k not in _CHAT_ONLY}
+    budget = chat.get("max_completion_tokens")
+    if budget is not None and body.get("max_tokens") is None:
+        body["max_tokens"] = budget
+    body.update(prompt=prompt_ids, stream=False, return_token_ids=True, logprobs=0)
+    return body
+
+
+def _token_logprobs(value: Any) -> list[float] | None:
+    """`logprobs.token_logprobs` of a completions choice; None when absent or not all numbers."""
+    raw = value.get("token_logprobs") if isinstance(value, dict) else None
+    if type(raw) is not list or any(v is None for v in raw):
+        return None
+    return float_list(raw)
