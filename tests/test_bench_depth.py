@@ -138,6 +138,24 @@ async def test_a_session_on_the_real_vllm_stays_one_chain(tmp_path: Path, vllm_s
 
 
 @pytest.mark.vllm
+async def test_rendered_by_the_gateway_a_session_is_one_chain_without_quirks(
+    tmp_path: Path, vllm_server: Any
+) -> None:
+    """The same Pi session with `render: gateway`: the gateway renders with the model's tokenizer and sends
+    token ids to vLLM's /v1/completions (the relay reads each back into the chat call the script answers).
+    One chain from the first call to the last, so one trace: the prompts hold the ids vLLM sampled, whatever
+    the history's text says (the separator quirk still restores the newline there; the chain ignores it)."""
+    row = await depth.run_one(cli("pi"), 4, tmp_path, "loop", vllm_server, render="gateway")
+    assert row.status == "COMPLETED" and row.steps_done == 4 and row.audit_ok, row
+    with SQLiteStore(tmp_path / "node.db") as store:
+        records = store.completions("depth-pi")
+    assert all("render:gateway" in r.flags and r.trainable for r in records)
+    assert [r.seq for r in records if "chain:first" in r.flags] == [records[0].seq] and row.chains == 1
+    assert all(r.response_message.get("tool_calls") for r in records[:-1])  # parsed by the gateway
+    assert row.breaks == {} and row.drift == 0 and row.merged == 1, row
+
+
+@pytest.mark.vllm
 def test_the_relay_makes_vllm_sample_exactly_the_scripted_turn(vllm_server: Any) -> None:
     """The stand-in's contract (tests/vllm_scripted.py): vLLM samples the forced ids, each with logprob 0.0,
     parses them as its hermes parser parses a model's tool call, and refuses a malformed script."""

@@ -31,6 +31,9 @@ def test_the_demo_twice_fits_80_columns_and_exports_every_session(tmp_path: Path
     for dialect in ("chat", "responses", "anthropic", "gemini"):
         assert f"\n{dialect} " in first.stdout, first.stdout
     assert first.stdout.count(" ok") >= 4  # every session's audit passed
+    # The gateway renders (token-in): the two-turn chat session is one trace (was "2 / 2", context drift).
+    chat = next(line for line in lines if line.startswith("chat "))
+    assert " 2 / 1 " in chat, first.stdout
 
     def sessions() -> set[str]:
         rows = [orjson.loads(line) for line in (out / "trajectories.jsonl").read_bytes().splitlines()]

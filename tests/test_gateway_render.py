@@ -102,7 +102,7 @@ def test_a_continued_chain_is_the_full_rendering_where_the_template_appends(temp
             answer,
             {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": f"{step}"},
         ]
-        before = list(chain.ids)
+        before = list(chain.heads[0].ids)
         prompt = chain.prompt(template, messages, TOOLS, None)
         assert prompt.restart is None and prompt.ids[: len(before)] == before
         assert prompt.ids == template.encode(template.render(messages, TOOLS, None))
@@ -119,7 +119,7 @@ def test_the_chain_keeps_reasoning_the_template_would_drop(template: Template) -
         "\n\n4",
         "\nadd them\n",
     )  # as the engine splits
-    sampled_so_far = list(chain.ids)
+    sampled_so_far = list(chain.heads[0].ids)
     messages = [*messages, {"role": "assistant", "content": "4"}, {"role": "user", "content": "3+3?"}]
     prompt = chain.prompt(template, messages, TOOLS, None)
     assert prompt.restart is None and prompt.ids[: len(sampled_so_far)] == sampled_so_far
@@ -141,7 +141,7 @@ def test_a_cut_answer_is_closed_before_the_next_turn(template: Template) -> None
         None,
         None,
     )
-    assert nxt.ids[: len(chain.ids) + 1] == [*chain.ids, template.end_id]
+    assert nxt.ids[: len(chain.heads[0].ids) + 1] == [*chain.heads[0].ids, template.end_id]
 
 
 @pytest.mark.parametrize(
@@ -165,6 +165,20 @@ def test_a_history_that_does_not_continue_starts_a_new_chain(template: Template,
     assert chain.prompt(template, history, None, None).restart is None
     assert chain.prompt(template, edit(history), None, None).restart == why
     assert chain.prompt(template, history, TOOLS, None).restart == SETTINGS
+
+
+def test_side_calls_between_turns_leave_the_main_chain_to_continue(template: Template) -> None:
+    """A title call (another history) between two main-loop turns starts its own chain; the next main-loop
+    call continues the main chain, not the title's."""
+    chain = Chain()
+    main: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    answer = answered(template, chain, main, call_turn("ls"))
+    kept = list(chain.heads[0].ids)
+    answered(template, chain, [{"role": "user", "content": "Title this: go"}], "Going", tools=None)
+    assert len(chain.heads) == 2 and chain.started == 2
+    nxt = [*main, answer, {"role": "tool", "tool_call_id": "x", "content": "a"}]
+    prompt = chain.prompt(template, nxt, TOOLS, None)
+    assert prompt.restart is None and prompt.ids[: len(kept)] == kept
 
 
 def test_harnesses_may_resend_the_answer_reserialized(template: Template) -> None:
@@ -403,3 +417,39 @@ def _anthropic_streamed(client: anthropic.Anthropic) -> str:
         model="m", max_tokens=4, messages=[{"role": "user", "content": "f"}]
     ) as stream:
         return stream.get_final_text()
+
+
+def test_the_completions_body_keeps_sampling_settings_and_drops_chat_fields() -> None:
+    from polar.gateway.render.backend import completion_body
+
+    chat = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "tools": TOOLS,
+        "tool_choice": "auto",
+        "chat_template_kwargs": {"enable_thinking": False},
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 3,
+        "stop": ["END"],
+        "max_completion_tokens": 50,
+        "logprobs": True,
+        "top_logprobs": 5,
+        "stream": True,
+    }
+    body = completion_body(chat, [1, 2, 3], context=100)
+    assert body == {
+        "model": "m",
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 3,
+        "stop": ["END"],
+        "max_tokens": 50,
+        "prompt": [1, 2, 3],
+        "stream": False,
+        "return_token_ids": True,
+        "logprobs": 0,
+    }
+    # No budget named: the rest of the context, as chat would give (completions' own default is 16).
+    assert completion_body({"model": "m", "messages": []}, [1, 2, 3], context=100)["max_tokens"] == 97
+    assert completion_body({"model": "m", "messages": []}, [1, 2, 3])["max_tokens"] is None

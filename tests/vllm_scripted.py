@@ -21,6 +21,7 @@ them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,6 +56,46 @@ def turn_text(reply: Reply) -> str:
     return out
 
 
+_TURN = re.compile(r"<\|im_start\|>(system|user|assistant)\n(.*?)<\|im_end\|>", re.DOTALL)
+
+
+def chat_of_prompt(text: str) -> dict[str, Any]:
+    """The chat call (`messages`, `tools`) a Qwen3-rendered prompt text was rendered from, as far as the
+    scripts read it: roles and contents, tool results, the assistant turns' tool calls, the tool list."""
+    messages: list[dict[str, Any]] = []
+    tools: list[Any] = []
+    for role, content in _TURN.findall(text):
+        if role == "system" and "<tools>\n" in content:
+            listed = content.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
+            tools = [json.loads(line) for line in listed.splitlines() if line.strip()]
+            content = content.split("# Tools", 1)[0].rstrip("\n")
+            if not content:
+                continue
+        if role == "user" and content.startswith("<tool_response>"):
+            for result in re.findall(r"<tool_response>\n(.*?)\n</tool_response>", content, re.DOTALL):
+                messages.append({"role": "tool", "content": result})
+            continue
+        if role == "assistant":
+            content = re.sub(r"<think>.*?</think>\s*", "", content, flags=re.DOTALL)
+            calls = [
+                json.loads(c) for c in re.findall(r"<tool_call>\n(.*?)\n</tool_call>", content, re.DOTALL)
+            ]
+            message: dict[str, Any] = {"role": role, "content": content.split("<tool_call>", 1)[0].strip()}
+            if calls:
+                message["tool_calls"] = [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
+                    }
+                    for i, c in enumerate(calls)
+                ]
+            messages.append(message)
+            continue
+        messages.append({"role": role, "content": content})
+    return {"messages": messages, "tools": tools}
+
+
 class ScriptedRelay:
     """The ASGI app of the relay (`relayed` serves it)."""
 
@@ -80,13 +121,16 @@ class ScriptedRelay:
             return
         raw = await read_body(receive)
         path, method = scope["path"], scope["method"]
-        if method == "POST" and path.endswith("/chat/completions"):
-            body = orjson.loads(raw)
+        body = orjson.loads(raw) if method == "POST" and path.endswith("/completions") else None
+        if body is not None and (path.endswith("/chat/completions") or isinstance(body.get("prompt"), list)):
             key = orjson.dumps(
                 {k: v for k, v in body.items() if k not in _BUDGET}, option=orjson.OPT_SORT_KEYS
             )
+            # A token-id prompt (the gateway rendered it: `render: gateway`) is read back into the chat
+            # call the script answers.
+            chat = body if "messages" in body else chat_of_prompt(self.tokenizer.decode(body["prompt"]))
             try:
-                reply = self._replies.get(key) or self.script(body)
+                reply = self._replies.get(key) or self.script(chat)
             except HTTPError as e:
                 payload = orjson.dumps(error_body("vllm", e.status, e.message, e.err_type))
                 headers = [(b"content-type", b"application/json")]

@@ -418,6 +418,22 @@ def gateway_options(*, port: int) -> Callable[[F], F]:
                     show_default=True,
                     help="The control listener's port (0: any free one).",
                 ),
+                click.option(
+                    "--render",
+                    type=click.Choice(["server", "gateway"]),
+                    default="server",
+                    show_default=True,
+                    help="Who renders the chat template. gateway: the gateway continues each session's "
+                    "exact token chain and sends token ids to the server's /v1/completions (vllm kind: "
+                    "vLLM or the embedded engine); one session stays one trace (docs/gateway.md).",
+                ),
+                click.option(
+                    "--tokenizer",
+                    metavar="DIR",
+                    help="With --render gateway: the served model's folder (or its id in the local Hugging "
+                    "Face cache), for its tokenizer and chat template (default: what the server says it "
+                    "loaded the model from).",
+                ),
                 token_file_option,
                 allow_callback_option,
             ],
@@ -438,6 +454,8 @@ def build_gateway_config(
     control_host: str,
     control_port: int,
     allow_callback: tuple[str, ...] = (),
+    render: str = "server",
+    tokenizer: str | None = None,
     **extra: Any,
 ) -> GatewayConfig:
     """A `GatewayConfig` from `gateway_options` (plus `extra` fields); a bad value is a usage error."""
@@ -456,6 +474,8 @@ def build_gateway_config(
             control_host=control_host,
             control_port=control_port,
             outbound=outbound,
+            render=render,  # type: ignore[arg-type]
+            tokenizer=tokenizer,
             **extra,
         )
     except ValueError as exc:

@@ -109,6 +109,14 @@ def _other_dialects(base_url: str, keys: dict[str, str], model: str, max_tokens:
 )
 @click.option("--turns", default=4, show_default=True, type=int, help="Turns of the agent loop.")
 @click.option("--max-tokens", default=24, show_default=True, type=int, help="Tokens sampled per turn.")
+@click.option(
+    "--render",
+    type=click.Choice(["gateway", "server"]),
+    default="gateway",
+    show_default=True,
+    help="Who renders prompts: the gateway continues each session's token chain (one trace per session), "
+    "the server re-renders the history at every call (as `polar gateway --render server`).",
+)
 @logging_options("warning")
 def demo(
     model: str | None,
@@ -116,6 +124,7 @@ def demo(
     out: Path,
     turns: int,
     max_tokens: int,
+    render: str,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -129,6 +138,7 @@ def demo(
       polar demo
       polar demo --out /tmp/demo --turns 8
       polar demo --policy Qwen/Qwen3-0.6B     # a real model (its weights must be on this machine)
+      polar demo --render server              # the server renders: a random policy's turns drift apart
     """
     model = model or model_alias
     from polar.extras import ENGINE, require_cli
@@ -161,7 +171,10 @@ def demo(
             )
             step = progress.add_task("starting the gateway", total=None)
             config = GatewayConfig(
-                backend_url=servers[0].url, served_model=engine.name, store_path=store_path
+                backend_url=servers[0].url,
+                served_model=engine.name,
+                store_path=store_path,
+                render=render,  # type: ignore[arg-type]
             )
             app = create_app(config)
             gateway = ServerThread(app.data, also=[app.control]).start()
@@ -220,11 +233,17 @@ def demo(
             ]
         jsonl = out / "trajectories.jsonl"
         write_jsonl((row for t in [*earlier, *trajectories] for row in rows(t, task_id="demo")), jsonl)
+        why = (
+            "The gateway rendered every prompt itself (--render gateway): each next prompt is the last one, "
+            "the ids the policy sampled and the new messages, so a multi-turn session is one trace."
+            if render == "gateway"
+            else "The server re-rendered each history (--render server); the default policy is random, so its "
+            "turns often re-tokenize differently in the next prompt (context drift): the chain is split "
+            "there, never merged over a context the policy did not see."
+        )
         console.print(
             "traces: per_request / prefix_merging, the traces a trainer gets; breaks: where a merged chain was "
-            "split. The default policy is random, so its turns often "
-            "re-tokenize differently in the next prompt (context drift): the chain is split there, never merged "
-            "over a context the policy did not see."
+            f"split. {why}"
         )
         runs = f" ({len(every)} sessions, {len(earlier)} of them from earlier demos)" if earlier else ""
         # Not wrapped at the terminal's width: a command is copied whole.

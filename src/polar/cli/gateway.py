@@ -59,6 +59,8 @@ def gateway(
     control_port: int,
     token_file: Path | None,
     allow_callback: tuple[str, ...],
+    render: str,
+    tokenizer: str | None,
     max_body_mb: int,
     timeout_s: float,
     retries: int,
@@ -78,6 +80,7 @@ def gateway(
     Example:
       polar gateway --backend http://127.0.0.1:8000 --model Qwen/Qwen3-0.6B --port 8100
       polar gateway --backend http://gpu0:8000 --backend http://gpu1:8000   # several servers, one model
+      polar gateway --backend http://127.0.0.1:8000 --render gateway   # token-in: one chain per session
       TOKEN=$(cat ~/.config/polar/token)
       curl -s -H "Authorization: Bearer $TOKEN" -X POST localhost:8101/sessions -d '{"task_id": "t1"}'
       curl -s -H "Authorization: Bearer $TOKEN" localhost:8101/sessions/SESSION_ID/completions
@@ -99,6 +102,8 @@ def gateway(
         control_host=control_host,
         control_port=control_port,
         allow_callback=allow_callback,
+        render=render,
+        tokenizer=tokenizer,
         durability=durability,
         max_body_bytes=max_body_mb << 20,
         backend=BackendOptions(timeout_s=timeout_s, retries=retries, max_connections=max_connections),

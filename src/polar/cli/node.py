@@ -185,6 +185,8 @@ def node(
     control_host: str,
     control_port: int,
     token_file: Path | None,
+    render: str,
+    tokenizer: str | None,
     runtime_root: Path | None,
     keep: str,
     plugins: tuple[str, ...],
@@ -233,6 +235,8 @@ def node(
             control_host=control_host,
             control_port=control_port,
             allow_callback=allow_callback,
+            render=render,
+            tokenizer=tokenizer,
         )
         extra = {"node_id": node_id} if node_id else {}
         config = NodeConfig(

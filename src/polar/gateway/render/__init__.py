@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 
 from polar.gateway.backends.base import Backend
@@ -40,8 +39,8 @@ async def rendering(
     reasoning_parser: str = "auto",
 ) -> Backend:
     """`backend` (a started vllm client, or a pool of them) rendering with the served model's tokenizer:
-    the folder `tokenizer`, else the folder the server says the model was loaded from (`root` in vLLM's
-    /v1/models); raises `TemplateUnusable` naming what is missing."""
+    `tokenizer` (a folder, or a model id in the local Hugging Face cache), else what the server says it
+    loaded the model from (`root` in vLLM's /v1/models); raises `TemplateUnusable` naming what is missing."""
     from polar.gateway.backends.pool import BackendPool
 
     found = [s.backend for s in backend.servers] if isinstance(backend, BackendPool) else [backend]
@@ -51,8 +50,13 @@ async def rendering(
             f"render: gateway sends token ids to vLLM's /v1/completions; a {backend.kind} backend has none "
             "(use --backend-kind vllm: vLLM or the embedded engine)"
         )
-    folder = tokenizer or await _model_root(servers[0], served_model)
+    card = await _model_card(servers[0], served_model)
+    folder = tokenizer or card.get("root")
+    if not isinstance(folder, str) or not folder:
+        raise TemplateUnusable(f"the server does not say where {served_model} is from; pass --tokenizer")
     template = await asyncio.to_thread(Template.load, folder, tool_parser, reasoning_parser)
+    context = card.get("max_model_len")
+    context = context if type(context) is int and context > 0 else None
     log.info(
         "gateway renders prompts with the tokenizer at %s (tool parser %s, reasoning %s)",
         folder,
@@ -62,28 +66,21 @@ async def rendering(
     if isinstance(backend, BackendPool):
         for s in backend.servers:
             assert isinstance(s.backend, TokenizingBackend)
-            s.backend = RenderingBackend(s.backend, template)
+            s.backend = RenderingBackend(s.backend, template, context)
         return backend
     assert isinstance(backend, TokenizingBackend)
-    return RenderingBackend(backend, template)
+    return RenderingBackend(backend, template, context)
 
 
-async def _model_root(backend: TokenizingBackend, served_model: str) -> str:
-    """Where the server loaded `served_model` from, when that is a folder here (vLLM's `root`)."""
+async def _model_card(backend: TokenizingBackend, served_model: str) -> dict[str, Any]:
+    """The server's entry for `served_model` in /v1/models: vLLM's has `root` (what it loaded the model
+    from) and `max_model_len`."""
     try:
         data: Any = await backend.http.get(backend.models_path)
     except GatewayError as err:
-        raise TemplateUnusable(
-            f"could not ask {backend.url} for its model's folder ({err.message}); pass --tokenizer"
-        ) from None
+        raise TemplateUnusable(f"could not list the models of {backend.url} ({err.message})") from None
     items = data.get("data") if isinstance(data, dict) else None
     for item in items if isinstance(items, list) else ():
         if isinstance(item, dict) and item.get("id") == served_model:
-            root = item.get("root")
-            if isinstance(root, str) and Path(root).is_dir():
-                return root
-            raise TemplateUnusable(
-                f"the server loaded {served_model} from {root!r}, not a folder here; pass --tokenizer with the "
-                "model's folder"
-            )
-    raise TemplateUnusable(f"the server at {backend.url} does not list {served_model}; pass --tokenizer")
+            return item
+    raise TemplateUnusable(f"the server at {backend.url} does not list {served_model}")

@@ -10,7 +10,8 @@ The history continues the chain when it holds the chain's messages unchanged, th
 that says what the chain's answer said (same tool calls by name and arguments, same content up to
 surrounding whitespace: harnesses re-serialize and drop reasoning), then new messages. Anything else
 (compaction, truncation, an edited turn, other tools or template switches) starts a new chain from a full
-rendering, and the record says why (`chain:` flags, `polar.store.records`).
+rendering, and the record says why (its `chain:<reason>` flag). A session keeps a few chains at once: side
+calls and subagents interleave with the main loop, and each continues its own.
 """
 
 from __future__ import annotations
@@ -26,30 +27,52 @@ from polar.gateway.render.template import Template
 FIRST = "first"  # the session's first call (or the first since the gateway forgot it)
 REWRITTEN = "rewritten"  # the history does not continue the chain: compacted, truncated, edited
 SETTINGS = "settings_changed"  # other tools or chat-template switches: the prompt's start changes
-NO_ANSWER = "no_answer"  # the chain's last call has no sampled ids to continue from
+
+# Chains a session keeps: a main loop, its side calls (titles, summaries) and subagents interleave, each
+# continuing its own chain; the least recently continued one is dropped past this many.
+MAX_HEADS = 4
+
+
+@dataclass(slots=True, eq=False)
+class Head:
+    """One chain as of its last answered call: that call's prompt and sampled ids (4 bytes a token), the
+    history it was sent (held by reference) and the answer it got."""
+
+    ids: array[int]
+    ended: bool  # whether the sampled ids end with the template's end-of-turn marker
+    messages: list[dict[str, Any]]
+    answer: dict[str, Any]
+    tools: list[dict[str, Any]] | None
+    kwargs: dict[str, Any] | None
+
+    def breaks(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any] | None
+    ) -> str | None:
+        """Why `messages` do not continue this chain; None when they do."""
+        if tools != self.tools or (kwargs or None) != (self.kwargs or None):
+            return SETTINGS
+        n = len(self.messages)
+        if len(messages) <= n + 1 or messages[:n] != self.messages or not same_turn(messages[n], self.answer):
+            return REWRITTEN
+        return None
 
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
     """A call's prompt ids, the text rendered for it (whether it leaves a thought open is read from its
-    end), and why it starts a new chain (None: it continues the session's chain)."""
+    end), why it starts a new chain (None: it continues `head`)."""
 
     ids: list[int]
     rendered: str
     restart: str | None
+    head: Head | None = None
 
 
 @dataclass(slots=True)
 class Chain:
-    """One session's chain, as of its last answered call (`advance`). 4 bytes a token, plus the messages
-    the harness sent (held by reference)."""
+    """One session's chains (`MAX_HEADS` at most, the most recently continued first)."""
 
-    ids: array[int] = field(default_factory=lambda: array("i"))  # that call's prompt and sampled ids
-    ended: bool = False  # whether the sampled ids end with the template's end-of-turn marker
-    messages: list[dict[str, Any]] = field(default_factory=list)  # the history that call was sent
-    answer: dict[str, Any] | None = None  # the answer it got (None: no chain yet)
-    tools: list[dict[str, Any]] | None = None
-    kwargs: dict[str, Any] | None = None
+    heads: list[Head] = field(default_factory=list)
     started: int = 0  # chains started in this session
 
     def prompt(
@@ -59,12 +82,17 @@ class Chain:
         tools: list[dict[str, Any]] | None,
         kwargs: dict[str, Any] | None,
     ) -> Prompt:
-        """The prompt for `messages`: the chain continued, or a full rendering and the reason why not."""
-        why = self._breaks(messages, tools, kwargs)
-        if why is None:
-            delta = template.delta(messages[len(self.messages) + 1 :], tools, kwargs)
-            bridge = delta if self.ended else template.end_of_turn + delta
-            return Prompt([*self.ids, *template.encode(bridge)], bridge, None)
+        """The prompt for `messages`: a chain of the session continued, or a full rendering and why not (as
+        against the most recent chain)."""
+        why = FIRST
+        for i, head in enumerate(self.heads):
+            broken = head.breaks(messages, tools, kwargs)
+            if broken is None:
+                delta = template.delta(messages[len(head.messages) + 1 :], tools, kwargs)
+                bridge = delta if head.ended else template.end_of_turn + delta
+                return Prompt([*head.ids, *template.encode(bridge)], bridge, None, head)
+            if i == 0:
+                why = broken
         text = template.render(messages, tools, kwargs)
         return Prompt(template.encode(text), text, why)
 
@@ -78,30 +106,16 @@ class Chain:
         tools: list[dict[str, Any]] | None,
         kwargs: dict[str, Any] | None,
     ) -> None:
-        """Hold the answered call; the session's next call may continue it."""
-        self.ids = array("i", prompt.ids)
-        self.ids.extend(sampled)
-        self.ended = bool(sampled) and sampled[-1] == end_id
-        self.messages, self.answer, self.tools, self.kwargs = messages, answer, tools, kwargs
+        """Hold the answered call: the chain it continued (or a new one) moves to the front."""
+        ids = array("i", prompt.ids)
+        ids.extend(sampled)
+        head = Head(ids, bool(sampled) and sampled[-1] == end_id, messages, answer, tools, kwargs)
+        if prompt.head is not None and prompt.head in self.heads:
+            self.heads.remove(prompt.head)
         if prompt.restart is not None:
             self.started += 1
-
-    def _breaks(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        kwargs: dict[str, Any] | None,
-    ) -> str | None:
-        if self.answer is None:
-            return FIRST
-        if not self.ids:
-            return NO_ANSWER
-        if tools != self.tools or (kwargs or None) != (self.kwargs or None):
-            return SETTINGS
-        n = len(self.messages)
-        if len(messages) <= n + 1 or messages[:n] != self.messages or not same_turn(messages[n], self.answer):
-            return REWRITTEN
-        return None
+        self.heads.insert(0, head)
+        del self.heads[MAX_HEADS:]
 
 
 def same_turn(sent: dict[str, Any], answer: dict[str, Any]) -> bool:

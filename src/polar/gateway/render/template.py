@@ -75,14 +75,19 @@ class Template:
         self.stop_ids = frozenset(stops)
 
     @classmethod
-    def load(cls, path: str | Path, tool_parser: str = "auto", reasoning: str = "auto") -> Template:
-        """The tokenizer of the model folder at `path` (offline: a folder, never a hub id)."""
+    def load(cls, source: str | Path, tool_parser: str = "auto", reasoning: str = "auto") -> Template:
+        """The tokenizer of the model at `source`: a folder, or a model id already in the local Hugging Face
+        cache (nothing is downloaded: a gateway renders with what the server loaded)."""
         from transformers import AutoTokenizer
 
-        folder = Path(path)
-        if not folder.is_dir():
-            raise TemplateUnusable(f"{path}: not a model folder (the gateway renders with a local tokenizer)")
-        return cls(AutoTokenizer.from_pretrained(folder, local_files_only=True), tool_parser, reasoning)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+        except OSError as exc:
+            raise TemplateUnusable(
+                f"{source}: no tokenizer there (a model folder, or a model id in the local Hugging Face "
+                f"cache): {str(exc).splitlines()[0]}"
+            ) from None
+        return cls(tokenizer, tool_parser, reasoning)
 
     def _end_of_turn(self, vocab: dict[str, int]) -> str:
         """The special token that closes an assistant turn: the first one after the base turn's content."""
