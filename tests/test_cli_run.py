@@ -61,6 +61,42 @@ def test_run_executes_every_session_and_writes_results(tmp_path: Path) -> None:
     assert "say-0" in proc.stdout and "results" in proc.stdout
 
 
+def test_run_render_gateway_on_the_embedded_engine_makes_each_session_one_trace(tmp_path: Path) -> None:
+    """`polar run --render gateway` without --backend: the embedded engine (the tiny random policy, whose
+    turns drift when re-rendered) and the gateway continuing each session's chain: three calls, one trace."""
+    (tmp_path / "call.py").write_text(CALL_GATEWAY)
+    task = {
+        "task_id": "chat",
+        "instruction": "say something",
+        "timeout_seconds": 120,
+        "runtime": {"prepare": [{"type": "upload", "src": "call.py", "dst": "call.py"}]},
+        "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} call.py 3"}},
+        "evaluator": {"strategy": "session_completed"},
+    }
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text(yaml.safe_dump({"tasks": [task]}))
+    out = tmp_path / "out"
+    proc = polar("run", str(taskfile), "--render", "gateway", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [orjson.loads(x) for x in (out / "results.jsonl").read_bytes().splitlines()]
+    assert line["status"] == "COMPLETED" and line["trajectory"]["metadata"]["calls"] == 3
+    assert len(line["trajectory"]["traces"]) == 1, line["trajectory"]["metadata"]
+    with SQLiteStore(out / "gateway.db") as store:
+        flags = [r.flags for r in store.completions(line["session_id"])]
+    assert flags == [("render:gateway", "chain:first"), ("render:gateway",), ("render:gateway",)]
+    bad = polar(
+        "run",
+        str(taskfile),
+        "--render",
+        "gateway",
+        "--backend-kind",
+        "openai",
+        "--backend",
+        "http://127.0.0.1:9",
+    )
+    assert bad.returncode == 2 and "--render gateway" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_run_refuses_a_bad_task_file_with_its_line(tmp_path: Path) -> None:
     taskfile = tmp_path / "tasks.yaml"
     taskfile.write_text("tasks:\n  - task_id: a\n    instruction: x\n    runtime:\n      backend: vm\n")

@@ -453,3 +453,7 @@ def test_the_completions_body_keeps_sampling_settings_and_drops_chat_fields() ->
     # No budget named: the rest of the context, as chat would give (completions' own default is 16).
     assert completion_body({"model": "m", "messages": []}, [1, 2, 3], context=100)["max_tokens"] == 97
     assert completion_body({"model": "m", "messages": []}, [1, 2, 3])["max_tokens"] is None
+    # The embedded engine's card says its chat default (the tiny random model's cap): no more than that.
+    assert (
+        completion_body({"model": "m", "messages": []}, [1, 2, 3], 100, default_budget=20)["max_tokens"] == 20
+    )

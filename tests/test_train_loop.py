@@ -23,7 +23,7 @@ from starlette.routing import Route
 from polar.auth import bearer, new_token
 from polar.client import RolloutClient
 from polar.engine.weights import load_checkpoint
-from polar.rollout.local import embedded_engine, local_stack
+from polar.rollout.local import PolicyServer, embedded_engine, local_stack
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.task import Task
 from polar.store.sqlite import SQLiteStore
@@ -112,7 +112,7 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
     out = tmp_path / "out"
     with embedded_engine(None, device="cpu") as (engine, server):
         assert engine.policy_version == 0
-        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
+        async with local_stack(out, PolicyServer((server.url,), model=engine.name), capacity=4) as stack:
             sync = ProbingSync(engine, stack.control_url, stack.token)
             gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
             metrics = Metrics.create(out, steps=2)
@@ -192,7 +192,7 @@ async def test_one_step_syncs_and_the_next_rollout_carries_the_new_version(
 async def loop_parts(out: Path) -> AsyncIterator[tuple[Any, GatewayGate, RolloutClient]]:
     """What a loop runs on: the tiny engine, a local stack writing to `out`, its gateway gate, a client."""
     with embedded_engine(None, device="cpu") as (engine, server):
-        async with local_stack(out, server.url, "vllm", engine.name, capacity=4) as stack:
+        async with local_stack(out, PolicyServer((server.url,), model=engine.name), capacity=4) as stack:
             gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=60)
             async with RolloutClient(stack.server_url, token=stack.token) as client:
                 yield engine, gate, client

@@ -19,7 +19,15 @@ from rich.table import Table
 
 from polar import interrupt
 from polar.cli.common import setup_logging
-from polar.cli.run import RunState, _console, exit_for, interrupted, rollout_options, run_taskfile
+from polar.cli.run import (
+    RunState,
+    _console,
+    exit_for,
+    interrupted,
+    policy_server,
+    rollout_options,
+    run_taskfile,
+)
 
 _STATUSES = ("COMPLETED", "TIMEOUT", "ERROR", "CANCELLED")
 
@@ -80,7 +88,7 @@ def _summary(counts: dict[str, Any]) -> Table:
               show_default=True)  # fmt: skip
 def generate(
     taskfile: Path, backend_urls: tuple[str, ...], backend_kind: str, model: str | None, policy: str | None,
-    out: Path, overwrite: bool, capacity: int, allow_callback: tuple[str, ...], log_level: str,
+    render: str, tokenizer: str | None, out: Path, overwrite: bool, capacity: int, allow_callback: tuple[str, ...], log_level: str,
     log_json: bool, statuses: tuple[str, ...], min_reward: float | None, fmt: str,
 ) -> None:  # fmt: skip
     """Run TASKFILE, keep the sessions that pass the filter, and export them as training data.
@@ -112,8 +120,8 @@ def generate(
     keep = Filter(statuses=statuses, min_reward=min_reward)
     try:
         results = run_taskfile(
-            taskfile, backend_urls, backend_kind, model, policy, state, capacity, console, allow_callback,
-            overwrite=overwrite,
+            taskfile, policy_server(backend_urls, backend_kind, model, render, tokenizer), policy, state,
+            capacity, console, allow_callback, overwrite=overwrite,
         )  # fmt: skip
         counts = write_outputs(results, keep, out, formats)  # derived from results.jsonl: rewritten whole
     except KeyboardInterrupt:

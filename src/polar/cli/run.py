@@ -38,9 +38,9 @@ from polar.cli.common import (
     outbound_policy,
     polar_command,
     setup_logging,
-    tokenizer_option,
 )
 from polar.cli.raycli import check_ray_options, ray_options
+from polar.rollout.local import PolicyServer
 
 STAGES = ("INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING")
 
@@ -115,9 +115,7 @@ async def _run(
     plan: Any,
     state: RunState,
     sink: Any,
-    backend_urls: tuple[str, ...],
-    backend_kind: str,
-    model: str | None,
+    backend: PolicyServer,
     capacity: int,
     console: Console,
     allow_callback: tuple[str, ...] = (),
@@ -139,9 +137,7 @@ async def _run(
     )
     async with local_stack(
         state.out,
-        backend_urls,
-        backend_kind,
-        model,
+        backend,
         capacity,
         stop_reason="polar run finished",
         allow_callback=allow_callback,
@@ -187,6 +183,17 @@ async def _run(
                     progress.update(bar, completed=0)
 
 
+def policy_server(
+    backend_urls: tuple[str, ...], backend_kind: str, model: str | None, render: str, tokenizer: str | None
+) -> PolicyServer:
+    """`rollout_options`' policy settings as one value (a usage error where they do not go together)."""
+    if render == "gateway" and backend_kind != "vllm":
+        raise click.BadParameter(
+            f"renders to token ids for a vllm kind server, not {backend_kind}", param_hint="--render gateway"
+        )
+    return PolicyServer(backend_urls, backend_kind, model, render, tokenizer)
+
+
 def rollout_options(default_out: str) -> Any:
     """The options `polar run` and `polar generate` share: where the policy is, where results go."""
 
@@ -199,6 +206,13 @@ def rollout_options(default_out: str) -> Any:
             click.option("--model", default=None, help="Served model name (default: what the backend lists)."),
             click.option("--policy", default=None,
                          help="Model for the embedded engine (default: the offline tiny policy)."),
+            click.option("--render", type=click.Choice(["server", "gateway"]), default="server", show_default=True,
+                         help="Who renders prompts. gateway: each session's exact token chain, sent to the "
+                         "server as token ids (vllm kind, the embedded engine included; docs/backends.md)."),
+            click.option("--tokenizer", metavar="NAME_OR_DIR", default=None,
+                         help="The policy's tokenizer (a local folder, or a Hugging Face name already in the "
+                         "cache; never downloaded): --render gateway renders with it (default: what the "
+                         "server says it loaded), and `polar run`'s dashboard shows token text with it."),
             click.option("--out", default=default_out, show_default=True,
                          type=click.Path(path_type=Path, file_okay=False),
                          help="Output folder. One that holds an earlier run is resumed: its finished sessions "
@@ -220,9 +234,7 @@ def rollout_options(default_out: str) -> Any:
 
 def run_taskfile(
     taskfile: Path,
-    backend_urls: tuple[str, ...],
-    backend_kind: str,
-    model: str | None,
+    backend: PolicyServer,
     policy: str | None,
     state: RunState,
     capacity: int,
@@ -236,7 +248,7 @@ def run_taskfile(
 ) -> list[Any]:
     """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
     import paths) before anything loads, resume or start the run in `state.out`, start the embedded engine
-    unless backends are given (and something is left to run), run every unfinished session through a local
+    (serving `policy`) unless `backend` names servers (and something is left to run), run every unfinished session through a local
     server and node, and return every finished session's result (earlier runs' too). `ray`: the --ray
     options (address, resource, cpus, memory_mb, log_level): gateway nodes as Ray actors instead."""
     from polar.modelsource import ModelNotFound, prepare_model
@@ -252,7 +264,7 @@ def run_taskfile(
         raise click.BadParameter("must be at least 1", param_hint="--capacity")
     outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
     placement = _ray_placement(ray, tasks, capacity, taskfile) if ray is not None else None
-    if not backend_urls:
+    if not backend.urls:
         from polar.extras import ENGINE, require_cli
 
         require_cli(ENGINE)
@@ -261,10 +273,10 @@ def run_taskfile(
         except ModelNotFound as exc:
             raise click.BadParameter(str(exc), param_hint="--policy") from None
     if placement is None:  # Ray's nodes have their own images and network: they check at their start
-        _check_ready(tasks, taskfile, backend_urls, backend_kind, model)
+        _check_ready(tasks, taskfile, backend)
     if check_only:  # --check: nothing is started or written
         sessions = sum(t.num_samples for t in tasks)
-        policy_at = ", ".join(backend_urls) or "the embedded engine"
+        policy_at = ", ".join(backend.urls) or "the embedded engine"
         click.echo(
             f"{taskfile}: {len(tasks)} task(s), {sessions} session(s): ready to run against {policy_at}"
         )
@@ -290,8 +302,8 @@ def run_taskfile(
                 if not plan.nothing_to_run:
                     roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
                     _serve_and_run(
-                        tasks, plan, state, sink, backend_urls, backend_kind, model, policy, capacity,
-                        console, allow_callback, roots, dashboard, placement,
+                        tasks, plan, state, sink, backend, policy, capacity, console, allow_callback, roots,
+                        dashboard, placement,
                     )  # fmt: skip
     except RunDirError as exc:
         raise click.ClickException(str(exc)) from None
@@ -304,16 +316,14 @@ def run_taskfile(
     return list(state.results.values())
 
 
-def _check_ready(
-    tasks: list[Any], taskfile: Path, backend_urls: tuple[str, ...], backend_kind: str, model: str | None
-) -> None:
+def _check_ready(tasks: list[Any], taskfile: Path, backend: PolicyServer) -> None:
     """Everything the sessions need is there (`polar.rollout.preflight`), or one line per problem, exit 2."""
     from polar.cli.common import CannotStart, command_name
     from polar.rollout import preflight
 
     problems = preflight.image_problems(tasks, taskfile)
-    if backend_urls:
-        problems = preflight.backend_problems(backend_kind, backend_urls, model) + problems
+    if backend.urls:
+        problems = preflight.backend_problems(backend.kind, backend.urls, backend.model) + problems
     if problems:
         raise CannotStart("\n".join(f"{command_name()}: {p}" for p in problems))
 
@@ -335,9 +345,7 @@ def _serve_and_run(
     plan: Any,
     state: RunState,
     sink: Any,
-    backend_urls: tuple[str, ...],
-    backend_kind: str,
-    model: str | None,
+    backend: PolicyServer,
     policy: str | None,
     capacity: int,
     console: Console,
@@ -347,7 +355,7 @@ def _serve_and_run(
     ray: Any = None,
 ) -> None:
     with contextlib.ExitStack() as stack:
-        if not backend_urls:
+        if not backend.urls:
             from polar.rollout.local import embedded_engine
 
             loading = "loading the policy (the default model is built once)"
@@ -355,7 +363,7 @@ def _serve_and_run(
                 click.echo(loading)
             with console.status(loading):
                 engine, engine_server = stack.enter_context(embedded_engine(policy))
-            backend_urls, backend_kind, model = (engine_server.url,), "vllm", engine.name
+            backend = dataclasses.replace(backend, urls=(engine_server.url,), kind="vllm", model=engine.name)
             click.echo(f"policy {engine.name} served by the embedded engine at {engine_server.url}")
             if dashboard is not None and dashboard.decode is None:  # the token view shows the policy's text
                 from polar.dashboard.tokens import decoder
@@ -370,9 +378,7 @@ def _serve_and_run(
                 plan,
                 state,
                 sink,
-                backend_urls,
-                backend_kind,
-                model,
+                backend,
                 capacity,
                 console,
                 allow_callback,
@@ -465,7 +471,6 @@ def exit_for(results: list[Any]) -> None:
 @click.command("run")
 @click.argument("taskfile", type=click.Path(path_type=Path, dir_okay=False))
 @rollout_options("polar-run")
-@tokenizer_option
 @ray_options(run=True)
 @click.option(
     "--check",
@@ -480,13 +485,14 @@ def run(
     backend_kind: str,
     model: str | None,
     policy: str | None,
+    render: str,
+    tokenizer: str | None,
     out: Path,
     overwrite: bool,
     capacity: int,
     allow_callback: tuple[str, ...],
     log_level: str,
     log_json: bool,
-    tokenizer: str | None,
     ray_address: str | None,
     ray_resource: str | None,
     ray_cpus: float | None,
@@ -513,6 +519,7 @@ def run(
       polar run tasks.yaml --backend http://gpu1:8000 --ray             # gateway nodes as Ray actors
       polar run tasks.yaml --ray head:6379 --ray-resource polar --capacity 16 --backend @servers.txt
       polar run tasks.yaml --backend URL --model M --check   # only check; start nothing
+      polar run tasks.yaml --render gateway   # one token chain per session (token ids to the server)
     (On the embedded engine the token view shows text without --tokenizer: it uses the engine's.)
 
     With --ray, each Ray node offering what a gateway node takes runs one (as a Ray actor) with --capacity
@@ -530,8 +537,9 @@ def run(
     state = RunState(out)
     try:
         results = run_taskfile(
-            taskfile, backend_urls, backend_kind, model, policy, state, capacity, console, allow_callback,
-            overwrite=overwrite, dashboard=dashboard, ray=ray, check_only=check_only,
+            taskfile, policy_server(backend_urls, backend_kind, model, render, tokenizer), policy, state,
+            capacity, console, allow_callback, overwrite=overwrite, dashboard=dashboard, ray=ray,
+            check_only=check_only,
         )  # fmt: skip
     except KeyboardInterrupt:
         interrupted(state)

@@ -94,6 +94,10 @@ def create_engine_app(engine: Engine, *, manage_engine: bool = False) -> Starlet
             "permission": [],
             "policy_version": engine.policy_version,
         }
+        if (
+            engine.default_max_tokens
+        ):  # what a chat call without max_tokens gets (a gateway that renders asks)
+            card["default_max_tokens"] = engine.default_max_tokens
         return _json({"object": "list", "data": [card]})
 
     async def tokenize(request: Request) -> Response:

@@ -2,7 +2,8 @@
 `polar train` start.
 
     with embedded_engine(None) as (engine, engine_server):          # optional: or any inference server
-        async with local_stack(out, engine_server.url, "vllm", engine.name, capacity=4) as stack:
+        policy = PolicyServer((engine_server.url,), model=engine.name)
+        async with local_stack(out, policy, capacity=4) as stack:
             async with RolloutClient(stack.server_url, token=stack.token) as client: ...
             stack.control_url                                  # the node's gateway control (pause/resume)
 
@@ -23,6 +24,30 @@ from typing import Any
 from polar.rollout.rundir import locked
 
 log = logging.getLogger("polar.run")
+
+
+@dataclass(frozen=True)
+class PolicyServer:
+    """The policy's inference server(s), as the run's gateways reach them: one server or several of one
+    `kind` serving `model` (None: the first model they list), and who renders prompts (`render`: the
+    server, or the gateway with each session's token chain; `tokenizer` is then the model's, default what
+    the server says it loaded: `polar.gateway.render`). Empty `urls`: the embedded engine, not started yet."""
+
+    urls: tuple[str, ...] = ()
+    kind: str = "vllm"
+    model: str | None = None
+    render: str = "server"
+    tokenizer: str | None = None
+
+    def gateway_fields(self) -> dict[str, Any]:
+        """These settings as `GatewayConfig` fields."""
+        return {
+            "backend_urls": self.urls,
+            "backend_kind": self.kind,
+            "served_model": self.model,
+            "render": self.render,
+            "tokenizer": self.tokenizer,
+        }
 
 
 @dataclass(frozen=True)
@@ -69,9 +94,7 @@ class LocalStack:
 @contextlib.asynccontextmanager
 async def local_stack(
     out: Path,
-    backend_url: str | Sequence[str],
-    backend_kind: str,
-    model: str | None,
+    policy: PolicyServer,
     capacity: int,
     *,
     stop_reason: str = "the local run finished",
@@ -81,7 +104,7 @@ async def local_stack(
     ray: Any = None,
 ) -> AsyncIterator[LocalStack]:
     """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)
-    whose gateway sends calls to `backend_url` (several URLs: spread over those servers).
+    whose gateway sends calls to the `policy` server (several URLs: spread over those servers).
     `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs; the node reads
     upload sources only inside `upload_roots` (the task files' directories). `dashboard`: the dashboard's
     `DashboardOptions` (tokenizer, training folder), served by the server under /ui.
@@ -114,9 +137,7 @@ async def local_stack(
         app = create_server(server_config, dashboard)
         server = ServerThread(app, timeout_graceful_shutdown=2, host=host).start()
         try:
-            config = _node_config(
-                out, backend_url, backend_kind, model, capacity, server.url, token, outbound, upload_roots
-            )
+            config = _node_config(out, policy, capacity, server.url, token, outbound, upload_roots)
         except BaseException:
             server.stop()
             raise
@@ -186,9 +207,7 @@ def requeue_orphans(db: Path) -> int:
 
 def _node_config(
     out: Path,
-    backend_url: str | Sequence[str],
-    backend_kind: str,
-    model: str | None,
+    policy: PolicyServer,
     capacity: int,
     server_url: str,
     token: str,
@@ -201,9 +220,7 @@ def _node_config(
 
     return NodeConfig(
         gateway=GatewayConfig(
-            backend_urls=(backend_url,) if isinstance(backend_url, str) else tuple(backend_url),
-            backend_kind=backend_kind,  # type: ignore[arg-type]
-            served_model=model,
+            **policy.gateway_fields(),
             store_path=out / "gateway.db",
             port=free_port(),
             control_token=token,

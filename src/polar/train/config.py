@@ -431,6 +431,12 @@ class TrainConfig(_Section):
     served_model: str | None = Field(
         None, description="The model name the vLLM server serves; null: the first one it lists."
     )
+    render: Literal["server", "gateway"] = Field(
+        "server",
+        description="Who renders the rollouts' prompts: the server (its chat route), or the gateway, which "
+        "continues each session's exact token chain and sends token ids (one trace per session where the "
+        "server's rendering drifts from what was sampled; docs/backends.md).",
+    )
     capacity: int = Field(4, ge=1, description="Sessions the local gateway node runs at once.")
     drain_timeout_s: float = Field(
         600.0,

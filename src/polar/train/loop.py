@@ -423,7 +423,7 @@ def train(
     `upload_roots` are the directories the tasks' uploads may read (`polar.train.config.upload_roots`).
     """
     from polar.dashboard import DashboardOptions
-    from polar.rollout.local import embedded_engine, local_stack
+    from polar.rollout.local import PolicyServer, embedded_engine, local_stack
     from polar.train import distributed, memory
     from polar.train.schedule import LRSchedule
     from polar.train.sync import EngineSync, VLLMSync
@@ -517,11 +517,10 @@ def train(
         async def go(
             backend_url: str | Sequence[str], model: str | None, sync: WeightSync
         ) -> list[StepMetrics]:
+            urls = (backend_url,) if isinstance(backend_url, str) else tuple(backend_url)
             async with local_stack(
                 out,
-                backend_url,
-                "vllm",
-                model,
+                PolicyServer(urls, "vllm", model, render=config.render),
                 config.capacity,
                 stop_reason="training ended",
                 upload_roots=upload_roots,

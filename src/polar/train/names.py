@@ -368,6 +368,7 @@ NAMES: tuple[NameRow, ...] = (
         Equivalent(note="verl starts its own rollout engines (`actor_rollout_ref.rollout.name`)"),
     ),
     NameRow("served_model", NONE, NONE),
+    NameRow("render", NONE, NONE),
     NameRow("capacity", Equivalent(note="TRL generates in-process; no harness sessions"), NONE),
     NameRow("drain_timeout_s", NONE, NONE),
     NameRow("verify_weight_sync", NONE, NONE),

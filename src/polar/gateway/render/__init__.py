@@ -55,8 +55,8 @@ async def rendering(
     if not isinstance(folder, str) or not folder:
         raise TemplateUnusable(f"the server does not say where {served_model} is from; pass --tokenizer")
     template = await asyncio.to_thread(Template.load, folder, tool_parser, reasoning_parser)
-    context = card.get("max_model_len")
-    context = context if type(context) is int and context > 0 else None
+    context = _positive(card.get("max_model_len"))
+    default = _positive(card.get("default_max_tokens"))  # the embedded engine's cap on a chat call's budget
     log.info(
         "gateway renders prompts with the tokenizer at %s (tool parser %s, reasoning %s)",
         folder,
@@ -66,10 +66,10 @@ async def rendering(
     if isinstance(backend, BackendPool):
         for s in backend.servers:
             assert isinstance(s.backend, TokenizingBackend)
-            s.backend = RenderingBackend(s.backend, template, context)
+            s.backend = RenderingBackend(s.backend, template, context, default)
         return backend
     assert isinstance(backend, TokenizingBackend)
-    return RenderingBackend(backend, template, context)
+    return RenderingBackend(backend, template, context, default)
 
 
 async def _model_card(backend: TokenizingBackend, served_model: str) -> dict[str, Any]:
@@ -84,3 +84,7 @@ async def _model_card(backend: TokenizingBackend, served_model: str) -> dict[str
         if isinstance(item, dict) and item.get("id") == served_model:
             return item
     raise TemplateUnusable(f"the server at {backend.url} does not list {served_model}")
+
+
+def _positive(value: Any) -> int | None:
+    return value if type(value) is int and value > 0 else None

@@ -70,9 +70,18 @@ class RenderingBackend(TokenizingBackend):
 
     streams = False
 
-    def __init__(self, inner: TokenizingBackend, template: Template, context: int | None = None) -> None:
+    def __init__(
+        self,
+        inner: TokenizingBackend,
+        template: Template,
+        context: int | None = None,
+        default_budget: int | None = None,
+    ) -> None:
         super().__init__(inner.url, inner.options)
-        self.context = context  # the server's max_model_len: a call without max_tokens gets the rest
+        # A call without max_tokens gets what a chat call would: the rest of the server's context
+        # (max_model_len), at most the server's own default where its model card says one (the engine's).
+        self.context = context
+        self.default_budget = default_budget
         self.http = inner.http  # one connection pool: the inner client's, already started
         self.kind = inner.kind
         self.template = template
@@ -91,7 +100,9 @@ class RenderingBackend(TokenizingBackend):
             prompt = chain.prompt(self.template, messages, tools, kwargs)
         except ChatTemplateError as exc:
             raise invalid(str(exc), exc.param or "messages") from None
-        data = await self.http.post(COMPLETIONS, completion_body(body, prompt.ids, self.context))
+        data = await self.http.post(
+            COMPLETIONS, completion_body(body, prompt.ids, self.context, self.default_budget)
+        )
         comp = self.read(data, prompt, tools, body.get("tool_choice"))
         if comp.response_ids is not None:
             chain.advance(
@@ -175,11 +186,11 @@ class RenderingBackend(TokenizingBackend):
 
 
 def completion_body(
-    chat: dict[str, Any], prompt_ids: list[int], context: int | None = None
+    chat: dict[str, Any], prompt_ids: list[int], context: int | None = None, default_budget: int | None = None
 ) -> dict[str, Any]:
     """The `/v1/completions` body: the chat body's sampling settings, the prompt as ids, and the fields that
-    make vLLM return the sampled ids and their logprobs. `context`: the model's length, for the budget of a
-    call that names none."""
+    make vLLM return the sampled ids and their logprobs. A call that names no budget gets the rest of the
+    `context` (the model's length), at most `default_budget` (the server's own default for chat)."""
     body = {k: v for k, v in chat.items() if k not in _CHAT_ONLY}
     budget = chat.get("max_completion_tokens")
     if budget is not None and body.get("max_tokens") is None:
@@ -187,7 +198,8 @@ def completion_body(
     # Chat's default budget is the rest of the context; /v1/completions' is 16 tokens (OpenAI's legacy
     # default; vLLM 0.32 keeps it even for an explicit null, the engine takes null as the rest).
     if body.get("max_tokens") is None:
-        body["max_tokens"] = max(1, context - len(prompt_ids)) if context is not None else None
+        room = max(1, context - len(prompt_ids)) if context is not None else None
+        body["max_tokens"] = min(room, default_budget) if room and default_budget else room or default_budget
     body.update(prompt=prompt_ids, stream=False, return_token_ids=True, logprobs=0)
     return body
 

@@ -46,7 +46,10 @@ class Head:
     kwargs: dict[str, Any] | None
 
     def breaks(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, kwargs: dict[str, Any] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any] | None,
     ) -> str | None:
         """Why `messages` do not continue this chain; None when they do."""
         if tools != self.tools or (kwargs or None) != (self.kwargs or None):
