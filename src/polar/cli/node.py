@@ -24,6 +24,7 @@ from polar.cli.common import (
     token_file_option,
 )
 from polar.cli.submit import SERVER
+from polar.runtime.factory import BACKENDS
 
 
 @click.command("drain")
@@ -144,7 +145,7 @@ class _NodeCommand(click.Command):
     "--allow-runtime",
     "allow_runtimes",
     multiple=True,
-    type=click.Choice(["bwrap", "docker", "podman", "apptainer", "local"]),
+    type=click.Choice(BACKENDS),
     help="A runtime backend tasks may use here (repeatable; default: any this machine runs). "
     "Leave out `local` when submitters are not trusted with this machine's files.",
 )
