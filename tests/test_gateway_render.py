@@ -457,3 +457,44 @@ def test_the_completions_body_keeps_sampling_settings_and_drops_chat_fields() ->
     assert (
         completion_body({"model": "m", "messages": []}, [1, 2, 3], 100, default_budget=20)["max_tokens"] == 20
     )
+
+
+def test_a_streamed_answer_arrives_token_by_token_and_reads_as_the_whole_one(
+    scripted: tuple[Engine, ScriptedLM, Gateway],
+) -> None:
+    """Streamed upstream: content deltas as they are sampled, the call whole in the last chunk; the record
+    holds what a whole answer's record holds. (Gemini CLI's loop detection took an answer delivered as one
+    chunk for a loop; token by token it does not.)"""
+    engine, model, gw = scripted
+    messages = [{"role": "user", "content": "list files"}]
+    text = engine.tokenizer.apply_chat_template(
+        messages, tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    model.start = len(engine.tokenizer.encode(text, add_special_tokens=False))
+    written = "Looking at the files in this folder now.\n" + call_turn("ls -la")
+    model.script = engine.tokenizer.encode(written, add_special_tokens=False)
+    got = {}
+    for stream in (True, False):
+        sid = gw.new_session()
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=sid, max_retries=0)
+        kwargs: dict[str, Any] = {"model": "m", "messages": messages, "tools": TOOLS, "temperature": 0}
+        if stream:
+            chunks = list(client.chat.completions.create(**kwargs, stream=True))
+            pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+            assert len(pieces) > 3, pieces  # token by token, not one chunk
+            assert "".join(pieces) == "Looking at the files in this folder now.\n"
+            parts = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+            assert {p.index for p in parts} == {0} and parts[0].function.name == "run_shell"
+            assert json.loads("".join(p.function.arguments or "" for p in parts)) == {"command": "ls -la"}
+        else:
+            client.chat.completions.create(**kwargs)
+        (rec,) = gw.completions(sid)
+        got[stream] = (
+            list(rec.prompt_ids),
+            rec.response_ids,
+            rec.response_logprobs,
+            rec.response_message["content"],
+            rec.flags,
+        )
+        assert [c["function"]["name"] for c in rec.response_message["tool_calls"]] == ["run_shell"]
+    assert got[True] == got[False]

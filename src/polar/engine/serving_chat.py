@@ -16,6 +16,7 @@ from typing import Any
 
 from polar.chat.reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
 from polar.chat.render import ChatTemplateError, render_chat
+from polar.chat.stream import ToolStream
 from polar.chat.tool_parsers import ToolParse, ToolParser
 from polar.engine.engine import Engine
 from polar.engine.protocol import APIError, ChatCompletionRequest
@@ -215,34 +216,10 @@ async def complete(engine: Engine, job: ChatJob) -> dict[str, Any]:
     }
 
 
-class _ToolStream:
-    """Passes content through until a tool call starts; buffers the call text for parsing at the end."""
-
-    def __init__(self, parser: ToolParser) -> None:
-        self.parser = parser
-        self.buf = ""
-        self.sent = 0
-        self.in_call = False
-
-    def feed(self, delta: str, final: bool) -> str:
-        self.buf += delta
-        if self.in_call:
-            return ""
-        start = self.parser.call_start(self.buf)
-        if start >= 0:
-            self.in_call = True
-            end = start
-        else:
-            end = len(self.buf) - (0 if final else self.parser.pending(self.buf))
-        end = max(end, self.sent)
-        out, self.sent = self.buf[self.sent : end], end
-        return out
-
-
 @dataclass
 class _ChoiceStream:
     reasoning: ReasoningStream | None
-    tools: _ToolStream | None
+    tools: ToolStream | None
     ids: int = 0
     flags: list[str] = field(default_factory=list)
 
@@ -265,7 +242,7 @@ async def stream(engine: Engine, job: ChatJob) -> AsyncIterator[bytes]:
     states = [
         _ChoiceStream(
             ReasoningStream(job.opened) if job.reasoning else None,
-            _ToolStream(job.parser) if job.parser is not None else None,
+            ToolStream(job.parser) if job.parser is not None else None,
         )
         for _ in range(req.n)
     ]

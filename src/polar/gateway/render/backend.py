@@ -8,9 +8,10 @@ session's chain continued, or a full rendering), posts it as token ids to the se
 reasoning and tool calls with the model's parsers (`Template.read`), so all four dialects answer from it as
 they answer from a server-rendered call.
 
-Streaming: the answer is generated whole and handed to the harness's stream as one chunk (the parsers read
-the whole text; the harness's SSE stream is still well formed in its dialect), so a streamed harness sees
-its first token only when the answer is done.
+Streamed calls are streamed upstream too: each chunk's text is read into reasoning and content deltas as
+soon as no later token can change them (`polar.chat.stream`), tool calls come whole in the last chunk. (A
+stream delivered whole is not the same to every harness: Gemini CLI's loop detection flagged an answer with a
+repeated sentence that it accepts token by token.)
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from polar.chat.reasoning import prompt_opens_thought
 from polar.chat.render import ChatTemplateError
+from polar.chat.stream import AnswerStream
 from polar.gateway.backends.base import assemble, chat_body, float_list, int_list, upstream_error
 from polar.gateway.backends.openai import (
     TOKEN_CHECK_MESSAGES,
@@ -28,8 +31,8 @@ from polar.gateway.backends.openai import (
     TokenizingBackend,
 )
 from polar.gateway.backends.prompt_ids import IdsMemo
-from polar.gateway.backends.stream import whole_chunk
-from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
+from polar.gateway.backends.stream import stream_error, whole_chunk
+from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, ToolCallDelta
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.render.chain import Chain, Prompt
 from polar.gateway.render.template import Template
@@ -69,7 +72,7 @@ class RenderingBackend(TokenizingBackend):
     """`TokenizingBackend` (models, `/tokenize`, start-up) of a `vllm` server, answering chat calls from
     `/v1/completions` with prompts the gateway renders. `template` is the served model's tokenizer."""
 
-    streams = False
+    streams = True
 
     def __init__(
         self,
@@ -89,35 +92,88 @@ class RenderingBackend(TokenizingBackend):
 
     def build_body(self, req: CanonicalRequest, served_model: str) -> dict[str, Any]:
         """The chat body the prompt is rendered from (stored as the record's `upstream_request`)."""
-        return chat_body(req, served_model)
+        body = chat_body(req, served_model)
+        body["stream"] = req.stream
+        return body
+
+    async def _prompt(self, body: dict[str, Any], chain: Chain) -> Prompt:
+        try:
+            # In a worker thread: a chain's next prompt renders only the new messages (under a millisecond),
+            # but a new chain renders and tokenizes the whole conversation (~45 ms at 19k tokens), which
+            # would stall every other session's call on this loop.
+            return await asyncio.to_thread(
+                chain.prompt,
+                self.template,
+                body["messages"],
+                body.get("tools"),
+                body.get("chat_template_kwargs"),
+            )
+        except ChatTemplateError as exc:
+            raise invalid(str(exc), exc.param or "messages") from None
+
+    def _advance(
+        self, chain: Chain, prompt: Prompt, body: dict[str, Any], sampled: list[int], answer: dict[str, Any]
+    ) -> None:
+        tools, kwargs = body.get("tools"), body.get("chat_template_kwargs")
+        chain.advance(prompt, sampled, self.template.end_id, body["messages"], answer, tools, kwargs)
 
     async def complete(
         self, body: dict[str, Any], memo: IdsMemo | None = None, chain: Chain | None = None
     ) -> Completion:
         chain = chain if chain is not None else Chain()
-        messages, tools = body["messages"], body.get("tools")
-        kwargs = body.get("chat_template_kwargs")
-        try:
-            # In a worker thread: a chain's next prompt renders only the new messages (under a millisecond),
-            # but a new chain renders and tokenizes the whole conversation (~45 ms at 19k tokens), which
-            # would stall every other session's call on this loop.
-            prompt = await asyncio.to_thread(chain.prompt, self.template, messages, tools, kwargs)
-        except ChatTemplateError as exc:
-            raise invalid(str(exc), exc.param or "messages") from None
-        data = await self.http.post(
-            COMPLETIONS, completion_body(body, prompt.ids, self.context, self.default_budget)
+        prompt = await self._prompt(body, chain)
+        wire = completion_body(body, prompt.ids, self.context, self.default_budget)
+        comp = self.read(
+            await self.http.post(COMPLETIONS, wire), prompt, body.get("tools"), body.get("tool_choice")
         )
-        comp = self.read(data, prompt, tools, body.get("tool_choice"))
         if comp.response_ids is not None:
-            chain.advance(
-                prompt, comp.response_ids, self.template.end_id, messages, comp.message(), tools, kwargs
-            )
+            self._advance(chain, prompt, body, comp.response_ids, comp.message())
         return comp
 
     async def stream(
         self, body: dict[str, Any], memo: IdsMemo | None = None, chain: Chain | None = None
     ) -> AsyncGenerator[StreamChunk, None]:
-        yield whole_chunk(await self.complete(body, memo, chain))
+        """The answer as vLLM samples it: each upstream chunk's ids, logprobs and text, read into reasoning and
+        content deltas as soon as no later token can change them; tool calls in the last chunk."""
+        if not body.get("stream"):
+            yield whole_chunk(await self.complete(body, memo, chain))
+            return
+        chain = chain if chain is not None else Chain()
+        prompt = await self._prompt(body, chain)
+        tools = body.get("tools")
+        parser = self.template.parser_for(tools, body.get("tool_choice"))
+        reader = AnswerStream(self.template.reasoning, prompt_opens_thought(prompt.rendered), parser, tools)
+        wire = completion_body(body, prompt.ids, self.context, self.default_budget)
+        wire.update(stream=True, stream_options={"include_usage": True})
+        if parser is not None and parser.needs_special_tokens:
+            wire["skip_special_tokens"] = False
+        sampled: list[int] = []
+        first = True
+        async for data in self.http.stream(COMPLETIONS, wire):
+            chunk = _stream_chunk(data)
+            if first:
+                chunk.prompt_ids, chunk.flags, first = prompt.ids, rendered_flags(prompt), False
+            if chunk.has_choice:
+                done = chunk.finish_reason is not None
+                text = chunk.text or ""
+                if done and text.endswith(self.template.end_of_turn):  # shown with special tokens only
+                    text = text[: -len(self.template.end_of_turn)]
+                reasoning, content, calls = reader.feed(text, final=done)
+                chunk.reasoning, chunk.content = reasoning or None, content or None
+                chunk.tool_calls = tuple(
+                    ToolCallDelta(i, c.id, c.name, c.arguments) for i, c in enumerate(calls)
+                )
+                if done and reader.error is not None:
+                    chunk.flags = [*chunk.flags, FLAG_TOOL_PARSE_ERROR]
+                sampled += chunk.token_ids or []
+            yield chunk
+        answer: dict[str, Any] = {"role": "assistant", "content": reader.content or None}
+        if reader.calls:
+            answer["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in reader.calls
+            ]
+        self._advance(chain, prompt, body, sampled, answer)
 
     def read(
         self, raw: Any, prompt: Prompt, tools: list[dict[str, Any]] | None, tool_choice: Any
@@ -131,9 +187,7 @@ class RenderingBackend(TokenizingBackend):
             raise upstream_error("inference server answer's `choices[0]` is not an object")
         sampled = int_list(choice.get("token_ids"))
         logprobs = _token_logprobs(choice.get("logprobs"))
-        flags = [FLAG_RENDERED]
-        if prompt.restart is not None:
-            flags.append(f"chain:{prompt.restart}")
+        flags = rendered_flags(prompt)
         for extra in (choice.get("polar_flags"), raw.get("polar_flags")):
             if isinstance(extra, list):
                 flags += [f for f in extra if isinstance(f, str) and f not in flags]
@@ -187,6 +241,48 @@ class RenderingBackend(TokenizingBackend):
         """The prompt's length as a fresh chain renders it (a continued chain can be a little longer)."""
         text = self.template.render(req.messages, req.tools, req.params.get("chat_template_kwargs"))
         return len(self.template.encode(text))
+
+
+def rendered_flags(prompt: Prompt) -> list[str]:
+    """`render:gateway`, and `chain:<why>` when the prompt starts a chain."""
+    return [FLAG_RENDERED] if prompt.restart is None else [FLAG_RENDERED, f"chain:{prompt.restart}"]
+
+
+def _stream_chunk(data: Any) -> StreamChunk:
+    """One `/v1/completions` stream chunk: its text, sampled ids and their logprobs, finish, usage."""
+    if not isinstance(data, dict):
+        raise upstream_error("inference server sent a stream chunk that is not an object")
+    if "error" in data and "choices" not in data:
+        raise stream_error(data)
+    cid, model, created = data.get("id"), data.get("model"), data.get("created")
+    chunk = StreamChunk(
+        id=cid if isinstance(cid, str) else "",
+        model=model if isinstance(model, str) else "",
+        created=created if type(created) is int else 0,
+    )
+    if isinstance(data.get("usage"), dict):
+        chunk.usage = data["usage"]
+    version = data.get("policy_version")
+    if type(version) is int:
+        chunk.policy_version = version
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return chunk
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise upstream_error("inference server stream chunk's `choices[0]` is not an object")
+    text = choice.get("text")
+    chunk.has_choice = True
+    chunk.text = text if isinstance(text, str) else None
+    chunk.token_ids = int_list(choice.get("token_ids"))
+    chunk.logprobs = _token_logprobs(choice.get("logprobs"))
+    chunk.finish_reason = choice.get("finish_reason")
+    if chunk.finish_reason == "abort":
+        raise upstream_error("inference server aborted the generation (finish_reason `abort`)")
+    extra = choice.get("polar_flags")
+    if isinstance(extra, list):
+        chunk.flags = [f for f in extra if isinstance(f, str)]
+    return chunk
 
 
 def completion_body(

@@ -88,7 +88,9 @@ class Chain:
         """The prompt for `messages`: a chain of the session continued, or a full rendering and why not (as
         against the most recent chain)."""
         why = FIRST
-        for i, head in enumerate(list(self.heads)):  # a copy: a worker thread may run this (`advance` does not)
+        for i, head in enumerate(
+            list(self.heads)
+        ):  # a copy: a worker thread may run this (`advance` does not)
             broken = head.breaks(messages, tools, kwargs)
             if broken is None:
                 delta = template.delta(messages[len(head.messages) + 1 :], tools, kwargs)

@@ -141,6 +141,10 @@ class Template:
         """Ids of rendered text; the template wrote every special token itself (as vLLM tokenizes chat)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def parser_for(self, tools: list[dict[str, Any]] | None, tool_choice: Any) -> ToolParser | None:
+        """The tool-call parser for a call offering `tools` (none when it offers none, or forbids calls)."""
+        return self.parser if tools and tool_choice != "none" else None
+
     def read(
         self,
         ids: Sequence[int],
@@ -152,7 +156,7 @@ class Template:
         (`polar.engine.serving_chat`): reasoning first (open when the prompt left a thought open), then the
         parser over the content; a call that does not parse leaves the content whole and sets `error`."""
         body = list(ids[:-1]) if ids and ids[-1] in self.stop_ids else list(ids)
-        parser = self.parser if tools and tool_choice != "none" else None
+        parser = self.parser_for(tools, tool_choice)
         special = parser is not None and parser.needs_special_tokens
         text = str(self.tokenizer.decode(body, skip_special_tokens=not special))
         if self.reasoning:
