@@ -171,3 +171,22 @@ def test_a_call_without_max_tokens_gets_the_rest_of_the_context(gateways: dict[s
     assert out.choices[0].finish_reason == "tool_calls" and len(rec.response_ids or []) > 16, (
         rec.response_message
     )
+
+
+def test_streamed_and_whole_answers_record_the_same(gateways: dict[str, Gateway]) -> None:
+    """Streamed, the answer comes from vLLM's /v1/completions stream chunk by chunk and is read as it comes;
+    greedy, its record is the whole answer's: ids, the parsed call, the content."""
+    gw = gateways["gateway"]
+    got = []
+    for stream in (False, True):
+        sid = gw.new_session()
+        _ask(gw, sid, [{"role": "user", "content": USER_PROMPTS[0]}], stream)
+        (rec,) = gw.completions(sid)
+        calls = [
+            (c["function"]["name"], c["function"]["arguments"]) for c in rec.response_message["tool_calls"]
+        ]
+        got.append(
+            (list(rec.prompt_ids), rec.response_ids, rec.response_message["content"], calls, rec.flags)
+        )
+        assert rec.trainable and calls and calls[0][0] == TOOL_NAME
+    assert got[0] == got[1]
