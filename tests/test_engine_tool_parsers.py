@@ -12,8 +12,8 @@ from transformers import AutoTokenizer
 
 from polar.chat.reasoning import split_reasoning
 from polar.chat.render import render_chat
+from polar.chat.stream import ToolStream
 from polar.chat.tool_parsers import detect_parser, get_parser
-from polar.engine.serving_chat import _ToolStream
 from polar.engine.tiny import qwen_tokenizer_dir
 
 CALLS = [
@@ -223,7 +223,7 @@ def test_streaming_filter_matches_whole_parse(qwen_tokenizer: Any, name: str) ->
     for _ in range(20):
         cuts = sorted(rng.sample(range(1, len(text)), 12))
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
-        stream = _ToolStream(parser)
+        stream = ToolStream(parser)
         shown = "".join(stream.feed(p, final=i == len(pieces) - 1) for i, p in enumerate(pieces))
         assert stream.in_call
         whole = parser.parse(text, TOOLS)

@@ -498,3 +498,26 @@ def test_a_streamed_answer_arrives_token_by_token_and_reads_as_the_whole_one(
         )
         assert [c["function"]["name"] for c in rec.response_message["tool_calls"]] == ["run_shell"]
     assert got[True] == got[False]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<think>\nplan it\n</think>\n\nLooking.\n" + call_turn("ls"),
+        "plain answer, no call",
+        "Two calls.\n" + call_turn("a") + "\n" + call_turn("b"),
+        '<tool_call>\n{"name": "run_shell", "arguments": {"command": "ls"}\n</tool_call>',  # does not parse
+    ],
+)
+def test_an_answer_read_piece_by_piece_says_what_it_says_whole(template: Template, text: str) -> None:
+    from polar.chat.stream import AnswerStream
+
+    ids = [*template.encode(text), template.end_id]
+    whole = template.read(ids, "<|im_start|>assistant\n", TOOLS, None)
+    reader = AnswerStream(template.reasoning, False, template.parser_for(TOOLS, None), TOOLS)
+    pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
+    for k, piece in enumerate(pieces):
+        reader.feed(piece, final=k == len(pieces) - 1)
+    assert (reader.thought or None, reader.content or None) == (whole.reasoning, whole.content)
+    assert [(c.name, c.arguments) for c in reader.calls] == [(c.name, c.arguments) for c in whole.calls]
+    assert reader.error == whole.error
