@@ -485,6 +485,9 @@ def test_a_streamed_answer_arrives_token_by_token_and_reads_as_the_whole_one(
             assert "".join(pieces) == "Looking at the files in this folder now.\n"
             parts = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
             assert {p.index for p in parts} == {0} and parts[0].function.name == "run_shell"
+            assert [
+                c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+            ] == ["tool_calls"]
             assert json.loads("".join(p.function.arguments or "" for p in parts)) == {"command": "ls -la"}
         else:
             client.chat.completions.create(**kwargs)

@@ -152,7 +152,11 @@ class RenderingBackend(TokenizingBackend):
         async for data in self.http.stream(COMPLETIONS, wire):
             chunk = _stream_chunk(data)
             if first:
-                chunk.prompt_ids, chunk.flags, first = prompt.ids, rendered_flags(prompt), False
+                chunk.prompt_ids, chunk.flags, first = (
+                    prompt.ids,
+                    [*rendered_flags(prompt), *chunk.flags],
+                    False,
+                )
             if chunk.has_choice:
                 done = chunk.finish_reason is not None
                 text = chunk.text or ""
@@ -163,6 +167,8 @@ class RenderingBackend(TokenizingBackend):
                 chunk.tool_calls = tuple(
                     ToolCallDelta(i, c.id, c.name, c.arguments) for i, c in enumerate(calls)
                 )
+                if calls and chunk.finish_reason == "stop":  # as a chat server says it (harnesses read it)
+                    chunk.finish_reason = "tool_calls"
                 if done and reader.error is not None:
                     chunk.flags = [*chunk.flags, FLAG_TOOL_PARSE_ERROR]
                 sampled += chunk.token_ids or []
