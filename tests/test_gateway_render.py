@@ -524,3 +524,34 @@ def test_an_answer_read_piece_by_piece_says_what_it_says_whole(template: Templat
     assert (reader.thought or None, reader.content or None) == (whole.reasoning, whole.content)
     assert [(c.name, c.arguments) for c in reader.calls] == [(c.name, c.arguments) for c in whole.calls]
     assert reader.error == whole.error
+
+
+def test_a_pool_of_servers_renders_in_the_gateway_too(tiny: tuple[Engine, str], tmp_path: Path) -> None:
+    """Several servers behind one gateway (`backends.pool`): each server's client renders, the session's
+    chain continues whichever server it is placed on. (Two listeners in front of one engine.)"""
+    engine, url = tiny
+    with serve(create_engine_app(engine)) as second:
+        gw = start_gateway(
+            url, tmp_path, backend_urls=(url, second.url), served_model=engine.name, render="gateway"
+        )
+        try:
+            sid = gw.new_session()
+            client = openai.OpenAI(base_url=gw.url + "/v1", api_key=sid, max_retries=0)
+            messages: list[Any] = [{"role": "user", "content": "hi"}]
+            for turn in range(3):
+                out = client.chat.completions.create(
+                    model="m", messages=messages, max_tokens=6, temperature=0
+                )
+                messages += [
+                    {"role": "assistant", "content": out.choices[0].message.content},
+                    {"role": "user", "content": f"more {turn}"},
+                ]
+            recs = gw.completions(sid)
+            assert [r.flags for r in recs] == [
+                ("render:gateway", "chain:first"),
+                ("render:gateway",),
+                ("render:gateway",),
+            ]
+            assert len(build(recs, strategy="prefix_merging").traces) == 1
+        finally:
+            gw.server.stop()
