@@ -425,11 +425,11 @@ def gateway_options(*, port: int) -> Callable[[F], F]:
                     show_default=True,
                     help="Who renders the chat template. gateway: the gateway continues each session's "
                     "exact token chain and sends token ids to the server's /v1/completions (vllm kind: "
-                    "vLLM or the embedded engine); one session stays one trace (docs/gateway.md).",
+                    "vLLM or the embedded engine); one session stays one trace (docs/backends.md).",
                 ),
                 click.option(
                     "--tokenizer",
-                    metavar="DIR",
+                    metavar="NAME_OR_DIR",
                     help="With --render gateway: the served model's folder (or its id in the local Hugging "
                     "Face cache), for its tokenizer and chat template (default: what the server says it "
                     "loaded the model from).",

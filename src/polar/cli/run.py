@@ -248,8 +248,8 @@ def run_taskfile(
 ) -> list[Any]:
     """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
     import paths) before anything loads, resume or start the run in `state.out`, start the embedded engine
-    (serving `policy`) unless `backend` names servers (and something is left to run), run every unfinished session through a local
-    server and node, and return every finished session's result (earlier runs' too). `ray`: the --ray
+    (serving `policy`) unless `backend` names servers (and something is left to run), run every unfinished
+    session through a local server and node, and return every finished session's result (earlier runs' too). `ray`: the --ray
     options (address, resource, cpus, memory_mb, log_level): gateway nodes as Ray actors instead."""
     from polar.modelsource import ModelNotFound, prepare_model
     from polar.rollout.ray.cluster import RayError  # imports no Ray

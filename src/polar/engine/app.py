@@ -94,9 +94,8 @@ def create_engine_app(engine: Engine, *, manage_engine: bool = False) -> Starlet
             "permission": [],
             "policy_version": engine.policy_version,
         }
-        if (
-            engine.default_max_tokens
-        ):  # what a chat call without max_tokens gets (a gateway that renders asks)
+        # What a chat call without max_tokens gets: a gateway that renders (token ids in) asks for it.
+        if engine.default_max_tokens:
             card["default_max_tokens"] = engine.default_max_tokens
         return _json({"object": "list", "data": [card]})
 

@@ -17,7 +17,7 @@ from typing import Any
 from polar.chat.reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
 from polar.chat.render import ChatTemplateError, render_chat
 from polar.chat.stream import ToolStream
-from polar.chat.tool_parsers import ToolParse, ToolParser
+from polar.chat.tool_parsers import ToolParser, chat_calls
 from polar.engine.engine import Engine
 from polar.engine.protocol import APIError, ChatCompletionRequest
 from polar.engine.scheduler import SeqUpdate
@@ -127,13 +127,6 @@ async def _collect(engine: Engine, job: ChatJob, index: int) -> _Collected:
     return out
 
 
-def _tool_call_json(parsed: ToolParse) -> list[dict[str, Any]]:
-    return [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in parsed.calls
-    ]
-
-
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt,
@@ -166,7 +159,7 @@ async def complete(engine: Engine, job: ChatJob) -> dict[str, Any]:
             if parsed.error is not None:
                 choice_flags.append(FLAG_TOOL_PARSE_ERROR)
             else:
-                calls, content = _tool_call_json(parsed), parsed.content
+                calls, content = chat_calls(parsed.calls), parsed.content
         flags += [f for f in choice_flags if f not in flags]
         message = {
             "role": "assistant",
@@ -295,7 +288,7 @@ async def stream(engine: Engine, job: ChatJob) -> AsyncIterator[bytes]:
                         st.flags.append(FLAG_TOOL_PARSE_ERROR)
                         content += st.tools.buf[st.tools.sent :]
                     else:
-                        calls = [{"index": k, **c} for k, c in enumerate(_tool_call_json(parsed))]
+                        calls = [{"index": k, **c} for k, c in enumerate(chat_calls(parsed.calls))]
             if content:
                 delta["content"] = content
             if calls:

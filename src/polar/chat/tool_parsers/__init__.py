@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar.chat.tool_parsers.base import ParsedCall, ToolParse, ToolParser
+from polar.chat.tool_parsers.base import ParsedCall, ToolParse, ToolParser, chat_calls
 from polar.chat.tool_parsers.hermes import HermesParser
 from polar.chat.tool_parsers.llama3 import Llama3JsonParser
 from polar.chat.tool_parsers.mistral import MistralParser
@@ -42,4 +42,4 @@ def detect_parser(chat_template: str | None) -> ToolParser | None:
     return None
 
 
-__all__ = ["PARSERS", "ParsedCall", "ToolParse", "ToolParser", "detect_parser", "get_parser"]
+__all__ = ["PARSERS", "ParsedCall", "ToolParse", "ToolParser", "chat_calls", "detect_parser", "get_parser"]

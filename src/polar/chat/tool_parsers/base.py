@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +44,14 @@ class ToolParser(Protocol):
     def pending(self, text: str) -> int:
         """Length of a suffix of `text` that may be the start of a call marker (held back while streaming)."""
         ...
+
+
+def chat_calls(calls: Sequence[ParsedCall]) -> list[dict[str, Any]]:
+    """Parsed calls as an OpenAI Chat message's `tool_calls`."""
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+    ]
 
 
 def call_id() -> str:

@@ -38,19 +38,15 @@ async def rendering(
     tool_parser: str = "auto",
     reasoning_parser: str = "auto",
 ) -> Backend:
-    """`backend` (a started vllm client, or a pool of them) rendering with the served model's tokenizer:
-    `tokenizer` (a folder, or a model id in the local Hugging Face cache), else what the server says it
-    loaded the model from (`root` in vLLM's /v1/models); raises `TemplateUnusable` naming what is missing."""
+    """`backend` (a started vllm client, or a pool of them: `GatewayConfig` refuses `render: gateway` with
+    any other kind) rendering with the served model's tokenizer: `tokenizer` (a folder, or a model id in the
+    local Hugging Face cache), else what the server says it loaded the model from (`root` in vLLM's
+    /v1/models); raises `TemplateUnusable` naming what is missing."""
     from polar.gateway.backends.pool import BackendPool
 
-    found = [s.backend for s in backend.servers] if isinstance(backend, BackendPool) else [backend]
-    servers = [s for s in found if isinstance(s, TokenizingBackend) and s.kind == "vllm"]
-    if len(servers) != len(found):
-        raise TemplateUnusable(
-            f"render: gateway sends token ids to vLLM's /v1/completions; a {backend.kind} backend has none "
-            "(use --backend-kind vllm: vLLM or the embedded engine)"
-        )
-    card = await _model_card(servers[0], served_model)
+    first = backend.servers[0].backend if isinstance(backend, BackendPool) else backend
+    assert isinstance(first, TokenizingBackend)
+    card = await _model_card(first, served_model)
     folder = tokenizer or card.get("root")
     if not isinstance(folder, str) or not folder:
         raise TemplateUnusable(f"the server does not say where {served_model} is from; pass --tokenizer")

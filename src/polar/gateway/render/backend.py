@@ -23,6 +23,7 @@ from typing import Any
 from polar.chat.reasoning import prompt_opens_thought
 from polar.chat.render import ChatTemplateError
 from polar.chat.stream import AnswerStream
+from polar.chat.tool_parsers import chat_calls
 from polar.gateway.backends.base import assemble, chat_body, float_list, int_list, upstream_error
 from polar.gateway.backends.openai import (
     TOKEN_CHECK_MESSAGES,
@@ -175,10 +176,7 @@ class RenderingBackend(TokenizingBackend):
             yield chunk
         answer: dict[str, Any] = {"role": "assistant", "content": reader.content or None}
         if reader.calls:
-            answer["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in reader.calls
-            ]
+            answer["tool_calls"] = chat_calls(reader.calls)
         self._advance(chain, prompt, body, sampled, answer)
 
     def read(
@@ -204,10 +202,7 @@ class RenderingBackend(TokenizingBackend):
             content, reasoning, sampled_text = answer.content, answer.reasoning, answer.text
             if answer.error is not None:
                 flags.append(FLAG_TOOL_PARSE_ERROR)
-            message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in answer.calls
-            ] or None
+            message["tool_calls"] = chat_calls(answer.calls) or None
         version = raw.get("policy_version")
         return assemble(
             raw,
