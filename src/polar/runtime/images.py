@@ -97,13 +97,7 @@ def image_exists(engine: str, tag: str) -> bool:
 def image_missing(engine: str, tag: str) -> str | None:
     """None when `engine` has the image `tag`; otherwise why not, in a few words (for one line to a user)."""
     try:
-        done = subprocess.run(
-            [engine, "image", "inspect", "--format", "{{.Id}}", tag],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = _image_inspect(engine, tag, "{{.Id}}")
     except FileNotFoundError:
         return f"{engine} is not installed"
     except subprocess.TimeoutExpired:
@@ -118,6 +112,17 @@ def image_missing(engine: str, tag: str) -> str | None:
     if "cannot connect" in low or "daemon running" in low:
         return f"{engine} is not running ({err})"
     return f"`{engine} image inspect` failed ({err or f'exit {done.returncode}'})"
+
+
+def _image_inspect(engine: str, tag: str, fmt: str) -> subprocess.CompletedProcess[str]:
+    """`ENGINE image inspect --format FMT TAG`, at most 60 s (its callers say what a failure means)."""
+    return subprocess.run(
+        [engine, "image", "inspect", "--format", fmt, tag],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def import_image(engine: str, rootfs: Path, tag: str) -> None:
@@ -185,13 +190,7 @@ def dockerfile_bases(text: str) -> list[str]:
 def _inspect(engine: str, tag: str) -> tuple[str, dict[str, str]] | None:
     """(id, labels) of a local image, or None when the engine's store has no such image."""
     try:
-        done = subprocess.run(
-            [engine, "image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", tag],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = _image_inspect(engine, tag, "{{.Id}} {{json .Config.Labels}}")
     except FileNotFoundError:
         raise RuntimeFailure(f"building images needs `{engine}`, which is not on PATH") from None
     except subprocess.TimeoutExpired:
