@@ -36,8 +36,9 @@ class ToolStream:
 
 class AnswerStream:
     """One answer's text, fed as it comes (`feed`), read as `Template.read` reads it whole: reasoning (open
-    when the prompt left a thought open), then content, with the tool calls parsed at the end (`finish`). A
-    call that does not parse is handed back as content, with the parser's `error`."""
+    when the prompt left a thought open), then content, with the tool calls parsed by the last `feed`
+    (`final`). A call that does not parse is handed back as content, with the parser's `error`; what a
+    parser keeps as content after the text already sent (Llama 3's plain JSON answer) is sent then."""
 
     def __init__(
         self, reasoning: bool, opened: bool, parser: ToolParser | None, tools: list[dict[str, Any]] | None
