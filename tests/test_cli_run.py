@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import orjson
+import pytest
 import yaml
 
 from polar.store.sqlite import SQLiteStore
@@ -61,6 +62,7 @@ def test_run_executes_every_session_and_writes_results(tmp_path: Path) -> None:
     assert "say-0" in proc.stdout and "results" in proc.stdout
 
 
+@pytest.mark.slow  # loads the tiny model into the embedded engine and runs the whole stack
 def test_run_render_gateway_on_the_embedded_engine_makes_each_session_one_trace(tmp_path: Path) -> None:
     """`polar run --render gateway` without --backend: the embedded engine (the tiny random policy, whose
     turns drift when re-rendered) and the gateway continuing each session's chain: three calls, one trace."""

@@ -79,6 +79,7 @@ def test_the_config_it_trains_with_is_valid(tmp_path: Path) -> None:
     assert config.group_size * config.batch_groups > 1 and len(tasks) == 1  # several traces to pack
 
 
+@pytest.mark.slow  # loads the tiny model and trains a step through `polar train`
 def test_its_train_part_runs_polar_train_and_checks_what_it_wrote(tmp_path: Path) -> None:
     """The train part's own code path, on the CPU in float32 (1 step): `polar train` through the CLI, then
     the metric lines, their figures and the checkpoint it expects."""

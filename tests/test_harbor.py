@@ -98,6 +98,7 @@ def test_the_example_dataset_becomes_tasks() -> None:
     assert fresh_runtime_wanted(get_evaluator("harbor", {**cfg, "environment_mode": "separate"}), None)
 
 
+@pytest.mark.containers  # a task naming podman loads only where the podman CLI is (factory.check_runtime)
 def test_every_mapped_field_of_a_task_toml(tmp_path: Path) -> None:
     harbor_dir(tmp_path / "ds", "one")
     harbor_dir(tmp_path / "ds", "two")

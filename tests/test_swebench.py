@@ -38,6 +38,7 @@ def test_instances_are_what_the_script_writes() -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.containers  # a task naming podman loads only where the podman CLI is (factory.check_runtime)
 def test_a_dataset_file_becomes_tasks(tmp_path: Path) -> None:
     tasks = load_tasks(SWE / "swe.yaml")
     assert [t.task_id for t in tasks] == list(INSTANCES)

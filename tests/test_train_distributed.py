@@ -114,6 +114,7 @@ def test_shards_balance_tokens_and_keep_every_trace_once() -> None:
     assert distributed.shard([3], 2) == [[0], []]  # a rank may get nothing (it joins with a dummy)
 
 
+@pytest.mark.slow  # two torchrun ranks each load torch and train the tiny model: 15-30 s apiece
 @pytest.mark.parametrize(
     ("aggregation", "micro", "n", "parallel", "kl"),
     [
@@ -178,6 +179,7 @@ def test_two_ranks_take_the_single_process_step(
             assert torch.allclose(have[i]["exp_avg_sq"], want[i]["exp_avg_sq"], rtol=1e-4, atol=1e-12)
 
 
+@pytest.mark.slow  # the whole `polar train` under torchrun, two ranks training
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_polar_train_runs_under_torchrun(tmp_path: Path, parallel: str) -> None:
     """`torchrun --nproc_per_node 2 -m polar train`: rank 0 runs the rollouts, the loop and the out folder;
