@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Callable
 
 import click
+
+from polar.cli.common import F
 
 # auto, local, HOST:PORT (a name, IPv4 or [IPv6]), ray://HOST:PORT (Ray Client)
 _ADDRESS = re.compile(r"^(auto|local|ray://\S+|(\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.\-]+):\d+)$")
@@ -23,13 +25,13 @@ def _address(ctx: click.Context, param: click.Parameter, value: str | None) -> s
     return value
 
 
-def ray_options(run: bool) -> Any:
+def ray_options(run: bool) -> Callable[[F], F]:
     """`--ray`, `--ray-resource`, `--ray-cpus`, `--ray-memory` (`run`: their defaults come from the task
     file)."""
     cpus_default = "capacity x the largest runtime.cpus of the task file, at least 1" if run else "1"
     memory_default = "capacity x the largest runtime.memory_mb of the task file" if run else "none"
 
-    def decorate(fn: Any) -> Any:
+    def decorate(fn: F) -> F:
         options = [
             click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None,
                          metavar="[ADDRESS]", callback=_address,

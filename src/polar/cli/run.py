@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import re
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -31,6 +32,7 @@ from polar import interrupt
 from polar.cli import FAILURES, INTERRUPTED
 from polar.cli.common import (
     BACKEND_HELP,
+    F,
     allow_callback_option,
     dashboard_options,
     expand_backends,
@@ -194,10 +196,10 @@ def policy_server(
     return PolicyServer(backend_urls, backend_kind, model, render, tokenizer)
 
 
-def rollout_options(default_out: str) -> Any:
+def rollout_options(default_out: str) -> Callable[[F], F]:
     """The options `polar run` and `polar generate` share: where the policy is, where results go."""
 
-    def decorate(fn: Any) -> Any:
+    def decorate(fn: F) -> F:
         options = [
             click.option("--backend", "backend_urls", metavar="URL", multiple=True, callback=expand_backends,
                          help=f"{BACKEND_HELP} Default: start the embedded engine."),

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -226,7 +226,7 @@ class Scheduler:
         if self._keep_kw is not None:
             kw[self._keep_kw] = 1
         out = self.model(input_ids=input_ids.to(self.loaded.device), use_cache=True, **kw)
-        return out.logits[:, -1, :]
+        return cast(torch.Tensor, out.logits[:, -1, :])
 
     def _prefill_step(self) -> None:
         seq = self._prefilling[0]

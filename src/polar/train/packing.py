@@ -165,7 +165,8 @@ def response_logits(model: Any, batch: PackedBatch, by_positions: bool | None = 
         args["attention_mask"] = block_causal_mask(batch.sequence_ids.to(device), base.dtype)
     keep = cols.unique()  # sorted; one set of columns for every row
     logits = model(**args, logits_to_keep=keep.to(device)).logits  # (rows, len(keep), vocab)
-    return logits[rows.to(device), torch.searchsorted(keep, cols).to(device)]
+    picked: Tensor = logits[rows.to(device), torch.searchsorted(keep, cols).to(device)]
+    return picked
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:

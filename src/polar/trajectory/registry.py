@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from polar import plugins
 from polar.store.records import CompletionRecord
@@ -57,7 +57,7 @@ def _import(path: str) -> Builder:
         raise BuildError(f"cannot load builder {path!r}: {e}", param="strategy") from e
     if not callable(obj):
         raise BuildError(f"builder {path!r} is not callable", param="strategy")
-    return obj
+    return cast(Builder, obj)
 
 
 def get_builder(strategy: str) -> Builder:

@@ -8,7 +8,7 @@ Rendering and streaming answer with the model name the harness asked for.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -292,7 +292,7 @@ def _message(m: Any) -> dict[str, Any]:
                 call["type"] = "function"
         else:
             m.pop("tool_calls", None)
-    return m
+    return cast(dict[str, Any], m)
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:

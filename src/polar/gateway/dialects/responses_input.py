@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from polar.gateway.dialects.responses_tools import SEARCH, ConvertedTools, convert_tools, flat_name
 from polar.gateway.dialects.wire import SignatureCache
@@ -138,7 +138,7 @@ def _reasoning_text(item: Any, codec: ReasoningCodec) -> str | None:
 
 
 def _text_of(part: Any) -> str:
-    return part["refusal"] if part["type"] == "refusal" else part["text"]
+    return cast(str, part["refusal"] if part["type"] == "refusal" else part["text"])
 
 
 def _assistant_text(content: str | list[Any]) -> str:

@@ -96,7 +96,7 @@ class Template:
         if at < 0:
             raise TemplateUnusable("the chat template does not render an assistant turn's content")
         tail = text[at + len(_MARK) :]
-        special = sorted(
+        special: list[str] = sorted(
             (t for t in getattr(self.tokenizer, "all_special_tokens", []) if t in vocab),
             key=len,
             reverse=True,
