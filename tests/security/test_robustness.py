@@ -31,7 +31,8 @@ from polar.gateway.dialects.anthropic import AnthropicDialect
 from polar.gateway.dialects.gemini import GeminiDialect
 from polar.gateway.dialects.responses import ResponsesDialect
 from polar.gateway.errors import GatewayError
-from polar.gateway.proxy import check_nesting, request_summary
+from polar.gateway.answers import check_nesting
+from polar.gateway.recorder import request_summary
 from polar.gateway.signatures import ReasoningCodec
 from polar.http_server import http_protocol
 from polar.limits import MAX_JSON_DEPTH

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from polar.auth import Refusal, RequireToken
 from polar.gateway import control
+from polar.gateway.answers import error_response, read_json
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
 from polar.gateway.backends.openai import TokenDataMissing
@@ -38,7 +39,7 @@ from polar.gateway.dialects.gemini import GeminiDialect
 from polar.gateway.dialects.responses import ResponsesDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.metrics import GatewayMetrics
-from polar.gateway.proxy import Proxy, error_response, read_json
+from polar.gateway.proxy import Proxy
 from polar.gateway.routing import Classifiers
 from polar.gateway.sessions import SessionRegistry, sweep_idle
 from polar.gateway.signatures import ReasoningCodec

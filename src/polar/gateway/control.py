@@ -15,8 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from polar.gateway.answers import read_json
 from polar.gateway.errors import GatewayError
-from polar.gateway.proxy import Proxy, read_json
+from polar.gateway.proxy import Proxy
 from polar.metrics import metrics_endpoint
 from polar.store.sqlite import SQLiteStore
 

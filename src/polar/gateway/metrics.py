@@ -9,19 +9,36 @@ scrape time.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sized
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import Metric
 
+from polar.gateway.backends.base import Backend
+from polar.gateway.backends.pool import BackendPool
+from polar.gateway.gate import Gate
 from polar.metrics import FAST_BUCKETS, UPSTREAM_BUCKETS, BusyClock, LiveCollector, counter, gauge
-
-if TYPE_CHECKING:
-    from polar.gateway.proxy import Proxy
+from polar.store.writer import AsyncWriter
 
 AUTHENTICATION = "authentication"  # the refusal reason of a call without a live session's key
+
+
+class Watched(Protocol):
+    """What a scrape reads of the proxy (`polar.gateway.proxy.Proxy` is one): declared here, so the metrics
+    import nothing above them."""
+
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def pool(self) -> BackendPool | None: ...
+    @property
+    def gate(self) -> Gate: ...
+    @property
+    def writer(self) -> AsyncWriter: ...
+    @property
+    def sessions(self) -> Sized: ...
 
 
 class GatewayMetrics:
@@ -116,7 +133,7 @@ class GatewayMetrics:
             {(): self.completion_tokens},
         )
 
-    def watch(self, proxy: Callable[[], Proxy | None]) -> None:
+    def watch(self, proxy: Callable[[], Watched | None]) -> None:
         """Read the live state of `proxy()` (None until the gateway's lifespan made it) at each scrape."""
         self.registry.register(LiveCollector(lambda: live(proxy())))
 
@@ -131,13 +148,13 @@ class _Server:
     sessions: int
 
 
-def _servers(proxy: Proxy) -> list[_Server]:
+def _servers(proxy: Watched) -> list[_Server]:
     if proxy.pool is None:  # one server: its calls are those through the gate
         return [_Server(proxy.backend.url, proxy.gate.clock, True, 0, 0, 0)]
     return [_Server(s.url, s.clock, s.usable, s.calls, s.failures, s.sessions) for s in proxy.pool.servers]
 
 
-def live(proxy: Proxy | None) -> Iterator[Metric]:
+def live(proxy: Watched | None) -> Iterator[Metric]:
     """The gateway's current state: sessions, gate, inference servers, store writer."""
     if proxy is None:
         return
