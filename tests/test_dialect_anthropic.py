@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
-from polar.gateway.dialects.anthropic import AnthropicDialect
+from polar.gateway.dialects.anthropic.dialect import AnthropicDialect
 from polar.gateway.dialects.wire import RAW_ARGUMENTS_KEY, SignatureCache
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec

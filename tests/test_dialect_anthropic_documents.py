@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from polar.gateway.dialects.anthropic import AnthropicDialect
+from polar.gateway.dialects.anthropic.dialect import AnthropicDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 from tests.test_dialect_anthropic import completion, sdk_client

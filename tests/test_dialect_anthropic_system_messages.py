@@ -15,7 +15,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from polar.gateway.dialects.anthropic import AnthropicDialect
+from polar.gateway.dialects.anthropic.dialect import AnthropicDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.quirks import apply_quirks
 from polar.gateway.signatures import ReasoningCodec

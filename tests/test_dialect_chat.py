@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
-from polar.gateway.dialects.chat import ChatDialect
+from polar.gateway.dialects.chat.dialect import ChatDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 from tests.dialect_support import (

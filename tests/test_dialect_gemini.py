@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
-from polar.gateway.dialects.gemini import GeminiDialect
-from polar.gateway.dialects.gemini_request import decode_signature, encode_signature
-from polar.gateway.dialects.gemini_schema import to_json_schema
+from polar.gateway.dialects.gemini.dialect import GeminiDialect
+from polar.gateway.dialects.gemini.request import decode_signature, encode_signature
+from polar.gateway.dialects.gemini.schema import to_json_schema
 from polar.gateway.dialects.wire import RAW_ARGUMENTS_KEY
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec

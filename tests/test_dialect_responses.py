@@ -18,7 +18,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
-from polar.gateway.dialects.responses import ResponsesDialect
+from polar.gateway.dialects.responses.dialect import ResponsesDialect
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 from tests.dialect_support import (

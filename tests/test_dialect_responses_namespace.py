@@ -24,8 +24,8 @@ from polar.gateway.canonical import (
     ToolCall,
     ToolCallDelta,
 )
-from polar.gateway.dialects.responses import ResponsesDialect
-from polar.gateway.dialects.responses_tools import flat_name
+from polar.gateway.dialects.responses.dialect import ResponsesDialect
+from polar.gateway.dialects.responses.tools import flat_name
 from polar.gateway.signatures import ReasoningCodec
 from tests.dialect_support import (
     assert_parsed_or_refused,

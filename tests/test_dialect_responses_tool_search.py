@@ -26,7 +26,7 @@ from polar.gateway.canonical import (
     ToolCall,
     ToolCallDelta,
 )
-from polar.gateway.dialects.responses import ResponsesDialect
+from polar.gateway.dialects.responses.dialect import ResponsesDialect
 from polar.gateway.signatures import ReasoningCodec
 from tests.dialect_support import (
     assert_parsed_or_refused,

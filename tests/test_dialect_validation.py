@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from polar.gateway.dialects.anthropic import AnthropicDialect
-from polar.gateway.dialects.chat import ChatDialect
-from polar.gateway.dialects.gemini import GeminiDialect
+from polar.gateway.dialects.anthropic.dialect import AnthropicDialect
+from polar.gateway.dialects.chat.dialect import ChatDialect
+from polar.gateway.dialects.gemini.dialect import GeminiDialect
 from polar.gateway.dialects.openai_wire import OPENAI_STYLE
 from polar.gateway.dialects.validation import Style, field_path
 from polar.gateway.dialects.wire import PLAIN_STYLE

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.gateway.canonical import CanonicalRequest
-from polar.gateway.dialects.anthropic import AnthropicDialect
+from polar.gateway.dialects.anthropic.dialect import AnthropicDialect
 from polar.gateway.quirks import QUIRKS, apply_quirks
 from polar.gateway.signatures import ReasoningCodec
 

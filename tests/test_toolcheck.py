@@ -15,7 +15,7 @@ import pytest
 from polar.evaluate.base import EvalResult
 from polar.gateway import toolcheck
 from polar.gateway.canonical import ToolCall
-from polar.gateway.dialects.responses import ResponsesDialect
+from polar.gateway.dialects.responses.dialect import ResponsesDialect
 from polar.gateway.signatures import ReasoningCodec
 from polar.rollout.rewards import assign_rewards
 from polar.trajectory import build

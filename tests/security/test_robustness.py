@@ -27,11 +27,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from polar.cli import main
-from polar.gateway.dialects.anthropic import AnthropicDialect
-from polar.gateway.dialects.gemini import GeminiDialect
-from polar.gateway.dialects.responses import ResponsesDialect
-from polar.gateway.errors import GatewayError
 from polar.gateway.answers import check_nesting
+from polar.gateway.dialects.anthropic.dialect import AnthropicDialect
+from polar.gateway.dialects.gemini.dialect import GeminiDialect
+from polar.gateway.dialects.responses.dialect import ResponsesDialect
+from polar.gateway.errors import GatewayError
 from polar.gateway.recorder import request_summary
 from polar.gateway.signatures import ReasoningCodec
 from polar.http_server import http_protocol

@@ -25,18 +25,20 @@ from starlette.routing import Route
 
 from polar.auth import Refusal, RequireToken
 from polar.gateway import control
-from polar.gateway.answers import error_response, read_json
+from polar.gateway.answers import error_response
 from polar.gateway.backends import make_backend
 from polar.gateway.backends.base import Backend
 from polar.gateway.backends.openai import TokenDataMissing
 from polar.gateway.backends.pool import BackendPool
 from polar.gateway.backends.prompt_ids import MemoBudget
 from polar.gateway.config import GatewayConfig
-from polar.gateway.dialects.anthropic import AnthropicDialect
-from polar.gateway.dialects.base import Dialect, StreamFormat
-from polar.gateway.dialects.chat import ChatDialect
-from polar.gateway.dialects.gemini import GeminiDialect
-from polar.gateway.dialects.responses import ResponsesDialect
+from polar.gateway.dialects.anthropic.routes import SERVED as ANTHROPIC_SERVED
+from polar.gateway.dialects.base import Dialect
+from polar.gateway.dialects.chat.routes import SERVED as CHAT_SERVED
+from polar.gateway.dialects.gemini.routes import SERVED as GEMINI_SERVED
+from polar.gateway.dialects.gemini.routes import gemini, gemini_models, speaks_gemini
+from polar.gateway.dialects.responses.routes import SERVED as RESPONSES_SERVED
+from polar.gateway.dialects.serving import Served, proxy_of
 from polar.gateway.errors import GatewayError
 from polar.gateway.metrics import GatewayMetrics
 from polar.gateway.proxy import Proxy
@@ -49,102 +51,14 @@ from polar.store.writer import AsyncWriter
 
 log = logging.getLogger("polar.gateway")
 
-CHAT, RESPONSES, ANTHROPIC, GEMINI = ChatDialect(), ResponsesDialect(), AnthropicDialect(), GeminiDialect()
-
-
-def _proxy(request: Request) -> Proxy:
-    proxy: Proxy = request.app.state.proxy
-    return proxy
-
-
-_GEMINI_METHODS = (":generateContent", ":streamGenerateContent", ":countTokens")
-
-
-def speaks_gemini(request: Request) -> bool:
-    """Whether a request is Google's Gemini API. Its model routes exist under `/v1beta` and, since the
-    google-genai SDK's default moved to API version `v1`, under `/v1` too, where `/v1/models` is also the
-    OpenAI and Anthropic listing: a Gemini method in the path, Google's key header or client header, or a
-    `?key=` tells them apart (the openai and anthropic SDKs send none of these)."""
-    path = request.url.path
-    return (
-        path.startswith("/v1beta")
-        or path.endswith(_GEMINI_METHODS)
-        or "x-goog-api-key" in request.headers
-        or "x-goog-api-client" in request.headers
-        or "key" in request.query_params
-    )
+# The dialects the data plane speaks, one package each (`polar.gateway.dialects.serving`). Their order is the
+# order in which they claim a request no route matched, for the shape of its error; chat claims the rest.
+DIALECTS: tuple[Served, ...] = (GEMINI_SERVED, ANTHROPIC_SERVED, RESPONSES_SERVED, CHAT_SERVED)
 
 
 def dialect_for(request: Request) -> Dialect:
-    """Which dialect's error shape fits a request we cannot route: path first, then headers."""
-    path = request.url.path
-    if speaks_gemini(request):
-        return GEMINI
-    if path.startswith("/v1/messages") or "anthropic-version" in request.headers:
-        return ANTHROPIC
-    if path.startswith("/v1/responses"):
-        return RESPONSES
-    return CHAT
-
-
-# -- generation routes ------------------------------------------------------------------------------------
-async def chat_completions(request: Request) -> Response:
-    return await _proxy(request).call(CHAT, request)
-
-
-async def responses(request: Request) -> Response:
-    return await _proxy(request).call(RESPONSES, request)
-
-
-async def messages(request: Request) -> Response:
-    return await _proxy(request).call(ANTHROPIC, request)
-
-
-async def count_tokens(request: Request) -> Response:
-    """Anthropic's token counter, answered by the policy's own tokenizer (Claude Code calls it)."""
-    proxy = _proxy(request)
-    try:
-        proxy.authenticate(request)
-        body = await read_json(request, proxy.max_body_bytes, proxy.body_timeout_s)
-        req = ANTHROPIC.parse_count_tokens(body, proxy.codec)
-        n = await proxy.backend.count_tokens(req, proxy.served_model)
-    except GatewayError as err:
-        return error_response(ANTHROPIC, err)
-    return Response(orjson.dumps(ANTHROPIC.render_count_tokens(n)), media_type="application/json")
-
-
-async def gemini(request: Request) -> Response:
-    """`/v1beta/models/{model}:{method}` (or `/v1/...`): generateContent, streamGenerateContent, countTokens;
-    a GET without a method is Gemini's model lookup."""
-    rest: str = request.path_params["rest"]
-    model, sep, method = rest.rpartition(":")
-    if not sep:
-        if request.method == "GET":
-            return await gemini_model(request)
-        return error_response(GEMINI, GatewayError("not_found", f"no route POST {request.url.path}"))
-    proxy = _proxy(request)
-    if method == "generateContent":
-        return await proxy.call(GEMINI, request, path_model=model, path_stream=False)
-    if method == "streamGenerateContent":
-        fmt: StreamFormat = "sse" if request.query_params.get("alt") == "sse" else "json-array"
-        return await proxy.call(GEMINI, request, path_model=model, path_stream=True, stream_format=fmt)
-    if method == "countTokens":
-        try:
-            proxy.authenticate(request)
-            body = await read_json(request, proxy.max_body_bytes, proxy.body_timeout_s)
-            # countTokens takes either a bare `contents` list or a whole `generateContentRequest`.
-            if isinstance(body, dict) and isinstance(body.get("generateContentRequest"), dict):
-                body = body["generateContentRequest"]
-            req = GEMINI.parse(body, proxy.codec, path_model=model, path_stream=False)
-            n = await proxy.backend.count_tokens(req, proxy.served_model)
-        except GatewayError as err:
-            return error_response(GEMINI, err)
-        return Response(orjson.dumps({"totalTokens": n}), media_type="application/json")
-    unknown = GatewayError(
-        "not_found",
-        f"unknown method {method!r}; supported: generateContent, streamGenerateContent, countTokens",
-    )
-    return error_response(GEMINI, unknown)
+    """Which dialect's error shape fits a request we cannot route."""
+    return next(served.dialect for served in DIALECTS if served.claims(request))
 
 
 # -- model probes -----------------------------------------------------------------------------------------
@@ -166,7 +80,7 @@ async def list_models(request: Request) -> Response:
     """`GET /v1/models`: the OpenAI/Anthropic listing, or Gemini's for a Gemini client (API version v1)."""
     if speaks_gemini(request):
         return await gemini_models(request)
-    name = _proxy(request).served_model
+    name = proxy_of(request).served_model
     entry = _model_entry(name, request.app.state.started)
     body = {"object": "list", "data": [entry], "has_more": False, "first_id": name, "last_id": name}
     return Response(orjson.dumps(body), media_type="application/json")
@@ -183,33 +97,13 @@ async def v1_model(request: Request) -> Response:
     )
 
 
-def _gemini_model(name: str) -> dict[str, Any]:
-    return {
-        "name": f"models/{name}",
-        "baseModelId": name,
-        "version": "polar",
-        "displayName": name,
-        "supportedGenerationMethods": ["generateContent", "streamGenerateContent", "countTokens"],
-    }
-
-
-async def gemini_models(request: Request) -> Response:
-    body = {"models": [_gemini_model(_proxy(request).served_model)]}
-    return Response(orjson.dumps(body), media_type="application/json")
-
-
-async def gemini_model(request: Request) -> Response:
-    name = request.path_params["rest"].removeprefix("models/")
-    return Response(orjson.dumps(_gemini_model(name)), media_type="application/json")
-
-
 async def root(request: Request) -> Response:
     # Claude Code sends `HEAD /` before its first call to check the base URL answers.
     return (
         Response(b"", status_code=200)
         if request.method == "HEAD"
         else Response(
-            orjson.dumps({"service": "polar-gateway", "model": _proxy(request).served_model}),
+            orjson.dumps({"service": "polar-gateway", "model": proxy_of(request).served_model}),
             media_type="application/json",
         )
     )
@@ -217,7 +111,7 @@ async def root(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     """Liveness for harnesses and probes; the backend, pause state and load are on the control listener."""
-    body = {"status": "ok", "model": _proxy(request).served_model}
+    body = {"status": "ok", "model": proxy_of(request).served_model}
     return Response(orjson.dumps(body), media_type="application/json")
 
 
@@ -319,11 +213,7 @@ class HotPath:
     def __init__(self, app: Starlette) -> None:
         self.app = app
         self.state = app.state
-        self.routes = {
-            "/v1/chat/completions": chat_completions,
-            "/v1/responses": responses,
-            "/v1/messages": messages,
-        }
+        self.routes = {path: endpoint for served in DIALECTS for path, endpoint in served.hot.items()}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -433,14 +323,9 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
     routes = [
         Route("/", root, methods=["GET", "HEAD"]),
         Route("/health", health, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/responses", responses, methods=["POST"]),
-        Route("/v1/messages", messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{rest:path}", v1_model, methods=["GET", "POST"]),
-        Route("/v1beta/models", gemini_models, methods=["GET"]),
-        Route("/v1beta/models/{rest:path}", gemini, methods=["GET", "POST"]),
+        *(route for served in DIALECTS for route in served.routes),
     ]
     data = Starlette(
         routes=routes,

@@ -1,1 +1,1 @@
-"""One module per wire dialect a harness may speak."""
+"""The wire dialects harnesses speak: one package each (`chat`, `responses`, `anthropic`, `gemini`), and\nwhat they share (`base`: the `Dialect` protocol; `serving`: routes as data; `validation`, `wire`,\n`openai_wire`, `tool_schema`)."""

@@ -19,7 +19,7 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects.openai_wire import error_object, unix_now
-from polar.gateway.dialects.responses_tools import SEARCH
+from polar.gateway.dialects.responses.tools import SEARCH
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 

@@ -22,7 +22,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-from polar.gateway.dialects.responses_tools import SEARCH, ConvertedTools, convert_tools, flat_name
+from polar.gateway.dialects.responses.tools import SEARCH, ConvertedTools, convert_tools, flat_name
 from polar.gateway.dialects.wire import SignatureCache
 from polar.gateway.signatures import ReasoningCodec
 

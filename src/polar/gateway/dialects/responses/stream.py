@@ -23,7 +23,7 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead, ToolCallDelta
 from polar.gateway.dialects.openai_wire import split_text, unix_now
-from polar.gateway.dialects.responses_render import (
+from polar.gateway.dialects.responses.render import (
     OutputItem,
     base_id,
     call_item,
@@ -37,7 +37,7 @@ from polar.gateway.dialects.responses_render import (
     strip_id,
     usage,
 )
-from polar.gateway.dialects.responses_tools import SEARCH
+from polar.gateway.dialects.responses.tools import SEARCH
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 

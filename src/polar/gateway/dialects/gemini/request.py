@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from polar.gateway.canonical import UNNAMED_CALL_PREFIX, CanonicalRequest
-from polar.gateway.dialects import gemini_schema as g
+from polar.gateway.dialects.gemini import schema as g
 from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
 from polar.gateway.dialects.wire import PLAIN_STYLE, SignatureCache, data_url, tool_arguments

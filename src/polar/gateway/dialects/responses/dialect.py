@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from polar.gateway.canonical import CanonicalRequest, Completion
-from polar.gateway.dialects import responses_schema as s
 from polar.gateway.dialects.base import SSEOnly, StreamFormat
 from polar.gateway.dialects.openai_wire import OPENAI_STYLE, settle_tool_choice, upstream_effort
-from polar.gateway.dialects.responses_input import convert_history, searched_tools
-from polar.gateway.dialects.responses_render import error_body, render_response
-from polar.gateway.dialects.responses_stream import ResponsesEventWriter, ResponsesStreamEncoder, synthesize
-from polar.gateway.dialects.responses_tools import convert_tool_choice, convert_tools
+from polar.gateway.dialects.responses import schema as s
+from polar.gateway.dialects.responses.input import convert_history, searched_tools
+from polar.gateway.dialects.responses.render import error_body, render_response
+from polar.gateway.dialects.responses.stream import ResponsesEventWriter, ResponsesStreamEncoder, synthesize
+from polar.gateway.dialects.responses.tools import convert_tool_choice, convert_tools
 from polar.gateway.dialects.validation import validate
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec

@@ -13,8 +13,8 @@ from typing import Any, cast
 import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead
-from polar.gateway.dialects import chat_schema as s
 from polar.gateway.dialects.base import SSEOnly, StreamFormat
+from polar.gateway.dialects.chat import schema as s
 from polar.gateway.dialects.openai_wire import (
     OPENAI_STYLE,
     error_object,

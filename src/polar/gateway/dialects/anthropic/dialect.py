@@ -37,9 +37,9 @@ from typing import Any
 import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion
-from polar.gateway.dialects import anthropic_schema as s
-from polar.gateway.dialects.anthropic_blocks import document_text, function_line, functions_block
-from polar.gateway.dialects.anthropic_stream import AnthropicStreamEncoder, MessageStream
+from polar.gateway.dialects.anthropic import schema as s
+from polar.gateway.dialects.anthropic.blocks import document_text, function_line, functions_block
+from polar.gateway.dialects.anthropic.stream import AnthropicStreamEncoder, MessageStream
 from polar.gateway.dialects.base import SSEOnly, StreamFormat, sse
 from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate

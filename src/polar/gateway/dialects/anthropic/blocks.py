@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from polar.gateway.dialects import anthropic_schema as s
+from polar.gateway.dialects.anthropic import schema as s
 
 
 def document_text(block: s.DocumentBlock) -> str:

@@ -15,7 +15,7 @@ import orjson
 
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead
 from polar.gateway.dialects.base import StreamFormat, sse
-from polar.gateway.dialects.gemini_request import encode_signature, parse_request
+from polar.gateway.dialects.gemini.request import encode_signature, parse_request
 from polar.gateway.dialects.wire import tool_input
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
