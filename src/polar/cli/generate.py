@@ -20,11 +20,11 @@ from rich.table import Table
 from polar import interrupt
 from polar.cli.common import setup_logging
 from polar.cli.run import (
+    Rollout,
     RunState,
     _console,
     exit_for,
     interrupted,
-    policy_server,
     rollout_options,
     run_taskfile,
 )
@@ -87,10 +87,8 @@ def _summary(counts: dict[str, Any]) -> Table:
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet", "both"]), default="both",
               show_default=True)  # fmt: skip
 def generate(
-    taskfile: Path, backend_urls: tuple[str, ...], backend_kind: str, model: str | None, policy: str | None,
-    render: str, tokenizer: str | None, out: Path, overwrite: bool, capacity: int, allow_callback: tuple[str, ...], log_level: str,
-    log_json: bool, statuses: tuple[str, ...], min_reward: float | None, fmt: str,
-) -> None:  # fmt: skip
+    taskfile: Path, rollout: Rollout, statuses: tuple[str, ...], min_reward: float | None, fmt: str
+) -> None:
     """Run TASKFILE, keep the sessions that pass the filter, and export them as training data.
 
     \b
@@ -110,7 +108,8 @@ def generate(
     from polar.extras import PARQUET, require_cli
     from polar.train.export import Filter
 
-    setup_logging(log_level, json=log_json)
+    setup_logging(rollout.log_level, json=rollout.log_json)
+    out = rollout.out
     interrupt.guard()
     formats = ("jsonl", "parquet") if fmt == "both" else (fmt,)
     if "parquet" in formats:  # before any session runs, not after all of them
@@ -119,10 +118,7 @@ def generate(
     state = RunState(out)
     keep = Filter(statuses=statuses, min_reward=min_reward)
     try:
-        results = run_taskfile(
-            taskfile, policy_server(backend_urls, backend_kind, model, render, tokenizer), policy, state,
-            capacity, console, allow_callback, overwrite=overwrite,
-        )  # fmt: skip
+        results = run_taskfile(taskfile, rollout, state, console)
         counts = write_outputs(results, keep, out, formats)  # derived from results.jsonl: rewritten whole
     except KeyboardInterrupt:
         interrupted(state)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import click
 
@@ -23,6 +24,17 @@ def _address(ctx: click.Context, param: click.Parameter, value: str | None) -> s
             "taken as its ADDRESS: put it before --ray, or write --ray=ADDRESS"
         )
     return value
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """--ray and its companions as given (`polar run` turns them into a `RayPlacement` for its tasks)."""
+
+    address: str  # "" for --ray alone: RAY_ADDRESS, the last local cluster, or a new one
+    resource: str | None = None
+    cpus: float | None = None
+    memory_mb: int | None = None
+    log_level: str = "warning"
 
 
 def ray_options(run: bool) -> Callable[[F], F]:

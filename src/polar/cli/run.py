@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import click
 from rich import box
@@ -41,10 +42,44 @@ from polar.cli.common import (
     polar_command,
     setup_logging,
 )
-from polar.cli.raycli import check_ray_options, ray_options
+from polar.cli.raycli import RayOptions, check_ray_options, ray_options
 from polar.rollout.local import PolicyServer
 
+if TYPE_CHECKING:
+    from polar.dashboard import DashboardOptions
+    from polar.rollout.ray.spec import RayPlacement
+
 STAGES = ("INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING")
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The settings `polar run` and `polar generate` share, built once from their options by
+    `rollout_options` (which hands the command this instead of its ten options)."""
+
+    policy: PolicyServer
+    engine_model: str | None  # --policy: what the embedded engine serves when `policy` names no server
+    out: Path
+    overwrite: bool = False
+    capacity: int = 4
+    allow_callback: tuple[str, ...] = ()  # the outbound allowlist for task-given URLs (polar.netguard)
+    log_level: str = "warning"
+    log_json: bool = False
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What starting a checked run takes: its settings, where the node may read uploads from (the task
+    file's folder), the dashboard's options (`polar run`), and the gateway nodes' Ray placement (--ray)."""
+
+    rollout: Rollout
+    upload_roots: tuple[Path, ...]
+    dashboard: DashboardOptions | None = None
+    placement: RayPlacement | None = None
+
+    @property
+    def policy(self) -> PolicyServer:
+        return self.rollout.policy
 
 
 @dataclass
@@ -113,17 +148,7 @@ def session_line(result: Any, n: int, total: int) -> str:
 
 
 async def _run(
-    tasks: list[Any],
-    plan: Any,
-    state: RunState,
-    sink: Any,
-    backend: PolicyServer,
-    capacity: int,
-    console: Console,
-    allow_callback: tuple[str, ...] = (),
-    upload_roots: tuple[Path, ...] = (),
-    dashboard: Any = None,
-    ray: Any = None,
+    tasks: list[Any], plan: Any, state: RunState, sink: Any, launch: Launch, console: Console
 ) -> None:
     from polar.client import RolloutClient
     from polar.rollout.local import local_stack
@@ -137,15 +162,16 @@ async def _run(
         console=console,
         disable=not live,
     )
+    capacity = launch.rollout.capacity
     async with local_stack(
         state.out,
-        backend,
+        launch.policy,
         capacity,
         stop_reason="polar run finished",
-        allow_callback=allow_callback,
-        upload_roots=upload_roots,
-        dashboard=dashboard,
-        ray=ray,
+        allow_callback=launch.rollout.allow_callback,
+        upload_roots=launch.upload_roots,
+        dashboard=launch.dashboard,
+        ray=launch.placement,
     ) as stack:
         click.echo(f"dashboard: {stack.dashboard_url}")
         if stack.ray is not None:
@@ -227,32 +253,48 @@ def rollout_options(default_out: str) -> Callable[[F], F]:
             allow_callback_option,
             logging_options("warning"),
         ]  # fmt: skip
+
+        @functools.wraps(fn)
+        def command(**kw: Any) -> Any:
+            policy = policy_server(
+                kw.pop("backend_urls"),
+                kw.pop("backend_kind"),
+                kw.pop("model"),
+                kw.pop("render"),
+                kw.pop("tokenizer"),
+            )
+            if kw["capacity"] < 1:
+                raise click.BadParameter("must be at least 1", param_hint="--capacity")
+            outbound_policy(kw["allow_callback"])  # a bad entry is a usage error before anything starts
+            rollout = Rollout(
+                policy, kw.pop("policy"), kw.pop("out"), kw.pop("overwrite"), kw.pop("capacity"),
+                kw.pop("allow_callback"), kw.pop("log_level"), kw.pop("log_json"),
+            )  # fmt: skip
+            return fn(rollout=rollout, **kw)
+
+        wrapped: Any = command
         for option in reversed(options):
-            fn = option(fn)
-        return fn
+            wrapped = option(wrapped)
+        return cast(F, wrapped)
 
     return decorate
 
 
 def run_taskfile(
     taskfile: Path,
-    backend: PolicyServer,
-    policy: str | None,
+    rollout: Rollout,
     state: RunState,
-    capacity: int,
     console: Console,
-    allow_callback: tuple[str, ...] = (),
     *,
-    overwrite: bool = False,
-    dashboard: Any = None,
-    ray: dict[str, Any] | None = None,
+    dashboard: DashboardOptions | None = None,
+    ray: RayOptions | None = None,
     check_only: bool = False,
 ) -> list[Any]:
     """Load and check TASKFILE (errors at file:line: fields, harness/evaluator/builder names and settings,
     import paths) before anything loads, resume or start the run in `state.out`, start the embedded engine
-    (serving `policy`) unless `backend` names servers (and something is left to run), run every unfinished
-    session through a local server and node, and return every finished session's result (earlier runs' too). `ray`: the --ray
-    options (address, resource, cpus, memory_mb, log_level): gateway nodes as Ray actors instead."""
+    (serving `rollout.engine_model`) unless `rollout.policy` names servers (and something is left to run),
+    run every unfinished session through a local server and node, and return every finished session's
+    result (earlier runs' too). `ray`: gateway nodes as Ray actors instead of the one node."""
     from polar.modelsource import ModelNotFound, prepare_model
     from polar.rollout.ray.cluster import RayError  # imports no Ray
     from polar.rollout.rundir import ResultsFile, RunDirError, locked, plan_run
@@ -262,16 +304,14 @@ def run_taskfile(
         tasks = load_tasks(taskfile)
     except TaskFileError as exc:
         raise click.ClickException(str(exc)) from None
-    if capacity < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--capacity")
-    outbound_policy(allow_callback)  # a bad entry is a usage error before anything starts
+    backend, capacity = rollout.policy, rollout.capacity
     placement = _ray_placement(ray, tasks, capacity, taskfile) if ray is not None else None
     if not backend.urls:
         from polar.extras import ENGINE, require_cli
 
         require_cli(ENGINE)
         try:
-            prepare_model(policy)
+            prepare_model(rollout.engine_model)
         except ModelNotFound as exc:
             raise click.BadParameter(str(exc), param_hint="--policy") from None
     if placement is None:  # Ray's nodes have their own images and network: they check at their start
@@ -293,7 +333,7 @@ def run_taskfile(
                 if connect(placement.address):
                     ray_session.callback(disconnect)
             ray_session.enter_context(locked(out))
-            plan = plan_run(out, tasks, overwrite=overwrite, source=taskfile)
+            plan = plan_run(out, tasks, overwrite=rollout.overwrite, source=taskfile)
             state.total = plan.total
             for result in plan.finished:
                 state.add(result, new=False)
@@ -303,10 +343,8 @@ def run_taskfile(
                     sink.append(result)
                 if not plan.nothing_to_run:
                     roots = (taskfile.resolve().parent,)  # where load_tasks confined the uploads
-                    _serve_and_run(
-                        tasks, plan, state, sink, backend, policy, capacity, console, allow_callback, roots,
-                        dashboard, placement,
-                    )  # fmt: skip
+                    launch = Launch(rollout, roots, dashboard, placement)
+                    _serve_and_run(tasks, plan, state, sink, launch, console)
     except RunDirError as exc:
         raise click.ClickException(str(exc)) from None
     except RayError as exc:  # Ray unreachable, or no Ray node can host a gateway node
@@ -343,68 +381,48 @@ def _unmake(out: Path, made: bool, state: RunState) -> None:
 
 
 def _serve_and_run(
-    tasks: list[Any],
-    plan: Any,
-    state: RunState,
-    sink: Any,
-    backend: PolicyServer,
-    policy: str | None,
-    capacity: int,
-    console: Console,
-    allow_callback: tuple[str, ...],
-    upload_roots: tuple[Path, ...],
-    dashboard: Any = None,
-    ray: Any = None,
+    tasks: list[Any], plan: Any, state: RunState, sink: Any, launch: Launch, console: Console
 ) -> None:
     with contextlib.ExitStack() as stack:
-        if not backend.urls:
+        if not launch.policy.urls:
             from polar.rollout.local import embedded_engine
 
             loading = "loading the policy (the default model is built once)"
             if not console.is_terminal:  # a log file shows it at once; a terminal gets a spinner
                 click.echo(loading)
             with console.status(loading):
-                engine, engine_server = stack.enter_context(embedded_engine(policy))
-            backend = dataclasses.replace(backend, urls=(engine_server.url,), kind="vllm", model=engine.name)
+                engine, engine_server = stack.enter_context(embedded_engine(launch.rollout.engine_model))
+            policy = dataclasses.replace(
+                launch.policy, urls=(engine_server.url,), kind="vllm", model=engine.name
+            )
+            launch = dataclasses.replace(launch, rollout=dataclasses.replace(launch.rollout, policy=policy))
             click.echo(f"policy {engine.name} served by the embedded engine at {engine_server.url}")
+            dashboard = launch.dashboard
             if dashboard is not None and dashboard.decode is None:  # the token view shows the policy's text
                 from polar.dashboard.tokens import decoder
 
                 name = f"{engine.name} (the embedded engine's)"
                 dashboard = dataclasses.replace(dashboard, tokenizer=name, decode=decoder(engine.tokenizer))
-        each = " on each gateway node" if ray is not None else ""
-        click.echo(f"running {plan.to_run} sessions, {capacity} at a time{each}")
-        interrupt.run(
-            _run(
-                tasks,
-                plan,
-                state,
-                sink,
-                backend,
-                capacity,
-                console,
-                allow_callback,
-                upload_roots,
-                dashboard,
-                ray,
-            )
-        )
+                launch = dataclasses.replace(launch, dashboard=dashboard)
+        each = " on each gateway node" if launch.placement is not None else ""
+        click.echo(f"running {plan.to_run} sessions, {launch.rollout.capacity} at a time{each}")
+        interrupt.run(_run(tasks, plan, state, sink, launch, console))
 
 
-def _ray_placement(ray: dict[str, Any], tasks: list[Any], capacity: int, taskfile: Path) -> Any:
+def _ray_placement(ray: RayOptions, tasks: list[Any], capacity: int, taskfile: Path) -> RayPlacement:
     """--ray: what each gateway node takes (the task file's runtime.cpus and memory_mb, unless given)."""
     from polar.rollout.ray.spec import NodeRequest, RayPlacement, trusted_imports
 
     try:
         request = NodeRequest.for_tasks(
-            tasks, capacity, resource=ray["resource"], cpus=ray["cpus"], memory_mb=ray["memory_mb"]
+            tasks, capacity, resource=ray.resource, cpus=ray.cpus, memory_mb=ray.memory_mb
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ray-resource") from None
     return RayPlacement(
-        address=ray["address"] or None,
+        address=ray.address or None,
         request=request,
-        log_level=ray["log_level"],
+        log_level=ray.log_level,
         trusted_imports=trusted_imports(tasks, taskfile.resolve().parent),
     )
 
@@ -483,18 +501,7 @@ def exit_for(results: list[Any]) -> None:
 )
 def run(
     taskfile: Path,
-    backend_urls: tuple[str, ...],
-    backend_kind: str,
-    model: str | None,
-    policy: str | None,
-    render: str,
-    tokenizer: str | None,
-    out: Path,
-    overwrite: bool,
-    capacity: int,
-    allow_callback: tuple[str, ...],
-    log_level: str,
-    log_json: bool,
+    rollout: Rollout,
     ray_address: str | None,
     ray_resource: str | None,
     ray_cpus: float | None,
@@ -527,22 +534,20 @@ def run(
     With --ray, each Ray node offering what a gateway node takes runs one (as a Ray actor) with --capacity
     sessions; the server on this machine places sessions on them (docs/deploy.md).
     """
-    setup_logging(log_level, json=log_json)
+    setup_logging(rollout.log_level, json=rollout.log_json)
     interrupt.guard()
     check_ray_options(ray_address, ray_resource, ray_cpus, ray_memory_mb)
     ray = None
     if ray_address is not None:
-        ray = {"address": ray_address, "resource": ray_resource, "cpus": ray_cpus,
-               "memory_mb": ray_memory_mb, "log_level": log_level}  # fmt: skip
-    dashboard = dashboard_options(tokenizer)
+        ray = RayOptions(ray_address, ray_resource, ray_cpus, ray_memory_mb, rollout.log_level)
+    dashboard = dashboard_options(rollout.policy.tokenizer)
     console = _console()
+    out = rollout.out
     state = RunState(out)
     try:
         results = run_taskfile(
-            taskfile, policy_server(backend_urls, backend_kind, model, render, tokenizer), policy, state,
-            capacity, console, allow_callback, overwrite=overwrite, dashboard=dashboard, ray=ray,
-            check_only=check_only,
-        )  # fmt: skip
+            taskfile, rollout, state, console, dashboard=dashboard, ray=ray, check_only=check_only
+        )
     except KeyboardInterrupt:
         interrupted(state)
     if check_only:
