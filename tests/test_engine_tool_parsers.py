@@ -229,3 +229,75 @@ def test_streaming_filter_matches_whole_parse(qwen_tokenizer: Any, name: str) ->
         whole = parser.parse(text, TOOLS)
         assert shown == whole.content
         _check(parser.parse(stream.buf, TOOLS), CALLS)
+
+
+# ---- the engine's answers: streamed and whole agree -------------------------------------------------------
+
+
+class _Scripted:
+    """Stands in for the engine's model in these tests only: `generate` yields `text` in `pieces` (one
+    update each, the last finished), as the scheduler's `SeqUpdate`s do, so the serving code under test
+    (`polar.engine.serving_chat`) sees a chosen answer. The real engine samples; which text it samples is
+    not what these tests are about."""
+
+    name = "scripted"
+    policy_version = 0
+    tokenizer = None
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+    async def generate(self, ids: list[int], params: Any, rid: str) -> Any:
+        from polar.engine.scheduler import SeqUpdate
+
+        for i, piece in enumerate(self.pieces):
+            last = i == len(self.pieces) - 1
+            yield SeqUpdate([i], [0.0], None, piece, finish_reason="stop" if last else None)
+
+
+def _job(parser: str) -> Any:
+    from polar.engine.protocol import ChatCompletionRequest
+    from polar.engine.serving_chat import ChatJob
+
+    req = ChatCompletionRequest.model_validate(
+        {"model": "scripted", "messages": [{"role": "user", "content": "x"}], "tools": TOOLS}
+    )
+    return ChatJob(req, "x", [1], 64, get_parser(parser), req.model_dump()["tools"], False, False)
+
+
+async def _both(pieces: list[str], parser: str) -> tuple[dict[str, Any], str, list[Any], str | None]:
+    """The whole answer's message, and the stream's content, tool calls and finish reason."""
+    from polar.engine import serving_chat
+
+    whole = await serving_chat.complete(_Scripted(pieces), _job(parser))  # type: ignore[arg-type]
+    content, calls, finish = "", [], None
+    async for event in serving_chat.stream(_Scripted(pieces), _job(parser)):  # type: ignore[arg-type]
+        data = event.decode().removeprefix("data: ").strip()
+        if data == "[DONE]":
+            break
+        for choice in json.loads(data)["choices"]:
+            content += choice["delta"].get("content") or ""
+            calls += choice["delta"].get("tool_calls") or []
+            finish = choice["finish_reason"] or finish
+    return whole["choices"][0]["message"], content, calls, finish
+
+
+@pytest.mark.parametrize("cut", [1, 3, 7])
+async def test_a_streamed_llama3_plain_json_answer_keeps_its_text(cut: int) -> None:
+    """Llama 3's parser reads an answer starting with `{` as a possible call; a JSON object that names no
+    tool is the answer itself. Streamed, that text was held back as a call and then dropped: the stream
+    ended with no content where the whole answer had it."""
+    text = '{"answer": 42, "why": "it is"}'
+    pieces = [text[i : i + cut] for i in range(0, len(text), cut)]
+    message, content, calls, finish = await _both(pieces, "llama3_json")
+    assert message["content"] == text and not message["tool_calls"]
+    assert (content, calls, finish) == (text, [], "stop")
+
+
+async def test_a_streamed_llama3_call_matches_the_whole_answer() -> None:
+    call = {"name": CALLS[0]["name"], "parameters": CALLS[0]["arguments"]}
+    text = json.dumps(call)
+    message, content, calls, finish = await _both([text[:5], text[5:20], text[20:]], "llama3_json")
+    assert [c["function"]["name"] for c in calls] == [c["function"]["name"] for c in message["tool_calls"]]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [CALLS[0]["arguments"]]
+    assert (content, finish) == ("", "tool_calls") and not message["content"]

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from polar.chat.reasoning import ReasoningStream, prompt_opens_thought, split_reasoning
+from polar.chat.reasoning import prompt_opens_thought, split_reasoning
 from polar.chat.render import ChatTemplateError, render_chat
-from polar.chat.stream import ToolStream
+from polar.chat.stream import AnswerStream
 from polar.chat.tool_parsers import ToolParser, chat_calls
 from polar.engine.engine import Engine
 from polar.engine.protocol import APIError, ChatCompletionRequest
@@ -211,9 +211,7 @@ async def complete(engine: Engine, job: ChatJob) -> dict[str, Any]:
 
 @dataclass
 class _ChoiceStream:
-    reasoning: ReasoningStream | None
-    tools: ToolStream | None
-    ids: int = 0
+    answer: AnswerStream  # the gateway's rendering backend reads its streams with the same class
     flags: list[str] = field(default_factory=list)
 
 
@@ -233,11 +231,7 @@ async def stream(engine: Engine, job: ChatJob) -> AsyncIterator[bytes]:
 
     tasks = [asyncio.create_task(pump(i)) for i in range(req.n)]
     states = [
-        _ChoiceStream(
-            ReasoningStream(job.opened) if job.reasoning else None,
-            ToolStream(job.parser) if job.parser is not None else None,
-        )
-        for _ in range(req.n)
+        _ChoiceStream(AnswerStream(job.reasoning, job.opened, job.parser, job.tools)) for _ in range(req.n)
     ]
     head = {"id": job.id, "object": "chat.completion.chunk", "created": job.created, "model": engine.name}
     version = engine.policy_version
@@ -274,21 +268,12 @@ async def stream(engine: Engine, job: ChatJob) -> AsyncIterator[bytes]:
             version, cached = upd.policy_version, upd.cached_tokens
             completion_tokens += len(upd.token_ids)
             delta: dict[str, Any] = {}
-            content = upd.text
-            if st.reasoning is not None:
-                r, content = st.reasoning.feed(upd.text, final=done)
-                if r and req.include_reasoning:
-                    delta["reasoning"] = delta["reasoning_content"] = r
-            calls: list[dict[str, Any]] = []
-            if st.tools is not None:
-                content = st.tools.feed(content, final=done)
-                if done and st.tools.in_call:
-                    parsed = st.tools.parser.parse(st.tools.buf, job.tools)
-                    if parsed.error is not None:
-                        st.flags.append(FLAG_TOOL_PARSE_ERROR)
-                        content += st.tools.buf[st.tools.sent :]
-                    else:
-                        calls = [{"index": k, **c} for k, c in enumerate(chat_calls(parsed.calls))]
+            r, content, parsed = st.answer.feed(upd.text, final=done)
+            if r and req.include_reasoning:
+                delta["reasoning"] = delta["reasoning_content"] = r
+            if done and st.answer.error is not None:
+                st.flags.append(FLAG_TOOL_PARSE_ERROR)
+            calls = [{"index": k, **c} for k, c in enumerate(chat_calls(parsed))]
             if content:
                 delta["content"] = content
             if calls:
