@@ -39,8 +39,8 @@ from polar.gateway.backends.base import BackendOptions  # noqa: E402
 from polar.gateway.config import GatewayConfig  # noqa: E402
 from polar.rollout.node import Node, NodeConfig  # noqa: E402
 from polar.rollout.protocol import SessionSpec  # noqa: E402
-from polar.rollout.task import Task  # noqa: E402
 from polar.serving import serve  # noqa: E402
+from polar.task import Task  # noqa: E402
 
 # The agent: N sequential chat calls with the standard library only (no SDK import cost in the run).
 AGENT = """

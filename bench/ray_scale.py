@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from polar.auth import bearer, new_token  # noqa: E402
 from polar.rollout.server.scheduler import NodeView, is_healthy, place  # noqa: E402
 from polar.rollout.server.store import ServerStore  # noqa: E402
-from polar.rollout.task import Task  # noqa: E402
+from polar.task import Task  # noqa: E402
 
 
 # -- scaling over Ray nodes ---------------------------------------------------------------------------------
@@ -68,11 +68,12 @@ async def _scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     import ray
     from ray.cluster_utils import Cluster
 
+    from polar.dashboard import server_app
     from polar.gateway.config import GatewayConfig
     from polar.rollout.node import NodeConfig
     from polar.rollout.ray.cluster import RayNodes
     from polar.rollout.ray.spec import NodeRequest, RayNodeSpec
-    from polar.rollout.server import ServerConfig, create_app
+    from polar.rollout.server import ServerConfig
     from polar.serving import ServerThread
 
     rows = []
@@ -90,7 +91,7 @@ async def _scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
             for k in (1, 2, 3):
                 token = new_token()
                 config = ServerConfig(db_path=Path(tmp) / f"server-{k}.db", token=token, tick_s=0.1)
-                server = ServerThread(create_app(config), host=ray.util.get_node_ip_address()).start()
+                server = ServerThread(server_app(config), host=ray.util.get_node_ip_address()).start()
                 gateway = GatewayConfig(
                     backend_url="http://127.0.0.1:9", served_model="none", control_token=token
                 )

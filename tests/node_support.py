@@ -18,7 +18,7 @@ from polar.gateway.config import GatewayConfig
 from polar.netguard import OutboundPolicy
 from polar.rollout.node import Node, NodeConfig
 from polar.rollout.protocol import SessionSpec
-from polar.rollout.task import Task
+from polar.task import Task
 from tests.conftest import SERVED_MODEL
 from tests.fakes.fake_vllm import FakeInferenceServer, Script, make_fake_backend
 from tests.fakes.server import serve

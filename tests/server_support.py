@@ -17,9 +17,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from polar.auth import bearer, new_token
+from polar.dashboard import server_app
 from polar.netguard import OutboundPolicy
 from polar.rollout.protocol import RESULT_TOKEN_HEADER, SessionSpec
-from polar.rollout.server import ServerConfig, create_app
+from polar.rollout.server import ServerConfig
 from polar.rollout.server.callbacks import RetryPolicy
 from polar.serving import ServerThread
 
@@ -39,7 +40,7 @@ FAST = {
 
 def start_server(db_path: Path, port: int | None = None, **overrides: Any) -> ServerThread:
     config = ServerConfig(db_path=db_path, **{"token": TOKEN, **FAST, **overrides})
-    return ServerThread(create_app(config), port=port).start()
+    return ServerThread(server_app(config), port=port).start()
 
 
 def task(task_id: str = "t1", **fields: Any) -> dict[str, Any]:

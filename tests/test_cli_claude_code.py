@@ -21,11 +21,11 @@ from polar.harness import HarnessContext, get_harness
 from polar.harness.presets import claude_code
 from polar.harness.presets.claude_code import ClaudeCodeHarness
 from polar.rollout.protocol import SessionResult, SessionStatus
-from polar.rollout.task import UploadAction
 from polar.runtime import LocalRuntime, RuntimeSpec, make_runtime
 from polar.runtime.base import ExecResult
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
+from polar.task import UploadAction
 from polar.trajectory import audit, build
 from tests.conftest import FakeBackend, Gateway
 from tests.fakes.fake_vllm import Reply

@@ -12,8 +12,8 @@ import pytest
 
 from polar.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult
-from polar.rollout.task import Task
 from polar.serving import free_port
+from polar.task import Task
 from tests.node_support import eventually, fake_policy, running_node
 from tests.server_support import AUTH, TOKEN, StandInNode, start_server
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from polar.dashboard import DashboardOptions
-from polar.rollout.server import ServerConfig, create_app
+from polar.dashboard import DashboardOptions, server_app
+from polar.rollout.server import ServerConfig
 from polar.serving import ServerThread
 from tests.server_support import AUTH, FAST, TOKEN, StandInNode, task, wait_until
 
@@ -36,7 +36,7 @@ PAGES = [
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     config = ServerConfig(db_path=tmp_path / "server.db", token=TOKEN, **FAST)
-    srv = ServerThread(create_app(config, DashboardOptions(login_ttl_s=3600))).start()
+    srv = ServerThread(server_app(config, DashboardOptions(login_ttl_s=3600))).start()
     try:
         yield srv.url
     finally:
@@ -109,7 +109,7 @@ def test_a_forged_cookie_is_refused(server: str) -> None:
 
 def test_an_expired_login_is_refused(tmp_path: Path) -> None:
     config = ServerConfig(db_path=tmp_path / "server.db", token=TOKEN, **FAST)
-    srv = ServerThread(create_app(config, DashboardOptions(login_ttl_s=0.5))).start()
+    srv = ServerThread(server_app(config, DashboardOptions(login_ttl_s=0.5))).start()
     try:
         with httpx.Client() as client:
             r = client.post(f"{srv.url}/ui/login", headers=AUTH)

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from polar.dashboard import DashboardOptions
+from polar.dashboard import DashboardOptions, server_app
 from polar.dashboard.compare import align, final_answer, first_divergence
 from polar.dashboard.views import message
-from polar.rollout.server import ServerConfig, create_app
+from polar.rollout.server import ServerConfig
 from polar.serving import ServerThread
 from polar.trajectory.models import Trace, Trajectory
 from tests.server_support import AUTH, FAST, TOKEN, StandInNode, task
@@ -61,7 +61,7 @@ def trajectory(messages: list[dict[str, Any]], reward: float, trainable: int) ->
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     config = ServerConfig(db_path=tmp_path / "server.db", token=TOKEN, **FAST)
-    srv = ServerThread(create_app(config, DashboardOptions())).start()
+    srv = ServerThread(server_app(config, DashboardOptions())).start()
     try:
         yield srv.url
     finally:

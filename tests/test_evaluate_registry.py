@@ -14,7 +14,7 @@ from polar.evaluate import (
     fresh_runtime_wanted,
     get_evaluator,
 )
-from polar.rollout.task import EvaluatorConfig
+from polar.task import EvaluatorConfig
 
 
 class ScoresLength:

@@ -13,10 +13,10 @@ import pytest
 
 from polar.evaluate import CommandEvaluator, EvalContext, fresh_runtime_wanted, get_evaluator
 from polar.rollout.protocol import SessionStatus
-from polar.rollout.task import ExecAction, Task, UploadAction
 from polar.rollout.taskfile import load_tasks
 from polar.runtime.base import ExecResult, RuntimeSpec
 from polar.runtime.local import LocalRuntime
+from polar.task import ExecAction, Task, UploadAction
 from polar.trajectory.models import Trajectory
 from tests.fakes.fake_vllm import Reply
 from tests.node_support import fake_policy, running_node, spec

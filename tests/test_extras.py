@@ -89,7 +89,7 @@ def test_the_embedded_engine_without_torch_is_one_line(tmp_path: Path, args: tup
 def test_the_trl_bridge_without_trl_says_so_at_construction() -> None:
     code = (
         "from polar.extras import MissingExtra\n"
-        "from polar.rollout.task import Task\n"
+        "from polar.task import Task\n"
         "from polar.train.bridges.trl import PolarRollout\n"
         "try:\n"
         "    PolarRollout('http://127.0.0.1:9', Task(task_id='t', instruction='x'), token='t')\n"
@@ -129,7 +129,7 @@ def test_the_rollout_commands_never_import_ray() -> None:
     (`import ray` happens only once --ray is given)."""
     proc = python_without(
         ("ray",),
-        "import polar.cli.run, polar.cli.serve, polar.rollout.local, polar.rollout.ray.cluster, "
+        "import polar.cli.run, polar.cli.serve, polar.stack, polar.rollout.ray.cluster, "
         "polar.rollout.ray.actor; print('ok')",
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr

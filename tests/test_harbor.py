@@ -23,11 +23,11 @@ from polar.evaluate.harbor import HarborEvaluator, parse_reward
 from polar.evaluate.registry import fresh_runtime_wanted, get_evaluator
 from polar.evaluate.support import EvaluatorError
 from polar.rollout.harbor import environment_hash, parse_size_mb
-from polar.rollout.task import Task
 from polar.rollout.taskfile import TaskFileError, load_tasks
 from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import Runtime
 from polar.runtime.images import DEFAULT_INCLUDE, BaseImage, ensure_base_image
+from polar.task import Task
 from tests.evaluate_support import context, make_repo  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from polar.rollout.ray.spec import NodeRequest, node_id_for, trusted_imports
-from polar.rollout.task import Task
 from polar.serving import ServerThread
+from polar.task import Task
 from tests.server_support import AUTH, StandInNode, start_server, task, wait_until
 
 GIB = 1 << 30

@@ -27,7 +27,7 @@ from polar.docs.tables import sections
 from polar.rollout.node.side_calls import apply_policy
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.rewards import assign_rewards
-from polar.rollout.task import Task
+from polar.task import Task
 from polar.train.config import TrainConfig, field_paths
 from polar.train.export import conversation_schema
 from polar.train.metrics import METRICS, StepMetrics, undeclared

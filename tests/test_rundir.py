@@ -14,7 +14,7 @@ import pytest
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.rundir import ResultsFile, RunDirError, locked, remove
 from polar.rollout.server.store import ServerStore
-from polar.rollout.task import Task
+from polar.task import Task
 
 
 def result(session_id: str) -> SessionResult:

@@ -228,7 +228,7 @@ def test_cli_presets_in_a_container_get_the_tool_cache_read_only(
     whole tool cache (made if missing) at its host path; other harnesses and non-container runtimes get
     nothing mounted."""
     from polar.rollout.node.lifecycle import runtime_spec
-    from polar.rollout.task import Task
+    from polar.task import Task
 
     monkeypatch.setenv("POLAR_HOME", str(tmp_path / "home"))
 

@@ -8,7 +8,7 @@ import pytest
 
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.server.store import ServerStore
-from polar.rollout.task import Task
+from polar.task import Task
 
 
 def _task(task_id: str, n: int = 2, priority: int = 0) -> Task:

@@ -19,9 +19,9 @@ from polar.gateway.routing import FLAG_ROUTED, ROUTE_KEY
 from polar.rollout.node.side_calls import FLAG_EXCLUDED, apply_policy
 from polar.rollout.protocol import SessionResult, SessionStatus
 from polar.rollout.server.validate import SubmitError, check_task
-from polar.rollout.task import Task
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
+from polar.task import Task
 from polar.trajectory import Trajectory, audit
 from tests.conftest import SERVED_MODEL, serve_gateway
 from tests.fakes.fake_vllm import Reply, make_fake_backend

@@ -11,7 +11,7 @@ import pytest
 
 from polar.dashboard.training import EVAL_TITLE, TrainingRun
 from polar.rollout.protocol import SessionResult, SessionStatus
-from polar.rollout.task import Task
+from polar.task import Task
 from polar.train.config import ConfigError, parse_config, upload_roots
 from polar.train.evaluation import EvalPlan, Evaluator, interval, score
 

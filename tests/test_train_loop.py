@@ -23,10 +23,10 @@ from starlette.routing import Route
 from polar.auth import bearer, new_token
 from polar.client import RolloutClient
 from polar.engine.weights import load_checkpoint
-from polar.rollout.local import PolicyServer, embedded_engine, local_stack
 from polar.rollout.protocol import SessionResult, SessionStatus
-from polar.rollout.task import Task
+from polar.stack import PolicyServer, embedded_engine, local_stack
 from polar.store.sqlite import SQLiteStore
+from polar.task import Task
 from polar.train.evaluation import EvalPlan
 from polar.train.filters import GroupFilter, Overlong, cut
 from polar.train.loop import Group, LoopConfig, TrainLoop, staleness, task_order

@@ -99,7 +99,7 @@ def test_a_lora_checkpoint_loads_as_a_plain_model_and_resumes_from_its_adapter(t
 
 
 async def test_the_engine_is_synced_with_the_adapters_folded_in() -> None:
-    from polar.rollout.local import embedded_engine
+    from polar.stack import embedded_engine
     from polar.train.sync import EngineSync
 
     trainer = lora_trainer()

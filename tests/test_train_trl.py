@@ -41,8 +41,8 @@ from polar.gateway.backends.base import BackendOptions  # noqa: E402
 from polar.gateway.config import GatewayConfig  # noqa: E402
 from polar.rollout.node import Node, NodeConfig  # noqa: E402
 from polar.rollout.protocol import SessionResult  # noqa: E402
-from polar.rollout.task import AgentConfig, Task  # noqa: E402
 from polar.store.sqlite import SQLiteStore  # noqa: E402
+from polar.task import AgentConfig, Task  # noqa: E402
 from polar.train.bridges.trl import (  # noqa: E402
     PolarRollout,
     completion_of,

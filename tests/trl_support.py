@@ -73,7 +73,7 @@ def grpo_step(url: str, token: str, out: str, per_device: int, task_json: str) -
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from polar.engine.tiny import default_model_dir
-    from polar.rollout.task import Task
+    from polar.task import Task
     from polar.train.bridges.trl import PolarRollout, polar_reward
 
     rollout = PolarRollout(url, Task.model_validate_json(task_json), token=token, poll_wait_s=0.2)

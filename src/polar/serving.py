@@ -183,7 +183,7 @@ class EmbeddedServer:
         self.lifespan = lifespan
         self.label = label
         # JSON errors for malformed HTTP and a deadline for request headers (polar.http_server). No
-        # log_config: uvicorn's loggers propagate to the process's handlers (polar.cli.common.setup_logging)
+        # log_config: uvicorn's loggers propagate to the process's handlers (polar.logs.setup_logging)
         # instead of printing in uvicorn's own format beside them.
         self.config = {
             "log_level": "warning",

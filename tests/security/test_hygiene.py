@@ -97,7 +97,7 @@ from pathlib import Path
 from polar.gateway.config import GatewayConfig
 from polar.rollout.node import Node, NodeConfig
 from polar.rollout.protocol import SessionSpec
-from polar.rollout.task import Task
+from polar.task import Task
 
 backend_url, store, runtimes, backend, command, model = sys.argv[1:7]
 

@@ -28,9 +28,9 @@ from starlette.routing import Route
 
 from polar.gateway.routing import ROUTE_KEY
 from polar.netguard import OutboundPolicy, system_lookup
-from polar.rollout.task import Task
 from polar.serving import ServerThread, serve
 from polar.store.sqlite import SQLiteStore
+from polar.task import Task
 from tests.conftest import SERVED_MODEL, start_gateway
 from tests.fakes.fake_vllm import Reply, make_fake_backend
 from tests.node_support import PY, eventually, fake_policy, program, running_node, shell_task

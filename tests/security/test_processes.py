@@ -30,7 +30,7 @@ from pathlib import Path
 from polar.gateway.config import GatewayConfig
 from polar.rollout.node import Node, NodeConfig
 from polar.rollout.protocol import SessionSpec
-from polar.rollout.task import Task
+from polar.task import Task
 
 backend_url, root, backend, network, command, records = sys.argv[1:7]
 if records:  # a machine where namespaces are forbidden; groups recorded where the test looks

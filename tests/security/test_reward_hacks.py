@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 
 from polar.rollout.protocol import SessionResult, SessionStatus
-from polar.rollout.task import Task
 from polar.rollout.taskfile import load_tasks
+from polar.task import Task
 from tests.node_support import fake_policy, running_node, spec
 
 ROOT = Path(__file__).resolve().parents[2]

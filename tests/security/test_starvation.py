@@ -154,7 +154,7 @@ from pathlib import Path
 from polar.gateway.config import GatewayConfig
 from polar.rollout.node import Node, NodeConfig
 from polar.rollout.protocol import SessionSpec
-from polar.rollout.task import Task
+from polar.task import Task
 
 backend_url, model, root, programs, flood, call = sys.argv[1:7]
 

@@ -22,7 +22,7 @@ from polar.runtime.images import (
 )
 
 if TYPE_CHECKING:
-    from polar.rollout.task import ImageBuild, Task
+    from polar.task import ImageBuild, Task
 
 
 def _default_engine() -> str:

@@ -43,7 +43,7 @@ from polar.cli.common import (
     setup_logging,
 )
 from polar.cli.raycli import RayOptions, check_ray_options, ray_options
-from polar.rollout.local import PolicyServer
+from polar.stack import PolicyServer
 
 if TYPE_CHECKING:
     from polar.dashboard import DashboardOptions
@@ -151,7 +151,7 @@ async def _run(
     tasks: list[Any], plan: Any, state: RunState, sink: Any, launch: Launch, console: Console
 ) -> None:
     from polar.client import RolloutClient
-    from polar.rollout.local import local_stack
+    from polar.stack import local_stack
 
     live = console.is_terminal
     progress = Progress(
@@ -385,7 +385,7 @@ def _serve_and_run(
 ) -> None:
     with contextlib.ExitStack() as stack:
         if not launch.policy.urls:
-            from polar.rollout.local import embedded_engine
+            from polar.stack import embedded_engine
 
             loading = "loading the policy (the default model is built once)"
             if not console.is_terminal:  # a log file shows it at once; a terminal gets a spinner

@@ -153,8 +153,9 @@ def serve(
     the sessions of a Ray node that dies at once (ERROR, not re-run). HTTP nodes may join as well: one
     scheduler places on both (docs/deploy.md).
     """
+    from polar.dashboard import server_app
     from polar.rollout.ray.spec import NodeRequest
-    from polar.rollout.server import ServerConfig, create_app
+    from polar.rollout.server import ServerConfig
     from polar.rollout.server.callbacks import RetryPolicy
     from polar.serving import EmbeddedServer
 
@@ -199,7 +200,7 @@ def serve(
     )
     # An open `GET /events` stream would otherwise hold uvicorn's graceful shutdown forever.
     server = EmbeddedServer(
-        create_app(config, dashboard),
+        server_app(config, dashboard),
         host,
         port,
         log_level=log_level,

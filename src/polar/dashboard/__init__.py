@@ -3,5 +3,6 @@ conversation, records and token view, cancel, and a training run's curves. See d
 
 from polar.dashboard.app import Dashboard, DashboardOptions
 from polar.dashboard.front import FrontDoor, dashboard_url
+from polar.dashboard.serve import server_app
 
-__all__ = ["Dashboard", "DashboardOptions", "FrontDoor", "dashboard_url"]
+__all__ = ["Dashboard", "DashboardOptions", "FrontDoor", "dashboard_url", "server_app"]

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from polar.rollout.protocol import SessionStatus
-from polar.rollout.task import Task
+from polar.task import Task
 
 if TYPE_CHECKING:
     from polar.rollout.server.store import ServerStore

@@ -22,9 +22,9 @@ from polar.rollout.node.session import NodeSession
 from polar.rollout.node.side_calls import apply_policy
 from polar.rollout.protocol import SessionResult, SessionSpec, SessionStatus
 from polar.rollout.rewards import assign_rewards
-from polar.rollout.task import Task
 from polar.runtime.base import ExecResult
 from polar.store.records import CompletionRecord
+from polar.task import Task
 from polar.train.metrics import METRICS, StepMetrics
 from polar.trajectory import build
 from polar.trajectory.retries import DEAD_BRANCH, tag_retries

@@ -27,7 +27,7 @@ from polar.docs.keys import (
 )
 from polar.docs.tables import Section, render, sections, table
 from polar.rollout.protocol import SessionResult
-from polar.rollout.task import Task
+from polar.task import Task
 from polar.train import export as train_export
 from polar.train.config import TrainConfig
 from polar.train.metrics import METRICS, StepMetrics
@@ -294,7 +294,7 @@ def task() -> str:
         "Task fields",
         "A task is what a trainer submits (`polar run TASKFILE`, `polar submit`, `tasks:` of a training "
         "config, `polar.client.RolloutClient`): YAML or JSON, validated on submission with errors at the "
-        "file's line (`polar.rollout.task.Task`). Unknown keys are errors. `examples/tasks.yaml` holds "
+        "file's line (`polar.task.Task`). Unknown keys are errors. `examples/tasks.yaml` holds "
         "working tasks.",
         f"```yaml\n{example_task}```",
         render(sections(Task, "`Task`"), "##"),

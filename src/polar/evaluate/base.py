@@ -10,13 +10,11 @@ and zeroes non-completed sessions (see `polar.rollout.rewards`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from polar.runtime.base import ExecResult, Runtime
+from polar.task import Task
 from polar.trajectory.models import Trajectory
-
-if TYPE_CHECKING:  # the task model is data; evaluators read it, rollout builds it
-    from polar.rollout.task import Task
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from polar.runtime.sandbox import tools_home as tools_home
+
 
 class InstallError(RuntimeError):
     """A pinned program could not be installed (no registry, a bad version, a failed build)."""
-
-
-def tools_home() -> Path:
-    home = os.environ.get("POLAR_HOME")
-    base = Path(home) if home else Path.home() / ".cache" / "polar"
-    return base / "tools"
 
 
 def version_of(package: str, pinned: str) -> str:

@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from polar.rollout.task import Task
 from polar.runtime.images import ENGINES, image_missing
+from polar.task import Task
 
 PROBE_TIMEOUT_S = 10.0
 # Answers that say the server is up but will not list its models to us (a key it wants, an OpenAI-compatible

@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar.rollout.task import Task
+from polar.task import Task
 
 
 class SessionStatus(StrEnum):

@@ -1,6 +1,6 @@
 """One check of a task, for the rollout server (at submit: a 400) and the node (at admission: a 422).
 
-The task schema (`polar.rollout.task`) rejects unknown fields and bad values. Here the harness is built with
+The task schema (`polar.task`) rejects unknown fields and bad values. Here the harness is built with
 its settings and the evaluator with its config, by the registries the nodes use, the trajectory builder is
 resolved, and the cross-field rules are checked; so an unknown name, an import path that does not load, or a
 bad setting is refused naming the field, and the node gets the built harness and evaluator it runs. What
@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from polar.evaluate.registry import evaluator_names, fresh_runtime_wanted, get_evaluator
 from polar.harness.registry import get_harness, harness_names
-from polar.rollout.task import Task
 from polar.runtime.factory import IMAGE_BACKENDS
+from polar.task import Task
 from polar.trajectory import get_builder
 
 

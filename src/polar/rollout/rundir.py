@@ -25,8 +25,8 @@ import orjson
 
 from polar.rollout.protocol import SessionResult
 from polar.rollout.rewards import infrastructure_failure
-from polar.rollout.task import Task
 from polar.store.files import private_dirs
+from polar.task import Task
 
 # What `polar run`/`generate` write under --out, and `polar train` under `out`: all --overwrite removes.
 RUN_FILES = (

@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from polar import hints, plugins, yamlpos
-from polar.rollout.task import Task, UploadAction
 from polar.rollout.uploads import confine_upload
+from polar.task import Task, UploadAction
 
 
 class TaskFileError(ValueError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from polar.rollout.task import Task, UploadAction
+from polar.task import Task, UploadAction
 
 
 def confine_upload(src: str | Path, roots: Sequence[Path]) -> Path:

@@ -100,13 +100,18 @@ def python_paths() -> list[str]:
     ]
 
 
+def tools_home() -> Path:
+    """Where harness CLIs are installed, pinned (`polar.harness.install`): every sandbox sees it read-only."""
+    home = os.environ.get("POLAR_HOME")
+    base = Path(home) if home else Path.home() / ".cache" / "polar"
+    return base / "tools"
+
+
 def visible_paths(extra: Iterable[str] = ()) -> list[str]:
     """Host paths bound read-only (at the same path) into a sandbox, besides the system directories: the
-        Python, polar's sources, the harness tool cache and `extra`; nested ones are covered by their outermost
-        one, and paths that do not exist are left out (a missing tool cache before the first install). A symlink
+    Python, polar's sources, the harness tool cache and `extra`; nested ones are covered by their outermost
+    one, and paths that do not exist are left out (a missing tool cache before the first install). A symlink
     is bound both where it is and where it points, so either name works inside."""
-    from polar.harness.install import tools_home
-
     named = [*python_paths(), str(tools_home()), *extra]
     candidates = {os.path.normpath(p) for p in named if p} | {os.path.realpath(p) for p in named if p}
     existing = sorted(p for p in candidates if os.path.exists(p) and p != "/")

@@ -40,7 +40,6 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from polar import hints, yamlpos
-from polar.rollout.task import Task
 from polar.rollout.taskfile import (
     TaskFileError,
     UploadOutside,
@@ -49,6 +48,7 @@ from polar.rollout.taskfile import (
     load_tasks,
     locator,
 )
+from polar.task import Task
 from polar.train import overrides as overrides_mod
 from polar.train.advantages import Estimator
 from polar.train.filters import GroupFilter, Overlong

@@ -25,7 +25,7 @@ from typing import Any
 
 from polar.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult
-from polar.rollout.task import Task
+from polar.task import Task
 from polar.train.export import trajectory_of
 
 

@@ -42,7 +42,7 @@ from polar import interrupt
 from polar.client import RolloutClient, RolloutError
 from polar.rollout.protocol import SessionResult
 from polar.rollout.rewards import has_tool_parse_error
-from polar.rollout.task import Task
+from polar.task import Task
 from polar.train.advantages import Estimator, GroupStats
 from polar.train.evaluation import EvalPlan, Evaluator
 from polar.train.export import trajectory_of
@@ -423,7 +423,7 @@ def train(
     `upload_roots` are the directories the tasks' uploads may read (`polar.train.config.upload_roots`).
     """
     from polar.dashboard import DashboardOptions
-    from polar.rollout.local import PolicyServer, embedded_engine, local_stack
+    from polar.stack import PolicyServer, embedded_engine, local_stack
     from polar.train import distributed, memory
     from polar.train.schedule import LRSchedule
     from polar.train.sync import EngineSync, VLLMSync

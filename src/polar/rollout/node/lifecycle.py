@@ -26,13 +26,13 @@ from polar.rollout.node.session import NodeSession, SessionEnd
 from polar.rollout.node.side_calls import apply_policy, gateway_route
 from polar.rollout.protocol import SessionStatus
 from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE, assign_rewards
-from polar.rollout.task import ExecAction, Task, UploadAction
 from polar.runtime.base import ExecResult, Runtime, RuntimeSpec
 from polar.runtime.factory import IMAGE_BACKENDS, default_backend, make_runtime
 from polar.runtime.leftovers import claim_session_dir, release_session_dir
 from polar.runtime.local import Keep
 from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
+from polar.task import ExecAction, Task, UploadAction
 from polar.trajectory import Trajectory, TrajectoryStatus, build
 from polar.trajectory.retries import DEAD_BRANCH, tag_retries
 

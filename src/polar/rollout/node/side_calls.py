@@ -19,8 +19,8 @@ from dataclasses import replace
 from typing import Any
 
 from polar.gateway.routing import FLAG_ROUTED, ROUTE_KEY, SIDE_CALL
-from polar.rollout.task import AgentConfig
 from polar.store.records import FLAG_NOT_TRAINABLE, CompletionRecord
+from polar.task import AgentConfig
 
 FLAG_EXCLUDED = "not_trainable:side_call_excluded"
 

@@ -48,7 +48,7 @@ class GatewayActor:
     async def _start(self) -> None:
         import ray
 
-        from polar.cli.common import setup_logging
+        from polar.logs import setup_logging
         from polar.plugins import allow_modules, trust_file_import
         from polar.rollout.node import Node
         from polar.store.files import private_dirs

@@ -175,7 +175,7 @@ class RayNodes:
     async def _registered(self, node_ids: set[str], end: float) -> None:
         """Until the server lists every started node (each registers on its own, right after it started),
         so work submitted next is spread over all of them."""
-        from polar.client import RolloutClient, RolloutError
+        from polar.rollout.client import RolloutClient, RolloutError
 
         async with RolloutClient(self.server_url, token=self.token, retry_window_s=5) as client:
             while time.monotonic() < end:
@@ -314,7 +314,7 @@ class RayNodes:
         reason = f"Ray node {p.ray_node[:12]} died ({why})"
         self.lost.append((p.node_id, reason))
         log.warning("gateway node %s: %s", p.node_id, reason)
-        from polar.client import RolloutClient, RolloutError
+        from polar.rollout.client import RolloutClient, RolloutError
 
         try:
             async with RolloutClient(self.server_url, token=self.token, retry_window_s=5) as client:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.rollout.node.config import NodeConfig
-from polar.rollout.task import Task
+from polar.task import Task
 
 MIB = 1 << 20
 
@@ -123,7 +123,7 @@ def trusted_imports(tasks: Iterable[Task], base: Path) -> tuple[tuple[str, Path]
 
 @dataclass(frozen=True)
 class RayPlacement:
-    """`--ray [ADDRESS]`: the gateway nodes of a run go to Ray (`polar.rollout.local.local_stack`).
+    """`--ray [ADDRESS]`: the gateway nodes of a run go to Ray (`polar.stack.local_stack`).
     `address` None: RAY_ADDRESS, the cluster last started on this machine, else a new local one."""
 
     address: str | None

@@ -11,7 +11,7 @@ Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} ->
 Operators:  GET    /metrics                  Prometheus (docs/prometheus.md)
             POST   /nodes/{id}/drain         DrainRequest (optional) -> 202: the node drains, then leaves
             POST   /nodes/{id}/lost          {"reason"}: the node is dead; its open sessions end ERROR now
-Browsers:   GET    /ui/...                   the dashboard (`polar.dashboard`: its own login, same token)
+Browsers:   GET    /ui/...                   the dashboard, when served with it (`polar.dashboard.server_app`)
 Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result,
             POST   /nodes/{id}/leave (409 while sessions are open on it)
             GET    /nodes
@@ -28,8 +28,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -39,7 +39,6 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from polar.auth import RequireToken
-from polar.dashboard import Dashboard, DashboardOptions, FrontDoor
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
 from polar.metrics import metrics_endpoint
 from polar.rollout.protocol import (
@@ -56,7 +55,7 @@ from polar.rollout.server.scheduler import is_healthy
 from polar.rollout.server.security import client_of
 from polar.rollout.server.service import RolloutService
 from polar.rollout.server.validate import SubmitError, check_outbound, check_task
-from polar.rollout.task import Task
+from polar.task import Task
 
 log = logging.getLogger("polar.server")
 M = TypeVar("M", bound=BaseModel)
@@ -449,8 +448,25 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     return _error(HTTPError(500, "internal server error", type_="server_error"))
 
 
-def create_app(config: ServerConfig, dashboard: DashboardOptions | None = None) -> FrontDoor:
-    """The server's ASGI app: control routes behind the token, and the dashboard under /ui."""
+class Front(Protocol):
+    """What serves beside the server's API on its listener: the dashboard (`polar.dashboard.server_app`
+    puts the two together; the server imports nothing of it). `wrap` gets the token-guarded API, the token,
+    the live service (None outside the server's lifespan) and the hook that logs a refused request, and
+    returns the app to serve; `aclose` runs when the server stops."""
+
+    def wrap(
+        self,
+        api: Any,
+        token: str,
+        service: Callable[[], RolloutService | None],
+        refused: Callable[[dict[str, Any], str], None],
+    ) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+def create_app(config: ServerConfig, front: Front | None = None) -> Any:
+    """The server's ASGI app: control routes behind the token, and `front` (the dashboard) beside them."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -461,7 +477,8 @@ def create_app(config: ServerConfig, dashboard: DashboardOptions | None = None) 
         try:
             yield
         finally:
-            await ui.aclose()
+            if front is not None:
+                await front.aclose()
             await service.aclose()
 
     routes = [
@@ -494,10 +511,7 @@ def create_app(config: ServerConfig, dashboard: DashboardOptions | None = None) 
             service.security.refused_auth(client_of(scope), scope["method"], scope["path"], why)
             log.warning("refused %s %s from %s: %s", scope["method"], scope["path"], client_of(scope), why)
 
-    ui = Dashboard(
-        config.token,
-        dashboard or DashboardOptions(),
-        lambda: getattr(app.state, "service", None),
-        on_refused=refused,
-    )
-    return FrontDoor(ui, RequireToken(app, config.token, on_refused=refused))
+    api = RequireToken(app, config.token, on_refused=refused)
+    if front is None:
+        return api
+    return front.wrap(api, config.token, lambda: getattr(app.state, "service", None), refused)

@@ -26,7 +26,7 @@ from polar.rollout.server.nodelink import NodeLink
 from polar.rollout.server.scheduler import NodeView
 from polar.rollout.server.security import SecurityLog
 from polar.rollout.server.store import ServerStore, SessionRow, TaskRow
-from polar.rollout.task import Task
+from polar.task import Task
 
 log = logging.getLogger("polar.server")
 

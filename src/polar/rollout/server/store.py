@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 
 from polar.rollout.protocol import SessionResult, SessionStatus
-from polar.rollout.task import Task
 from polar.store.files import private_database
+from polar.task import Task
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (

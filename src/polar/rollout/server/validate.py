@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from polar.netguard import OutboundPolicy, OutboundRefused
 from polar.rollout.resolve import TaskProblem, resolve_task
-from polar.rollout.task import Task
+from polar.task import Task
 
 
 class SubmitError(ValueError):

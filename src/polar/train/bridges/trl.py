@@ -49,7 +49,7 @@ import orjson
 from polar.client import RolloutClient
 from polar.extras import TRL, require
 from polar.rollout.protocol import SessionResult
-from polar.rollout.task import Task
+from polar.task import Task
 from polar.train.export import main_trace, trajectory_of
 
 TaskFactory = Callable[[Any], Task]

@@ -1,5 +1,6 @@
 """The whole rollout service on one machine, in this process: what `polar run`, `polar generate` and
-`polar train` start.
+`polar train` start. It puts the parts together (server, dashboard, node, embedded engine), so it sits
+above all of them.
 
     with embedded_engine(None) as (engine, engine_server):          # optional: or any inference server
         policy = PolicyServer((engine_server.url,), model=engine.name)
@@ -116,8 +117,8 @@ async def local_stack(
     `out` is held by this process meanwhile (`rundir.locked`). State an earlier run left there is resumed:
     finished sessions stay, sessions it left on its node are requeued (`requeue_orphans`)."""
     from polar.auth import new_token
+    from polar.dashboard import server_app
     from polar.netguard import OutboundPolicy
-    from polar.rollout.server.app import create_app as create_server
     from polar.rollout.server.config import ServerConfig
     from polar.serving import ServerThread
 
@@ -134,7 +135,7 @@ async def local_stack(
                 cleanup.callback(disconnect)
             host = driver_ip()
         # An open dashboard tab holds an event stream: it must not hold the run's end.
-        app = create_server(server_config, dashboard)
+        app = server_app(server_config, dashboard)
         server = ServerThread(app, timeout_graceful_shutdown=2, host=host).start()
         try:
             config = _node_config(out, policy, capacity, server.url, token, outbound, upload_roots)
