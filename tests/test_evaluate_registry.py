@@ -74,6 +74,16 @@ def test_names() -> None:
     assert evaluator_names() == ["command", "harbor", "session_completed", "swebench", "test_on_output"]
 
 
+def test_each_builtin_is_registered_under_its_own_name() -> None:
+    """The table names the classes by "module:Class" (imported on first use); each class's `name` is its key."""
+    from polar.evaluate.registry import EVALUATORS
+    from polar.plugins import import_path
+
+    assert {key: import_path(path).name for key, path in EVALUATORS.builtin.items()} == {
+        key: key for key in EVALUATORS.builtin
+    }
+
+
 def test_builtins_by_name() -> None:
     ev = get_evaluator("command", {"test_command": "make test"})
     assert isinstance(ev, CommandEvaluator) and ev.name == "command"

@@ -16,6 +16,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Any, Literal
@@ -106,6 +108,48 @@ def load_registered(kind: Kind, name: str, known: list[str]) -> Any:
             "CLI (`polar run`) may use import paths"
         )
     return _import(module, attr, name)
+
+
+@dataclass
+class Registry:
+    """Code of one kind by name, the same way for every kind (harnesses, evaluators, trajectory builders):
+    built-ins as "module:attr" strings, imported on first use; code the calling program registers in this
+    process; and the installed entry points and allowed import paths that `load_registered` polices, the
+    ways a task may name code."""
+
+    kind: Kind
+    builtin: Mapping[str, str]  # name -> "module:attr"
+    registered: dict[str, Any] = field(default_factory=dict)
+
+    def known(self) -> list[str]:
+        """The built-in and registered names."""
+        return sorted({*self.builtin, *self.registered})
+
+    def names(self) -> list[str]:
+        """Every name a task over HTTP may use: the known ones and the installed entry points."""
+        return sorted({*self.known(), *entry_point_names(self.kind)})
+
+    def load(self, name: str) -> Any:
+        """What `name` denotes; PluginError saying why when nothing may be loaded for it."""
+        if name in self.registered:
+            return self.registered[name]
+        if name in self.builtin:
+            return import_path(self.builtin[name])
+        return load_registered(self.kind, name, self.known())
+
+    def register(self, name: str, obj: Any, *, replace: bool = False) -> None:
+        """Make `obj` available as `name` in this process (code the program names itself: not policed)."""
+        if not name or ":" in name:
+            raise PluginError(f"a {self.kind} name must be non-empty and contain no ':', got {name!r}")
+        if not replace and name in self.known():
+            raise PluginError(f"a {self.kind} named {name!r} exists; pass replace=True to override it")
+        self.registered[name] = obj
+
+
+def import_path(path: str) -> Any:
+    """The object at "module:attr" (code polar or the calling program names: not policed)."""
+    module, attr = _split(path)
+    return _import(module, attr, path)
 
 
 def _import(module_name: str, attr: str, path: str) -> Any:

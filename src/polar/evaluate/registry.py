@@ -15,30 +15,27 @@ from typing import Any, cast
 
 from polar import plugins
 from polar.evaluate.base import Evaluator
-from polar.evaluate.command import CommandEvaluator
-from polar.evaluate.harbor import HarborEvaluator
-from polar.evaluate.session_completed import SessionCompleted
-from polar.evaluate.swebench import SWEBenchEvaluator
-from polar.evaluate.test_on_output import TestOnOutput
 
-_BUILTIN: dict[str, Callable[..., Any]] = {
-    SessionCompleted.name: SessionCompleted,
-    CommandEvaluator.name: CommandEvaluator,
-    TestOnOutput.name: TestOnOutput,
-    SWEBenchEvaluator.name: SWEBenchEvaluator,
-    HarborEvaluator.name: HarborEvaluator,
-}
+# A new evaluator is one file and its line here (its class's `name` is the key).
+EVALUATORS = plugins.Registry(
+    "evaluator",
+    {
+        "session_completed": "polar.evaluate.session_completed:SessionCompleted",
+        "command": "polar.evaluate.command:CommandEvaluator",
+        "test_on_output": "polar.evaluate.test_on_output:TestOnOutput",
+        "swebench": "polar.evaluate.swebench:SWEBenchEvaluator",
+        "harbor": "polar.evaluate.harbor:HarborEvaluator",
+    },
+)
 
 
 def evaluator_names() -> list[str]:
     """The built-ins and installed entry points (what a task over HTTP may name)."""
-    return sorted({*_BUILTIN, *plugins.entry_point_names("evaluator")})
+    return EVALUATORS.names()
 
 
 def _factory(name: str) -> Callable[..., Any]:
-    if name in _BUILTIN:
-        return _BUILTIN[name]
-    obj = plugins.load_registered("evaluator", name, sorted(_BUILTIN))
+    obj = EVALUATORS.load(name)
     if not callable(obj):
         raise ValueError(f"evaluator {name!r} is not a class or factory")
     return cast(Callable[..., Any], obj)

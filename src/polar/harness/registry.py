@@ -7,7 +7,6 @@ or a bad setting raises `ValueError` when the task is submitted, not in the midd
 
 from __future__ import annotations
 
-import importlib
 import pkgutil
 from collections.abc import Callable
 from typing import Any
@@ -29,30 +28,24 @@ def _cli_presets() -> dict[str, str]:
     return {m.name: f"{presets.__name__}.{m.name}:PRESET" for m in pkgutil.iter_modules(presets.__path__)}
 
 
+_CLI_PRESETS = _cli_presets()
+# A new CLI preset is one module in polar.harness.presets, found by its name.
+HARNESSES = plugins.Registry("harness", {**_CLI_PRESETS, **_PRESETS})
+
+
 def runs_from_tool_cache(name: str) -> bool:
     """Whether harness `name` is a CLI preset, whose pinned program runs from the node's tool cache
     (`polar.harness.install`): a container runtime must then mount that cache read-only."""
-    return name in _cli_presets()
+    return name in _CLI_PRESETS
 
 
 def harness_names() -> list[str]:
     """The built-in presets and installed entry points (what a task over HTTP may name)."""
-    return sorted({*_PRESETS, *_cli_presets(), *plugins.entry_point_names("harness")})
-
-
-def _builtin(path: str) -> Any:
-    module_name, _, attr = path.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return HARNESSES.names()
 
 
 def _load(name: str) -> Any:
-    known = {**_cli_presets(), **_PRESETS}
-    if name in known:
-        return _builtin(known[name])
-    obj = plugins.load_registered("harness", name, sorted(known))
+    obj = HARNESSES.load(name)
     if not callable(obj):
         raise ValueError(f"harness {name!r} is not a class")
     return obj

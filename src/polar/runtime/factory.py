@@ -8,12 +8,12 @@ task that names no runtime gets: the strongest isolation this machine has.
 
 from __future__ import annotations
 
-import importlib
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, get_args
 
+from polar.plugins import import_path
 from polar.runtime import namespaces
 from polar.runtime.base import Runtime, RuntimeBackend, RuntimeFailure, RuntimeSpec
 from polar.runtime.local import Keep
@@ -127,7 +127,6 @@ def make_runtime(
     """
     check_runtime(spec)
     entry = RUNTIMES[spec.backend]
-    module, _, name = entry.cls.partition(":")
-    cls = getattr(importlib.import_module(module), name)
+    cls = import_path(entry.cls)
     runtime: Runtime = cls(spec, session_id, gateway_url=gateway_url, keep=keep, **entry.extra())
     return runtime

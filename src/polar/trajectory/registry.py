@@ -22,24 +22,26 @@ from polar.trajectory.models import Trajectory, TrajectoryStatus
 
 Builder = Callable[..., Trajectory]
 
-_BUILTIN = {
-    "per_request": "polar.trajectory.per_request:per_request",
-    "prefix_merging": "polar.trajectory.prefix_merging:prefix_merging",
-}
-_REGISTERED: dict[str, Builder] = {}
+BUILDERS = plugins.Registry(
+    "builder",
+    {
+        "per_request": "polar.trajectory.per_request:per_request",
+        "prefix_merging": "polar.trajectory.prefix_merging:prefix_merging",
+    },
+)
 
 
 def register_builder(name: str, builder: Builder | str, *, replace: bool = False) -> None:
     """Make `builder` (a callable or an import path "pkg.mod:func") available as `strategy=name`."""
-    if not name or ":" in name:
-        raise BuildError(f"builder name must be non-empty and contain no ':', got {name!r}", param="name")
-    if not replace and (name in _BUILTIN or name in _REGISTERED):
-        raise BuildError(f"a builder named {name!r} exists; pass replace=True to override it", param="name")
-    _REGISTERED[name] = _import(builder) if isinstance(builder, str) else builder
+    obj = _import(builder) if isinstance(builder, str) else builder
+    try:
+        BUILDERS.register(name, obj, replace=replace)
+    except plugins.PluginError as exc:
+        raise BuildError(str(exc), param="name") from None
 
 
 def builders() -> list[str]:
-    return sorted({*_BUILTIN, *_REGISTERED, *plugins.entry_point_names("builder")})
+    return BUILDERS.names()
 
 
 def _import(path: str) -> Builder:
@@ -63,12 +65,8 @@ def _import(path: str) -> Builder:
 def get_builder(strategy: str) -> Builder:
     """The builder a task names: a built-in or registered name, an entry point, or an import path that
     `polar.plugins` allows; BuildError otherwise."""
-    if strategy in _REGISTERED:
-        return _REGISTERED[strategy]
-    if strategy in _BUILTIN:
-        return _import(_BUILTIN[strategy])
     try:
-        obj = plugins.load_registered("builder", strategy, sorted({*_BUILTIN, *_REGISTERED}))
+        obj = BUILDERS.load(strategy)
     except plugins.PluginError as exc:
         raise BuildError(str(exc), param="strategy") from None
     if not callable(obj):
