@@ -223,7 +223,8 @@ def policy_server(
 
 
 def rollout_options(default_out: str) -> Callable[[F], F]:
-    """The options `polar run` and `polar generate` share: where the policy is, where results go."""
+    """The options `polar run` and `polar generate` share: where the policy is, where results go. The
+    command gets them checked and as one value, `rollout: Rollout`, instead of ten keyword arguments."""
 
     def decorate(fn: F) -> F:
         options = [
