@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -45,7 +45,7 @@ from polar.gateway.errors import GatewayError
 from polar.gateway.fit import fit_max_tokens
 from polar.gateway.gate import Gate
 from polar.gateway.keys import session_key
-from polar.gateway.metrics import AUTHENTICATION, GatewayMetrics
+from polar.gateway.metrics import AUTHENTICATION, GatewayMetrics, Watched
 from polar.gateway.quirks import apply_quirks
 from polar.gateway.recorder import Recorder
 from polar.gateway.relay import Flight, RelayResponse, relay
@@ -336,3 +336,13 @@ class Proxy:
             return Placed(self.backend, upstream, tags, ())
         backend = await self.side_backend(route)
         return Placed(backend, backend.build_body(req, route.model), tags, (), routed=True)
+
+
+if TYPE_CHECKING:  # mypy checks that the proxy is what a scrape reads and what dialect routes use
+    from polar.gateway.dialects.serving import Serving
+
+    def _watched(proxy: Proxy) -> Watched:
+        return proxy
+
+    def _serving(proxy: Proxy) -> Serving:
+        return proxy
