@@ -13,6 +13,7 @@ import asyncio
 import shutil
 from pathlib import Path
 
+from polar.runtime.base import RuntimeEntry, RuntimeFailure, RuntimeSpec
 from polar.runtime.container import INSIDE, ContainerRuntime
 from polar.runtime.local import _copy
 
@@ -68,3 +69,22 @@ def _remove_path(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
+
+
+def binary() -> str | None:
+    # SingularityCE still ships as `singularity` and takes the same instance/exec command lines
+    return shutil.which("apptainer") or shutil.which("singularity")
+
+
+def check(spec: RuntimeSpec) -> None:
+    if binary() is None:
+        raise RuntimeFailure("runtime 'apptainer' needs apptainer (or singularity), but neither is on PATH")
+    if spec.network == "gateway":
+        raise RuntimeFailure(
+            "runtime 'apptainer' cannot confine network 'gateway': its instances share the host's network, "
+            "where every address is reachable; use runtime 'docker', 'podman' or 'bwrap', network 'none', "
+            "or network 'host' to give the agent the host's network"
+        )
+
+
+RUNTIME = RuntimeEntry(ApptainerRuntime, check, image=True, extra=lambda: {"binary": binary()})

@@ -7,11 +7,14 @@ must be safe to call at any time, from any task, even while an `exec` is running
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
-RuntimeBackend = Literal["local", "bwrap", "docker", "podman", "apptainer"]
+# The runtimes, by name: each is a module `polar.runtime.<name>` declaring its `RUNTIME` entry
+# (`polar.runtime.factory` reads them), so a new runtime is its module and its name here.
+RuntimeBackend = Literal["bwrap", "docker", "podman", "apptainer", "local"]  # strongest isolation first
 
 
 @dataclass(frozen=True)
@@ -82,3 +85,18 @@ class Runtime(Protocol):
     async def cancel(self) -> None:
         """Kill every process the runtime started, now (idempotent); `stop` still frees the rest."""
         ...
+
+
+@dataclass(frozen=True)
+class RuntimeEntry:
+    """What the runtime table (`polar.runtime.factory.RUNTIMES`) knows of one backend, declared by its module
+    as `RUNTIME`: the class (called with the spec, the session id, `gateway_url`, `keep` and `extra()`),
+    what this machine must have for it (`check` raises `RuntimeFailure` saying what is missing), and its
+    traits."""
+
+    cls: Callable[..., Runtime]
+    check: Callable[[RuntimeSpec], None]
+    image: bool = False  # runs a container image (`runtime.image` required)
+    limits: bool = False  # enforces cpus, memory_mb, pids_limit
+    trusted_only: bool = False  # no file-system boundary: for policies one trusts (docs/security.md)
+    extra: Callable[[], dict[str, Any]] = dict  # constructor keywords decided on this machine

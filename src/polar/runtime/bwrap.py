@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Unpack
 
-from polar.runtime.base import RuntimeFailure, RuntimeSpec
+from polar.runtime.base import RuntimeEntry, RuntimeFailure, RuntimeSpec
 from polar.runtime.local import Keep, LocalRuntime, RuntimeOptions
 from polar.runtime.namespaces import FWD
 from polar.runtime.sandbox import MASKED, SYSTEM, SandboxUser, allocate_user, chown_tree, visible_paths
@@ -181,3 +181,12 @@ class BwrapRuntime(LocalRuntime):
         self, argv: list[str], cwd: Path, env: dict[str, str], status_fd: int | None
     ) -> tuple[list[str], str | None]:
         return self.bwrap_argv(argv, cwd, status_fd), None
+
+
+def check(spec: RuntimeSpec) -> None:
+    why = probe()
+    if why is not None:
+        raise RuntimeFailure(f"runtime 'bwrap' cannot run here: {why}")
+
+
+RUNTIME = RuntimeEntry(BwrapRuntime, check)

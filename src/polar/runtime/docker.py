@@ -19,6 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
+from polar.runtime.base import RuntimeEntry, RuntimeFailure, RuntimeSpec
 from polar.runtime.container import INSIDE, ContainerRuntime
 from polar.runtime.leftovers import owner_dead, owner_label
 
@@ -145,3 +146,14 @@ async def reap_containers(binary: str) -> list[str]:
         await _engine_out([binary, "rm", "-f", *now, *dead], timeout_s=120)
         log.warning("removed %d %s container(s) left by a node that died: %s", len(dead), binary, dead)
     return dead
+
+
+def check_engine(spec: RuntimeSpec) -> None:
+    """The engine's CLI (`docker` or `podman`, the backend's name) is on PATH."""
+    if shutil.which(spec.backend) is None:
+        raise RuntimeFailure(
+            f"runtime {spec.backend!r} needs the {spec.backend} CLI, but no `{spec.backend}` is on PATH"
+        )
+
+
+RUNTIME = RuntimeEntry(DockerRuntime, check_engine, image=True, limits=True)

@@ -1,84 +1,23 @@
 """The runtime table: each backend's name, what it needs on this machine, and how it is built.
 
-Every place that knows runtime names reads them here (`RUNTIMES`), so a new runtime is one module plus one
-row. `check_runtime` refuses early (at node admission and before `polar run` starts anything) a backend
-that cannot run on this machine or cannot confine the network it asks for; `default_backend` is what a
+Every place that knows runtime names reads them here (`RUNTIMES`), built from `RuntimeBackend`'s names and
+each runtime module's `RUNTIME` entry: a new runtime is its module plus its name in that list.
+`check_runtime` refuses early (at node admission and before `polar run` starts anything) a backend that
+cannot run on this machine or cannot confine the network it asks for; `default_backend` is what a
 task that names no runtime gets: the strongest isolation this machine has.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, get_args
+import importlib
+from typing import get_args
 
-from polar.plugins import import_path
-from polar.runtime import namespaces
-from polar.runtime.base import Runtime, RuntimeBackend, RuntimeFailure, RuntimeSpec
+from polar.runtime.base import Runtime, RuntimeBackend, RuntimeEntry, RuntimeFailure, RuntimeSpec
 from polar.runtime.local import Keep
 
-
-def _apptainer_binary() -> str | None:
-    # SingularityCE still ships as `singularity` and takes the same instance/exec command lines
-    return shutil.which("apptainer") or shutil.which("singularity")
-
-
-def _check_local(spec: RuntimeSpec) -> None:
-    namespaces.for_network(spec.network)  # gateway/none: refused where namespaces cannot be made
-
-
-def _check_bwrap(spec: RuntimeSpec) -> None:
-    from polar.runtime.bwrap import probe
-
-    why = probe()
-    if why is not None:
-        raise RuntimeFailure(f"runtime 'bwrap' cannot run here: {why}")
-
-
-def _check_engine(spec: RuntimeSpec) -> None:
-    if shutil.which(spec.backend) is None:
-        raise RuntimeFailure(
-            f"runtime {spec.backend!r} needs the {spec.backend} CLI, but no `{spec.backend}` is on PATH"
-        )
-
-
-def _check_apptainer(spec: RuntimeSpec) -> None:
-    if _apptainer_binary() is None:
-        raise RuntimeFailure("runtime 'apptainer' needs apptainer (or singularity), but neither is on PATH")
-    if spec.network == "gateway":
-        raise RuntimeFailure(
-            "runtime 'apptainer' cannot confine network 'gateway': its instances share the host's network, "
-            "where every address is reachable; use runtime 'docker', 'podman' or 'bwrap', network 'none', "
-            "or network 'host' to give the agent the host's network"
-        )
-
-
-@dataclass(frozen=True)
-class RuntimeEntry:
-    """One backend: where its class lives (imported on use), what it checks, what it needs."""
-
-    cls: str  # "module:Class"
-    check: Callable[[RuntimeSpec], None]
-    image: bool = False  # runs a container image (`runtime.image` required)
-    limits: bool = False  # enforces cpus, memory_mb, pids_limit
-    trusted_only: bool = False  # no file-system boundary: for policies one trusts (docs/security.md)
-    extra: Callable[[], dict[str, Any]] = dict  # constructor keywords decided on this machine
-
-
 RUNTIMES: dict[str, RuntimeEntry] = {
-    "bwrap": RuntimeEntry("polar.runtime.bwrap:BwrapRuntime", _check_bwrap),
-    "docker": RuntimeEntry("polar.runtime.docker:DockerRuntime", _check_engine, image=True, limits=True),
-    "podman": RuntimeEntry("polar.runtime.docker:PodmanRuntime", _check_engine, image=True, limits=True),
-    "apptainer": RuntimeEntry(
-        "polar.runtime.apptainer:ApptainerRuntime",
-        _check_apptainer,
-        image=True,
-        extra=lambda: {"binary": _apptainer_binary()},
-    ),
-    "local": RuntimeEntry("polar.runtime.local:LocalRuntime", _check_local, trusted_only=True),
+    name: importlib.import_module(f"polar.runtime.{name}").RUNTIME for name in get_args(RuntimeBackend)
 }
-assert set(RUNTIMES) == set(get_args(RuntimeBackend)), "RUNTIMES and RuntimeBackend name the same backends"
 BACKENDS = tuple(RUNTIMES)
 IMAGE_BACKENDS = tuple(name for name, entry in RUNTIMES.items() if entry.image)
 CONTAINER_BACKENDS = IMAGE_BACKENDS  # kept for callers that say "container"
@@ -127,6 +66,5 @@ def make_runtime(
     """
     check_runtime(spec)
     entry = RUNTIMES[spec.backend]
-    cls = import_path(entry.cls)
-    runtime: Runtime = cls(spec, session_id, gateway_url=gateway_url, keep=keep, **entry.extra())
+    runtime: Runtime = entry.cls(spec, session_id, gateway_url=gateway_url, keep=keep, **entry.extra())
     return runtime

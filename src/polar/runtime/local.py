@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal, TypedDict
 
 from polar.runtime import namespaces
-from polar.runtime.base import ExecResult, RuntimeFailure, RuntimeSpec
+from polar.runtime.base import ExecResult, RuntimeEntry, RuntimeFailure, RuntimeSpec
 from polar.runtime.bridge import UnixBridge, gateway_address
 from polar.runtime.leftovers import GroupRecords
 from polar.runtime.procs import OUTPUT_CAP, TERM_GRACE_S, GroupTracker, run_process
@@ -318,3 +318,10 @@ class LocalRuntime:
             await asyncio.to_thread(_copy, source, Path(dst))
         except OSError as exc:
             raise RuntimeFailure(f"download {src} -> {dst} failed: {exc}") from exc
+
+
+def check(spec: RuntimeSpec) -> None:
+    namespaces.for_network(spec.network)  # gateway/none: refused where namespaces cannot be made
+
+
+RUNTIME = RuntimeEntry(LocalRuntime, check, trusted_only=True)
