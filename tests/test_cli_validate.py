@@ -131,7 +131,7 @@ def test_import_paths_resolve_beside_the_file_that_names_them(tmp_path: Path) ->
         ),
         (  # a choice
             "- task_id: a\n  instruction: x\n  runtime:\n    backend: dokcer\n",
-            ":4: [0].runtime.backend: Input should be 'local', 'bwrap', 'docker', 'podman' or 'apptainer' "
+            ":4: [0].runtime.backend: Input should be 'bwrap', 'docker', 'podman', 'apptainer' or 'local' "
             "(did you mean 'docker'?)",
         ),
         (

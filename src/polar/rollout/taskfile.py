@@ -1,7 +1,7 @@
 """Loading task files (YAML or JSON) with errors that point at the line.
 
 A file holds one task, a list of tasks, or `{"tasks": [...]}`. Validation errors name the file, the line
-and the field (`tasks.yaml:14: tasks[1].runtime.backend: Input should be 'local', 'bwrap', ...`).
+and the field (`tasks.yaml:14: tasks[1].runtime.backend: Input should be 'bwrap', 'docker', ...`).
 
 Import paths a file names (`agent.harness`, `evaluator.strategy`, `builder` as `module:Name`) are the user's
 own code: for a local run they are resolved relative to the file's directory, imported, and trusted in this
