@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 # Every command sets up logging from here; the setup itself lives below the CLI, where nodes started as
 # Ray actors reach it too.
-from polar.logs import JsonFormatter as JsonFormatter
 from polar.logs import setup_logging as setup_logging
 
 F = TypeVar("F", bound=Callable[..., Any])

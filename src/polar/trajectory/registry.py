@@ -10,7 +10,6 @@ a builder.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -45,18 +44,11 @@ def builders() -> list[str]:
 
 
 def _import(path: str) -> Builder:
-    """A builder the calling program names in code (built-ins, `register_builder`): not policed."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise BuildError(
-            f"unknown strategy {path!r}: expected one of {builders()} or 'pkg.mod:func'", param="strategy"
-        )
+    """A builder the calling program names in code (`register_builder`): not policed."""
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise BuildError(f"cannot load builder {path!r}: {e}", param="strategy") from e
+        obj = plugins.import_path(path)
+    except plugins.PluginError as exc:
+        raise BuildError(f"cannot load builder {path!r}: {exc}", param="strategy") from None
     if not callable(obj):
         raise BuildError(f"builder {path!r} is not callable", param="strategy")
     return cast(Builder, obj)

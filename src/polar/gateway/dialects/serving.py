@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -48,8 +48,7 @@ class Serving(Protocol):
 
 def proxy_of(request: Request) -> Serving:
     """The gateway's proxy, made in its lifespan (`polar.gateway.app.create_app`)."""
-    proxy: Any = request.app.state.proxy
-    return proxy  # type: ignore[no-any-return]
+    return cast(Serving, request.app.state.proxy)
 
 
 def always(request: Request) -> bool:
