@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import datasets
 import orjson
 import pytest
 import yaml
@@ -79,6 +78,8 @@ def task(task_id: str, word: str, agent: Path) -> dict[str, Any]:
 
 
 def test_generate_keeps_rewarded_sessions_as_messages_and_tokens(tmp_path: Path) -> None:
+    import datasets  # 0.6 s to import: paid by the tests that read with it, not by every worker
+
     agent = tmp_path / "agent.py"
     agent.write_text(AGENT)
     taskfile = tmp_path / "tasks.yaml"

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import datasets
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -124,6 +123,8 @@ def test_schema_row_keys_and_columns_agree() -> None:
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_results_export_loads_with_datasets(results_file: Path, tmp_path: Path, fmt: str) -> None:
+    import datasets  # 0.6 s to import: paid by the tests that read with it, not by every worker
+
     out = tmp_path / f"traces.{fmt}"
     code, text = export("--results", str(results_file), "--out", str(out))
     assert code == 0 and "wrote 6 traces" in text, text
@@ -266,6 +267,8 @@ def test_non_text_parts_are_kept_as_they_are() -> None:
 def test_export_fills_advantages_and_weights_per_group(
     results_file: Path, tmp_path: Path, estimator: str, expected: float
 ) -> None:
+    import datasets  # 0.6 s to import: paid by the tests that read with it, not by every worker
+
     out = tmp_path / "t.parquet"
     code, text = export("--results", str(results_file), "--advantages", estimator, "--out", str(out))
     assert code == 0 and "over 1 groups (2 sessions, 1 masked)" in text, text

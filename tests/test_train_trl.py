@@ -29,11 +29,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
-datasets = pytest.importorskip("datasets")
 
 import asyncio  # noqa: E402
 
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from polar.engine import create_engine_app  # noqa: E402
 from polar.engine.tiny import default_model_dir  # noqa: E402
@@ -63,19 +62,6 @@ from tests.trl_support import GRPO_STEP, ONE_CALL_AGENT, TOOL_AGENT, grpo_step  
 GROUP = 4
 MODEL_DIR = default_model_dir()
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class RecordingGRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
-    """TRL's trainer, keeping each batch it built from the rollouts (what its loss then consumes)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches: list[dict[str, Any]] = []
-
-    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
-        out = super()._generate_and_score_completions(inputs)
-        self.batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in out.items()})
-        return dict(out)
 
 
 def _task(**settings: Any) -> Task:
@@ -127,7 +113,23 @@ async def _healthy(url: str) -> bool:
     return bool(nodes) and bool(nodes[0]["healthy"])
 
 
-def _trainer(tmp_path: Path, rollout: PolarRollout, steps: int, group: int = GROUP) -> RecordingGRPOTrainer:
+def _trainer(tmp_path: Path, rollout: PolarRollout, steps: int, group: int = GROUP) -> Any:
+    """TRL's GRPOTrainer, keeping each batch it built from the rollouts (what its loss then consumes) in
+    `.batches`. Its class is made here: TRL's trainer module pulls in transformers' and peft (1.6 s of each
+    test worker's collection), which only the slow tests below use."""
+
+    class RecordingGRPOTrainer(trl.GRPOTrainer):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.batches: list[dict[str, Any]] = []
+
+        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+            out = super()._generate_and_score_completions(inputs)
+            self.batches.append({k: v.detach().clone() if torch.is_tensor(v) else v for k, v in out.items()})
+            return dict(out)
+
+    import datasets
+
     args = trl.GRPOConfig(
         output_dir=str(tmp_path / "trl"),
         use_cpu=True,
@@ -203,7 +205,7 @@ async def test_trl_grpo_steps_train_on_the_engines_tokens_and_sync_weights(tmp_p
                 first = copy.deepcopy(engine.model)
                 trainer = _trainer(tmp_path, rollout, steps=2)
                 results: list[list[SessionResult | None]] = []
-                trainer.add_callback(_KeepResults(rollout, results))
+                trainer.add_callback(_keep_results(rollout, results))
                 before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
                 await asyncio.to_thread(trainer.train)
     finally:
@@ -234,14 +236,15 @@ async def test_trl_grpo_steps_train_on_the_engines_tokens_and_sync_weights(tmp_p
     assert any(not torch.equal(before[k], after[k].detach()) for k in before)
 
 
-class _KeepResults(TrainerCallback):  # type: ignore[misc]
-    """Keeps each rollout's session results (the bridge keeps only the last call's)."""
+def _keep_results(rollout: PolarRollout, into: list[list[SessionResult | None]]) -> Any:
+    """A callback keeping each rollout's session results (the bridge keeps only the last call's)."""
+    from transformers import TrainerCallback
 
-    def __init__(self, rollout: PolarRollout, into: list[list[SessionResult | None]]) -> None:
-        self.rollout, self.into = rollout, into
+    class KeepResults(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            into.append(list(rollout.last_results))
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.into.append(list(self.rollout.last_results))
+    return KeepResults()
 
 
 @pytest.mark.slow
