@@ -20,7 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, cast
+
+from typing_extensions import TypeVar
 
 Kind = Literal["harness", "evaluator", "builder"]
 GROUPS: dict[Kind, str] = {
@@ -28,6 +30,8 @@ GROUPS: dict[Kind, str] = {
     "evaluator": "polar.evaluators",
     "builder": "polar.builders",
 }
+
+T = TypeVar("T", default=Any)  # what a registry's names denote; Any for the open kinds (user code)
 
 _trusted: dict[str, Any] = {}  # exact import path -> the object, vouched for by a local task file
 _allowed_modules: set[str] = set()  # modules (and their submodules) the operator allowed
@@ -111,15 +115,20 @@ def load_registered(kind: Kind, name: str, known: list[str]) -> Any:
 
 
 @dataclass
-class Registry:
-    """Code of one kind by name, the same way for every kind (harnesses, evaluators, trajectory builders):
-    built-ins as "module:attr" strings, imported on first use; code the calling program registers in this
-    process; and the installed entry points and allowed import paths that `load_registered` polices, the
-    ways a task may name code."""
+class Registry(Generic[T]):
+    """Code of one kind by name, the same shape for every kind polar looks up by name: built-ins as
+    "module:attr" strings, imported on first use, and code the calling program registers in this process.
 
-    kind: Kind
+    Open kinds (harnesses, evaluators, trajectory builders) are what a task names: beyond the known names,
+    `load` takes the installed entry points and allowed import paths that `load_registered` polices.
+    Closed kinds (runtimes, gateway dialects) are polar's own tables: a name is a built-in or an error,
+    and `entries` loads the whole table for the code that drives from it (the runtime factory, the
+    gateway's routes)."""
+
+    kind: str
     builtin: Mapping[str, str]  # name -> "module:attr"
-    registered: dict[str, Any] = field(default_factory=dict)
+    closed: bool = False
+    registered: dict[str, T] = field(default_factory=dict)
 
     def known(self) -> list[str]:
         """The built-in and registered names."""
@@ -127,23 +136,40 @@ class Registry:
 
     def names(self) -> list[str]:
         """Every name a task over HTTP may use: the known ones and the installed entry points."""
-        return sorted({*self.known(), *entry_point_names(self.kind)})
+        if self.closed:
+            return self.known()
+        return sorted({*self.known(), *entry_point_names(self._open_kind())})
 
-    def load(self, name: str) -> Any:
+    def load(self, name: str) -> T:
         """What `name` denotes; PluginError saying why when nothing may be loaded for it."""
         if name in self.registered:
             return self.registered[name]
         if name in self.builtin:
-            return import_path(self.builtin[name])
-        return load_registered(self.kind, name, self.known())
+            return cast(T, import_path(self.builtin[name]))
+        if self.closed:
+            raise PluginError(f"unknown {self.kind} {name!r}; known: {', '.join(self.builtin)}")
+        return cast(T, load_registered(self._open_kind(), name, self.known()))
 
-    def register(self, name: str, obj: Any, *, replace: bool = False) -> None:
+    def entries(self) -> dict[str, T]:
+        """Every built-in (in the table's order) and registered entry, loaded."""
+        return {name: self.load(name) for name in [*self.builtin, *self.registered]}
+
+    def register(self, name: str, obj: T, *, replace: bool = False) -> None:
         """Make `obj` available as `name` in this process (code the program names itself: not policed)."""
+        if self.closed:
+            raise PluginError(
+                f"the {self.kind} table is polar's own; a new {self.kind} is a module of polar's"
+            )
         if not name or ":" in name:
             raise PluginError(f"a {self.kind} name must be non-empty and contain no ':', got {name!r}")
         if not replace and name in self.known():
             raise PluginError(f"a {self.kind} named {name!r} exists; pass replace=True to override it")
         self.registered[name] = obj
+
+    def _open_kind(self) -> Kind:
+        if self.kind not in GROUPS:
+            raise PluginError(f"{self.kind} names no entry-point group: it must be closed")
+        return self.kind
 
 
 def import_path(path: str) -> Any:

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from polar import plugins
 from polar.auth import Refusal, RequireToken
 from polar.gateway import control
 from polar.gateway.answers import error_response
@@ -32,12 +33,8 @@ from polar.gateway.backends.openai import TokenDataMissing
 from polar.gateway.backends.pool import BackendPool
 from polar.gateway.backends.prompt_ids import MemoBudget
 from polar.gateway.config import GatewayConfig
-from polar.gateway.dialects.anthropic.routes import SERVED as ANTHROPIC_SERVED
 from polar.gateway.dialects.base import Dialect
-from polar.gateway.dialects.chat.routes import SERVED as CHAT_SERVED
-from polar.gateway.dialects.gemini.routes import SERVED as GEMINI_SERVED
 from polar.gateway.dialects.gemini.routes import gemini, gemini_models, speaks_gemini
-from polar.gateway.dialects.responses.routes import SERVED as RESPONSES_SERVED
 from polar.gateway.dialects.serving import Served, proxy_of
 from polar.gateway.errors import GatewayError
 from polar.gateway.metrics import GatewayMetrics
@@ -51,14 +48,23 @@ from polar.store.writer import AsyncWriter
 
 log = logging.getLogger("polar.gateway")
 
-# The dialects the data plane speaks, one package each (`polar.gateway.dialects.serving`). Their order is the
-# order in which they claim a request no route matched, for the shape of its error; chat claims the rest.
-DIALECTS: tuple[Served, ...] = (GEMINI_SERVED, ANTHROPIC_SERVED, RESPONSES_SERVED, CHAT_SERVED)
+# The dialects the data plane speaks, one package each exporting `SERVED` (`polar.gateway.dialects.serving`):
+# a closed registry, as the runtimes are. Their order is the order in which they claim a request no route
+# matched, for the shape of its error; chat claims the rest.
+DIALECTS = plugins.Registry[Served](
+    "dialect",
+    {
+        name: f"polar.gateway.dialects.{name}.routes:SERVED"
+        for name in ("gemini", "anthropic", "responses", "chat")
+    },
+    closed=True,
+)
+SERVED: tuple[Served, ...] = tuple(DIALECTS.entries().values())
 
 
 def dialect_for(request: Request) -> Dialect:
     """Which dialect's error shape fits a request we cannot route."""
-    return next(served.dialect for served in DIALECTS if served.claims(request))
+    return next(served.dialect for served in SERVED if served.claims(request))
 
 
 # -- model probes -----------------------------------------------------------------------------------------
@@ -213,7 +219,7 @@ class HotPath:
     def __init__(self, app: Starlette) -> None:
         self.app = app
         self.state = app.state
-        self.routes = {path: endpoint for served in DIALECTS for path, endpoint in served.hot.items()}
+        self.routes = {path: endpoint for served in SERVED for path, endpoint in served.hot.items()}
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -325,7 +331,7 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
         Route("/health", health, methods=["GET"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{rest:path}", v1_model, methods=["GET", "POST"]),
-        *(route for served in DIALECTS for route in served.routes),
+        *(route for served in SERVED for route in served.routes),
     ]
     data = Starlette(
         routes=routes,

@@ -1,7 +1,8 @@
 """The runtime table: each backend's name, what it needs on this machine, and how it is built.
 
-Every place that knows runtime names reads them here (`RUNTIMES`), built from `RuntimeBackend`'s names and
-each runtime module's `RUNTIME` entry: a new runtime is its module plus its name in that list.
+Every place that knows runtime names reads them here (`RUNTIMES`, a closed `polar.plugins.Registry` as the
+gateway's dialects are), built from `RuntimeBackend`'s names and each runtime module's `RUNTIME` entry: a
+new runtime is its module plus its name in that list.
 `check_runtime` refuses early (at node admission and before `polar run` starts anything) a backend that
 cannot run on this machine or cannot confine the network it asks for; `default_backend` is what a
 task that names no runtime gets: the strongest isolation this machine has.
@@ -9,17 +10,18 @@ task that names no runtime gets: the strongest isolation this machine has.
 
 from __future__ import annotations
 
-import importlib
 from typing import get_args
 
+from polar import plugins
 from polar.runtime.base import Runtime, RuntimeBackend, RuntimeEntry, RuntimeFailure, RuntimeSpec
 from polar.runtime.local import Keep
 
-RUNTIMES: dict[str, RuntimeEntry] = {
-    name: importlib.import_module(f"polar.runtime.{name}").RUNTIME for name in get_args(RuntimeBackend)
-}
-BACKENDS = tuple(RUNTIMES)
-IMAGE_BACKENDS = tuple(name for name, entry in RUNTIMES.items() if entry.image)
+RUNTIMES = plugins.Registry[RuntimeEntry](
+    "runtime", {name: f"polar.runtime.{name}:RUNTIME" for name in get_args(RuntimeBackend)}, closed=True
+)
+_ENTRIES = RUNTIMES.entries()
+BACKENDS = tuple(_ENTRIES)
+IMAGE_BACKENDS = tuple(name for name, entry in _ENTRIES.items() if entry.image)
 CONTAINER_BACKENDS = IMAGE_BACKENDS  # kept for callers that say "container"
 
 
@@ -40,7 +42,7 @@ def default_backend() -> RuntimeBackend:
 
 def check_runtime(spec: RuntimeSpec) -> None:
     """Raise `RuntimeFailure` saying what is missing when `spec` cannot run here; None when it can."""
-    entry = RUNTIMES.get(spec.backend)
+    entry = _ENTRIES.get(spec.backend)
     if entry is None:
         raise RuntimeFailure(f"unknown runtime backend {spec.backend!r}; known: {', '.join(BACKENDS)}")
     if entry.image and not spec.image:
@@ -48,7 +50,7 @@ def check_runtime(spec: RuntimeSpec) -> None:
     entry.check(spec)
     for name, value in (("cpus", spec.cpus), ("memory_mb", spec.memory_mb), ("pids_limit", spec.pids_limit)):
         if value is not None and not entry.limits:
-            limited = " and ".join(n for n, e in RUNTIMES.items() if e.limits)
+            limited = " and ".join(n for n, e in _ENTRIES.items() if e.limits)
             raise RuntimeFailure(f"runtime.{name} is enforced by {limited} only, not {spec.backend!r}")
 
 
@@ -65,6 +67,6 @@ def make_runtime(
     reachable inside and publish the URL to hand the harness as `runtime.gateway_url`.
     """
     check_runtime(spec)
-    entry = RUNTIMES[spec.backend]
+    entry = _ENTRIES[spec.backend]
     runtime: Runtime = entry.cls(spec, session_id, gateway_url=gateway_url, keep=keep, **entry.extra())
     return runtime

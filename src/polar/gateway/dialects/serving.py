@@ -2,8 +2,8 @@
 answers ahead of Starlette's router (`polar.gateway.app.HotPath`), and which requests it claims when no
 route matched and an error must be answered in some dialect's shape.
 
-A new dialect is a package beside `chat`, `responses`, `anthropic` and `gemini` exporting `SERVED`, plus
-its entry in `polar.gateway.app.DIALECTS`.
+A new dialect is a package beside `chat`, `responses`, `anthropic` and `gemini` whose `routes` module exports
+`SERVED`, plus its name in `polar.gateway.app.DIALECTS`.
 """
 
 from __future__ import annotations
