@@ -203,9 +203,10 @@ def test_harnesses_may_resend_the_answer_reserialized(template: Template) -> Non
     assert chain.prompt(template, nxt, TOOLS, None).restart == REWRITTEN
 
 
-def test_render_gateway_needs_a_vllm_kind() -> None:
-    with pytest.raises(ValueError, match="backend_kind vllm"):
-        GatewayConfig(backend_url="http://x", backend_kind="sglang", render="gateway")
+def test_render_gateway_needs_a_server_that_takes_token_ids() -> None:
+    with pytest.raises(ValueError, match="backend_kind vllm .* or sglang, not openai"):
+        GatewayConfig(backend_url="http://x", backend_kind="openai", render="gateway")
+    GatewayConfig(backend_url="http://x", backend_kind="sglang", render="gateway")  # its /generate
     with pytest.raises(ValueError, match="render must be"):
         GatewayConfig(backend_url="http://x", render="client")  # type: ignore[arg-type]
 

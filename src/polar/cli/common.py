@@ -343,8 +343,8 @@ def gateway_options(*, port: int) -> Callable[[F], F]:
                     default="server",
                     show_default=True,
                     help="Who renders the chat template. gateway: the gateway continues each session's "
-                    "exact token chain and sends token ids to the server's /v1/completions (vllm kind: "
-                    "vLLM or the embedded engine); one session stays one trace (docs/backends.md).",
+                    "exact token chain and sends token ids: to /v1/completions (vllm kind: vLLM or the "
+                    "embedded engine) or SGLang's /generate; one session stays one trace (docs/backends.md).",
                 ),
                 click.option(
                     "--tokenizer",

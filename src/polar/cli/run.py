@@ -215,9 +215,9 @@ def policy_server(
     backend_urls: tuple[str, ...], backend_kind: str, model: str | None, render: str, tokenizer: str | None
 ) -> PolicyServer:
     """`rollout_options`' policy settings as one value (a usage error where they do not go together)."""
-    if render == "gateway" and backend_kind != "vllm":
+    if render == "gateway" and backend_kind == "openai":
         raise click.BadParameter(
-            f"renders to token ids for a vllm kind server, not {backend_kind}", param_hint="--render gateway"
+            "renders to token ids for a vllm or sglang kind server, not openai", param_hint="--render gateway"
         )
     return PolicyServer(backend_urls, backend_kind, model, render, tokenizer)
 

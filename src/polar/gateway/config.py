@@ -56,7 +56,8 @@ class GatewayConfig:
     backend_affinity: bool = True
     health_interval_s: float = 5.0
     # Who renders the chat template (`polar.gateway.render`): the server (vLLM's chat route), or the gateway,
-    # which continues each session's token chain and sends token ids to /v1/completions (vllm kind only).
+    # which continues each session's token chain and sends token ids: to /v1/completions (vllm kind: vLLM
+    # or the embedded engine) or /generate (sglang kind); an openai kind server takes no token ids.
     render: Literal["server", "gateway"] = "server"
     # render: gateway only. The served model's folder for its tokenizer and template (default: the folder
     # the server reports for the model); its tool-call and reasoning parsers ("auto": from the template).
@@ -78,10 +79,10 @@ class GatewayConfig:
             raise ValueError(f"backend_kind must be vllm, sglang or openai, not {self.backend_kind!r}")
         if self.render not in ("server", "gateway"):
             raise ValueError(f"render must be server or gateway, not {self.render!r}")
-        if self.render == "gateway" and self.backend_kind != "vllm":
+        if self.render == "gateway" and self.backend_kind == "openai":
             raise ValueError(
-                "render: gateway sends token ids to vLLM's /v1/completions: it needs backend_kind vllm "
-                f"(vLLM or the embedded engine), not {self.backend_kind}"
+                "render: gateway sends token ids (vLLM's /v1/completions, SGLang's /generate): it needs "
+                "backend_kind vllm (vLLM or the embedded engine) or sglang, not openai"
             )
         for url in urls:
             if not url.startswith(("http://", "https://")):

@@ -4,7 +4,8 @@ The harness's call is still parsed by its dialect into the canonical chat reques
 served model, messages, tools, sampling settings) is what the record stores as `upstream_request`; the ids
 actually sent are the record's `prompt_ids`. This client renders the prompt itself (`Chain.prompt`: the
 session's chain continued, or a full rendering), posts it as token ids to the server's `/v1/completions`
-(vLLM, and the embedded engine, which answers in vLLM's shape), and reads the sampled ids back into content,
+(vLLM, and the embedded engine, which answers in vLLM's shape; SGLang's `/generate`, spoken as that route by
+`polar.gateway.render.sglang`), and reads the sampled ids back into content,
 reasoning and tool calls with the model's parsers (`Template.read`), so all four dialects answer from it as
 they answer from a server-rendered call.
 
@@ -17,7 +18,7 @@ repeated sentence that it accepts token by token.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from polar.chat.reasoning import prompt_opens_thought
@@ -35,6 +36,7 @@ from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.backends.stream import stream_error, whole_chunk
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, ToolCallDelta
 from polar.gateway.errors import GatewayError, invalid
+from polar.gateway.render import sglang
 from polar.gateway.render.chain import Chain, Prompt
 from polar.gateway.render.template import Template
 from polar.store.records import FLAG_TOOL_PARSE_ERROR
@@ -124,9 +126,7 @@ class RenderingBackend(TokenizingBackend):
         chain = chain if chain is not None else Chain()
         prompt = await self._prompt(body, chain)
         wire = completion_body(body, prompt.ids, self.context, self.default_budget)
-        comp = self.read(
-            await self.http.post(COMPLETIONS, wire), prompt, body.get("tools"), body.get("tool_choice")
-        )
+        comp = self.read(await self._post(wire), prompt, body.get("tools"), body.get("tool_choice"))
         if comp.response_ids is not None:
             self._advance(chain, prompt, body, comp.response_ids, comp.message())
         return comp
@@ -150,7 +150,7 @@ class RenderingBackend(TokenizingBackend):
             wire["skip_special_tokens"] = False
         sampled: list[int] = []
         first = True
-        async for data in self.http.stream(COMPLETIONS, wire):
+        async for data in self._stream(wire):
             chunk = _stream_chunk(data)
             if first:
                 chunk.prompt_ids, chunk.flags, first = (
@@ -178,6 +178,21 @@ class RenderingBackend(TokenizingBackend):
         if reader.calls:
             answer["tool_calls"] = chat_calls(reader.calls)
         self._advance(chain, prompt, body, sampled, answer)
+
+    async def _post(self, wire: dict[str, Any]) -> Any:
+        """The server's answer to a `/v1/completions` body, in that route's shape (SGLang's `/generate`
+        spoken as it: `polar.gateway.render.sglang`)."""
+        if self.kind == "sglang":
+            answer = await self.http.post(sglang.GENERATE, sglang.generate_body(wire))
+            return sglang.completion_of(answer, wire["model"])
+        return await self.http.post(COMPLETIONS, wire)
+
+    def _stream(self, wire: dict[str, Any]) -> AsyncIterator[Any]:
+        """The server's stream for a streamed `/v1/completions` body, as that route's chunks."""
+        if self.kind == "sglang":
+            events = self.http.stream(sglang.GENERATE, sglang.generate_body(wire))
+            return sglang.completions_stream(events, wire["model"])
+        return self.http.stream(COMPLETIONS, wire)
 
     def read(
         self, raw: Any, prompt: Prompt, tools: list[dict[str, Any]] | None, tool_choice: Any
@@ -226,8 +241,9 @@ class RenderingBackend(TokenizingBackend):
             done = await self.complete(body)
         except GatewayError as err:
             if err.kind == "not_found":
+                route = sglang.GENERATE if self.kind == "sglang" else COMPLETIONS
                 raise TokenDataMissing(
-                    f"the {self.kind} server at {self.url} has no /v1/completions for token-id prompts "
+                    f"the {self.kind} server at {self.url} has no {route} for token-id prompts "
                     "(render: gateway needs one)"
                 ) from None
             raise
@@ -235,7 +251,8 @@ class RenderingBackend(TokenizingBackend):
         if missing:
             raise TokenDataMissing(
                 f"the {self.kind} server at {self.url} answered a token-id prompt without token data "
-                f"({', '.join(missing)}): render: gateway needs a vLLM (or the embedded engine) that returns them"
+                f"({', '.join(missing)}): render: gateway needs a vLLM, an SGLang or the embedded engine that "
+                "returns them"
             )
 
     async def count_tokens(self, req: CanonicalRequest, served_model: str) -> int:
