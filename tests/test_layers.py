@@ -16,7 +16,7 @@ import polar
 # stack), the trainer, and the commands.
 LAYERS: list[set[str]] = [
     {"hints", "yamlpos", "edge", "http_server", "serving", "auth", "limits", "netguard", "retry", "metrics",
-     "plugins", "extras", "modelsource", "logs", "interrupt", "chat"},
+     "plugins", "extras", "modelsource", "logs", "interrupt", "chat", "jsontypes"},
     {"store", "runtime", "engine", "task"},
     {"harness", "trajectory"},
     {"gateway", "evaluate"},

@@ -15,10 +15,11 @@ import difflib
 import re
 import types
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Literal, TypeGuard, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 
 def yaml_problem(exc: yaml.YAMLError) -> tuple[int | None, str]:
@@ -51,10 +52,10 @@ def yaml_problem(exc: yaml.YAMLError) -> tuple[int | None, str]:
     return line, problem
 
 
-def _tokens(mark: Any) -> list[Any]:
+def _tokens(mark: yaml.Mark) -> list[yaml.Token]:
     """The tokens of the text `mark` points into, up to where scanning fails."""
     text = getattr(mark, "buffer", None)
-    tokens: list[Any] = []
+    tokens: list[yaml.Token] = []
     if isinstance(text, str):
         try:
             for token in yaml.scan(text.rstrip("\0")):
@@ -64,7 +65,7 @@ def _tokens(mark: Any) -> list[Any]:
     return tokens
 
 
-def _unclosed_bracket(mark: Any) -> tuple[int, str] | None:
+def _unclosed_bracket(mark: yaml.Mark) -> tuple[int, str] | None:
     """(0-based line, bracket) of the flow collection (`[` or `{`) still open at the end of the text."""
     stack: list[tuple[int, str]] = []
     for token in _tokens(mark):
@@ -77,7 +78,7 @@ def _unclosed_bracket(mark: Any) -> tuple[int, str] | None:
     return stack[0] if stack else None
 
 
-def _quote_ending_at(mark: Any) -> int | None:
+def _quote_ending_at(mark: yaml.Mark) -> int | None:
     """The 0-based line where a quoted scalar spanning several lines and ending on `mark`'s line starts:
     a quote left open that the next quote in the file closed, the error showing up only after it."""
     start = None
@@ -94,9 +95,11 @@ def _quote_ending_at(mark: Any) -> int | None:
 
 
 # -- walking a pydantic model along an error's location -----------------------------------------------------
+#
+# An annotation is any type form (a class, `X | None`, `list[X]`, `Annotated[X, ...]`): typed `object`.
 
 
-def _members(annotation: Any) -> list[Any]:
+def _members(annotation: object) -> list[object]:
     """The alternatives of an annotation: `X | Y | None` -> [X, Y]; `Annotated[X, ...]` -> [X]."""
     origin = get_origin(annotation)
     if origin is Annotated:
@@ -106,7 +109,7 @@ def _members(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def _is_model(annotation: Any) -> bool:
+def _is_model(annotation: object) -> TypeGuard[type[BaseModel]]:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
@@ -119,7 +122,7 @@ def _tags(model: type[BaseModel]) -> set[str]:
     return out
 
 
-def _step(annotation: Any, step: Any) -> Any:
+def _step(annotation: object, step: str | int) -> object:
     members = _members(annotation)
     for a in members:
         if _is_model(a) and isinstance(step, str) and step in a.model_fields:
@@ -138,7 +141,7 @@ def _step(annotation: Any, step: Any) -> Any:
     return None
 
 
-def _is_tag(annotation: Any, step: Any) -> bool:
+def _is_tag(annotation: object, step: str | int) -> bool:
     members = _members(annotation)
     return (
         isinstance(step, str)
@@ -147,11 +150,11 @@ def _is_tag(annotation: Any, step: Any) -> bool:
     )
 
 
-def without_tags(model: type[BaseModel], loc: Sequence[Any]) -> tuple[Any, ...]:
+def without_tags(model: type[BaseModel], loc: Sequence[str | int]) -> tuple[str | int, ...]:
     """`loc` without the tags a discriminated union inserts (`prepare[0].upload.src` -> `prepare[0].src`):
     the path as the user wrote it."""
-    out: list[Any] = []
-    annotation: Any = model
+    out: list[str | int] = []
+    annotation: object = model
     for step in loc:
         if annotation is None:  # past what the model describes (a dict's keys): kept as is
             out.append(step)
@@ -162,10 +165,10 @@ def without_tags(model: type[BaseModel], loc: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def annotation_at(model: type[BaseModel], loc: Sequence[Any]) -> Any:
+def annotation_at(model: type[BaseModel], loc: Sequence[str | int]) -> object:
     """The annotation of the value at `loc` in `model` (lists, dicts, unions and tags followed); None when
     `loc` leaves the model."""
-    annotation: Any = model
+    annotation: object = model
     for step in loc:
         annotation = _step(annotation, step)
         if annotation is None:
@@ -173,7 +176,7 @@ def annotation_at(model: type[BaseModel], loc: Sequence[Any]) -> Any:
     return annotation
 
 
-def _field_names(annotation: Any) -> list[str]:
+def _field_names(annotation: object) -> list[str]:
     return [name for a in _members(annotation) if _is_model(a) for name in a.model_fields]
 
 
@@ -199,7 +202,7 @@ def close_match(word: str, choices: Sequence[str], cutoff: float = 0.6) -> str |
     return found[0] if found else None
 
 
-def suggest_field(model: type[BaseModel], loc: Sequence[Any]) -> str | None:
+def suggest_field(model: type[BaseModel], loc: Sequence[str | int]) -> str | None:
     """What the unknown key at `loc` most likely meant: a field beside it with a close spelling (returned
     as its name), or the same name in another section of `model` (returned as its dotted path)."""
     if not loc or not isinstance(loc[-1], str):
@@ -216,7 +219,7 @@ def suggest_field(model: type[BaseModel], loc: Sequence[Any]) -> str | None:
 _QUOTED = re.compile(r"'([^']*)'")
 
 
-def hint(err: Any, model: type[BaseModel]) -> str:
+def hint(err: ErrorDetails, model: type[BaseModel]) -> str:
     """Pydantic's message for one error, with what the user most likely meant."""
     kind, loc, msg = err["type"], tuple(err["loc"]), str(err["msg"]).removeprefix("Value error, ")
     if kind == "extra_forbidden":
@@ -233,7 +236,7 @@ def hint(err: Any, model: type[BaseModel]) -> str:
     return msg
 
 
-def validation_problem(exc: ValidationError, model: type[BaseModel]) -> tuple[tuple[Any, ...], str]:
+def validation_problem(exc: ValidationError, model: type[BaseModel]) -> tuple[tuple[str | int, ...], str]:
     """The error of `exc` worth naming (a misspelt key also leaves the real one missing: the unknown key is
     the one to report) as (location, message with a hint)."""
     errors = exc.errors(include_url=False)

@@ -20,9 +20,19 @@ import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polar.rollout.rundir import locked
+
+if TYPE_CHECKING:
+    from polar.dashboard.app import DashboardOptions
+    from polar.engine.engine import Engine
+    from polar.netguard import OutboundPolicy
+    from polar.rollout.node.config import NodeConfig
+    from polar.rollout.node.node import Node
+    from polar.rollout.ray.cluster import RayNodes
+    from polar.rollout.ray.spec import RayPlacement
+    from polar.serving import ServerThread
 
 log = logging.getLogger("polar.run")
 
@@ -53,10 +63,10 @@ class PolicyServer:
 
 @dataclass(frozen=True)
 class LocalStack:
-    server: Any  # polar.serving.ServerThread running the rollout server
-    node: Any  # polar.rollout.node.Node (gateway + session pools); None when the nodes are Ray actors
+    server: ServerThread  # running the rollout server
+    node: Node | None  # gateway + session pools; None when the nodes are Ray actors
     token: str  # this run's control token
-    ray: Any = None  # polar.rollout.ray.cluster.RayNodes with `--ray`
+    ray: RayNodes | None = None  # with `--ray`
 
     @property
     def server_url(self) -> str:
@@ -84,9 +94,9 @@ class LocalStack:
         if self.ray is not None:
             stages: dict[str, int] = self.ray.by_stage()
             return stages
-        return dict(self.node.status().by_stage)
+        return dict(self._node().status().by_stage)
 
-    def _node(self) -> Any:
+    def _node(self) -> Node:
         if self.node is None:
             raise RuntimeError("this run's gateway nodes are Ray actors: each has its own gateway")
         return self.node
@@ -101,8 +111,8 @@ async def local_stack(
     stop_reason: str = "the local run finished",
     allow_callback: tuple[str, ...] = (),
     upload_roots: Sequence[Path] = (),
-    dashboard: Any = None,
-    ray: Any = None,
+    dashboard: DashboardOptions | None = None,
+    ray: RayPlacement | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)
     whose gateway sends calls to the `policy` server (several URLs: spread over those servers).
@@ -164,7 +174,7 @@ async def local_stack(
 
 @contextlib.asynccontextmanager
 async def _ray_nodes(
-    ray: Any, config: Any, out: Path, server: Any, token: str, stop_reason: str
+    ray: RayPlacement, config: NodeConfig, out: Path, server: ServerThread, token: str, stop_reason: str
 ) -> AsyncIterator[LocalStack]:
     """`local_stack`'s nodes as Ray actors; the same interrupted/finished rules as its one node."""
     from polar.rollout.ray.cluster import RayNodes
@@ -212,9 +222,9 @@ def _node_config(
     capacity: int,
     server_url: str,
     token: str,
-    outbound: Any,
+    outbound: OutboundPolicy,
     upload_roots: Sequence[Path],
-) -> Any:
+) -> NodeConfig:
     from polar.gateway.config import GatewayConfig
     from polar.rollout.node import NodeConfig
     from polar.serving import free_port
@@ -236,7 +246,7 @@ def _node_config(
 
 
 @contextlib.contextmanager
-def embedded_engine(policy: str | None, **load: Any) -> Iterator[tuple[Any, Any]]:
+def embedded_engine(policy: str | None, **load: Any) -> Iterator[tuple[Engine, ServerThread]]:
     """The embedded engine serving `policy` (None: the offline tiny model) on a loopback port:
     yields `(engine, server_thread)`; the engine's scheduler lives as long as the server."""
     from polar.engine import Engine, create_engine_app
