@@ -21,9 +21,12 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger("polar.auth")
 
@@ -108,7 +111,7 @@ def token_matches(header: str | bytes | None, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
-Refusal = Callable[[dict[str, Any], str], Awaitable[None] | None]
+Refusal: TypeAlias = "Callable[[Scope, str], Awaitable[None] | None]"
 
 
 class RequireToken:
@@ -118,7 +121,7 @@ class RequireToken:
 
     def __init__(
         self,
-        app: Any,
+        app: ASGIApp,
         token: str,
         *,
         open_paths: Iterable[str] = ("/health",),
@@ -129,7 +132,7 @@ class RequireToken:
         self.open_paths = frozenset(open_paths)
         self.on_refused = on_refused
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return

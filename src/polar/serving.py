@@ -21,14 +21,17 @@ import errno
 import logging
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import uvicorn
 
 from polar.edge import prepare_server_process
 from polar.http_server import http_protocol
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 Lifespan = Literal["auto", "on", "off"]
 log = logging.getLogger("polar.serving")
@@ -69,14 +72,14 @@ class _Lifespan:
     """An app's ASGI lifespan, driven here (what uvicorn's `lifespan="on"` would do), so that a failed
     startup raises the app's own exception to the caller instead of uvicorn logging its traceback."""
 
-    def __init__(self, app: Any, required: bool) -> None:
+    def __init__(self, app: ASGIApp, required: bool) -> None:
         self.app, self.required = app, required
         self.state: dict[str, Any] = {}
-        self._inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Message] = asyncio.Queue()
+        self._outbox: asyncio.Queue[Message] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
-    async def _next(self) -> dict[str, Any] | None:
+    async def _next(self) -> Message | None:
         """The app's next message; None when it returned or raised instead."""
         assert self._task is not None
         if self._outbox.empty() and not self._task.done():
@@ -97,7 +100,9 @@ class _Lifespan:
 
     async def startup(self, url: str) -> None:
         scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}, "state": self.state}
-        self._task = asyncio.create_task(self.app(scope, self._inbox.get, self._outbox.put))
+        # An ASGI app is an `async def` (or an object whose `__call__` is one): its call is a coroutine.
+        run = self.app(scope, self._inbox.get, self._outbox.put)
+        self._task = asyncio.create_task(cast("Coroutine[Any, Any, None]", run))
         await self._inbox.put({"type": "lifespan.startup"})
         message = await self._next()
         if message is not None and message["type"] == "lifespan.startup.complete":
@@ -124,13 +129,13 @@ class _Lifespan:
             log.error("the app's lifespan ended with %s: %s", type(error).__name__, error)
         self._task = None
 
-    def wrap(self, app: Any) -> Any:
+    def wrap(self, app: ASGIApp) -> ASGIApp:
         """`app`, given the state the lifespan yielded (in each request's scope), if it yielded any."""
         if not self.state:
             return app
         state = self.state
 
-        async def with_state(scope: Any, receive: Any, send: Any) -> None:
+        async def with_state(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] in ("http", "websocket"):
                 scope["state"] = {**state, **scope.get("state", {})}
             await app(scope, receive, send)
@@ -158,7 +163,7 @@ class _Server(uvicorn.Server):
     """Signals stay with whoever owns the process (the CLI installs its own handlers)."""
 
     @contextlib.contextmanager
-    def capture_signals(self) -> Any:
+    def capture_signals(self) -> Iterator[None]:
         yield
 
 
@@ -167,11 +172,12 @@ class EmbeddedServer:
     taken), runs the app's startup (`StartupError` with the app's exception when it fails) and returns once
     the server accepts connections; nothing exits the interpreter (uvicorn's choice for a CLI). `bind`
     alone reserves the address early (`polar serve-model` binds before loading a model). `label` names the
-    listener in a `BindError` ("port", "control port")."""
+    listener in a `BindError` ("port", "control port"). `app` may be None until `start` (set `.app` after
+    an early `bind`)."""
 
     def __init__(
         self,
-        app: Any,
+        app: ASGIApp | None,
         host: str,
         port: int,
         *,
@@ -231,6 +237,7 @@ class EmbeddedServer:
     async def start(self) -> None:
         self.bind()
         assert self._sock is not None
+        assert self.app is not None, "EmbeddedServer.app is set before start"
         sock = self._sock
         app = self.app
         if self.lifespan != "off":
@@ -310,10 +317,10 @@ class ServerThread:
 
     def __init__(
         self,
-        app: Any,
+        app: ASGIApp,
         port: int | None = None,
         *,
-        also: Sequence[Any] = (),
+        also: Sequence[ASGIApp] = (),
         lifespan: Lifespan = "on",
         host: str = "127.0.0.1",
         **uvicorn_kwargs: Any,
@@ -371,7 +378,7 @@ class ServerThread:
 
 
 @contextmanager
-def serve(app: Any, **kwargs: Any) -> Iterator[ServerThread]:
+def serve(app: ASGIApp, **kwargs: Any) -> Iterator[ServerThread]:
     srv = ServerThread(app, **kwargs).start()
     try:
         yield srv

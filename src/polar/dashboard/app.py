@@ -34,14 +34,19 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from polar.auth import token_matches
 from polar.dashboard import compare, queries, training, views
 from polar.dashboard.auth import DEFAULT_TTL_S, Caller, Logins, clear_cookie_header, cookie_header, cookie_of
+from polar.dashboard.finished import FinishedRun
 from polar.dashboard.guard import Guard, Refused
 from polar.dashboard.nodes import Fetched, NodeReader
 from polar.dashboard.tokens import Decode, side_call_ids, trace_tokens
+from polar.jsontypes import JSON
 from polar.rollout.protocol import SessionStatus
+from polar.rollout.server.service import RolloutService
+from polar.rollout.server.store import NodeRow
 
 TABS = ["timeline", "conversation", "completions", "trajectory", "tokens", "evaluation", "raw"]
 STATES = ["ACTIVE", "DONE", "CANCELLED"]
@@ -57,14 +62,14 @@ class DashboardOptions:
 
 
 class Dashboard:
-    """`service()` is the rollout server's `RolloutService` once started (None: a training-only
-    dashboard, `polar dashboard --train`)."""
+    """`service()` is the rollout server's `RolloutService` once started, or a finished run's files
+    (`polar dashboard RUN_DIR`); None: a training-only dashboard, `polar dashboard --train`."""
 
     def __init__(
         self,
         token: str,
         options: DashboardOptions,
-        service: Callable[[], Any],
+        service: Callable[[], RolloutService | FinishedRun | None],
         on_refused: Refused | None = None,
         records: Callable[[str], list[dict[str, Any]]] | None = None,
     ) -> None:
@@ -97,7 +102,7 @@ class Dashboard:
         )
         self.asgi = Guard(app, token, self.logins, self._login_page, on_refused)
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self.asgi(scope, receive, send)
 
     async def aclose(self) -> None:
@@ -126,7 +131,7 @@ class Dashboard:
         }
         return HTMLResponse(self.env.get_template(name).render(**base, **ctx), status_code=status)
 
-    def _svc(self) -> Any:
+    def _svc(self) -> RolloutService | FinishedRun:
         svc = self.service()
         if svc is None:  # `polar dashboard --train`: a training page, no rollout server behind it
             raise HTTPException(404, "this dashboard shows a training run only; no rollout server here")
@@ -293,7 +298,9 @@ class Dashboard:
             ctx["evaluation"] = views.pretty(result.get("metadata", {}).get("evaluation"))
         return self.render(request, "session.html", **ctx)
 
-    async def _trajectory(self, detail: queries.SessionDetail, node: Any, notes: list[str]) -> Any:
+    async def _trajectory(
+        self, detail: queries.SessionDetail, node: NodeRow | None, notes: list[str]
+    ) -> JSON:
         """The result's trajectory, or (a session not finished) the one its node builds from the calls so far."""
         trajectory = (detail.result or {}).get("trajectory")
         if trajectory is not None or node is None or self.local_records is not None:
@@ -369,7 +376,7 @@ class Dashboard:
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
 
-def _json(body: Any, status: int = 200) -> Response:
+def _json(body: JSON, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 

@@ -20,9 +20,12 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from polar.auth import token_matches
+
+if TYPE_CHECKING:
+    from starlette.types import Scope
 
 COOKIE = "polar_ui"
 CSRF_HEADER = "x-polar-csrf"
@@ -114,7 +117,7 @@ class Caller:
         return header is not None and hmac.compare_digest(header.encode(), self.login.csrf.encode())
 
 
-def identify(scope: dict[str, Any], token: str, logins: Logins) -> tuple[Caller | None, str]:
+def identify(scope: Scope, token: str, logins: Logins) -> tuple[Caller | None, str]:
     """The caller of a request, or None and why it is refused."""
     headers = dict(scope.get("headers") or [])
     bearer = headers.get(b"authorization")

@@ -4,7 +4,10 @@ dashboard is never served where a session's sandbox can connect."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
 
 PREFIX = "/ui"
 
@@ -14,10 +17,10 @@ def is_dashboard(path: str) -> bool:
 
 
 class FrontDoor:
-    def __init__(self, dashboard: Any, control: Any) -> None:
+    def __init__(self, dashboard: ASGIApp, control: ASGIApp) -> None:
         self.dashboard, self.control = dashboard, control
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and is_dashboard(scope["path"]):
             await self.dashboard(scope, receive, send)
         else:

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import orjson
 
 from polar.dashboard.auth import CSRF_HEADER, Logins, identify
 
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 LOGIN_PATH = "/ui/login"
 
 Render = Callable[[str], str]  # nonce -> the login page's HTML
-Refused = Callable[[dict[str, Any], str], None]
+Refused: TypeAlias = "Callable[[Scope, str], None]"
 
 
 def security_headers(nonce: str) -> list[tuple[bytes, bytes]]:
@@ -39,19 +42,24 @@ class Guard:
     what it asked for; `on_refused(scope, why)` counts refusals where the server shows them."""
 
     def __init__(
-        self, app: Any, token: str, logins: Logins, render_login: Render, on_refused: Refused | None = None
+        self,
+        app: ASGIApp,
+        token: str,
+        logins: Logins,
+        render_login: Render,
+        on_refused: Refused | None = None,
     ) -> None:
         self.app, self.token, self.logins = app, token, logins
         self.render_login, self.on_refused = render_login, on_refused
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         nonce = secrets.token_urlsafe(16)
         extra = security_headers(nonce)
 
-        async def send_secured(message: dict[str, Any]) -> None:
+        async def send_secured(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
@@ -73,7 +81,7 @@ class Guard:
         state["caller"] = caller
         await self.app(scope, receive, send_secured)
 
-    async def _refuse(self, scope: dict[str, Any], send: Any, status: int, why: str, nonce: str) -> None:
+    async def _refuse(self, scope: Scope, send: Send, status: int, why: str, nonce: str) -> None:
         if self.on_refused is not None:
             self.on_refused(scope, f"dashboard: {why}")
         accept = dict(scope.get("headers") or []).get(b"accept", b"")

@@ -4,7 +4,8 @@ serve. The server (`polar.rollout.server.app`) knows nothing of the dashboard; t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+
+from starlette.types import ASGIApp, Scope
 
 from polar.dashboard.app import Dashboard, DashboardOptions
 from polar.dashboard.front import FrontDoor
@@ -22,10 +23,10 @@ class DashboardFront:
 
     def wrap(
         self,
-        api: Any,
+        api: ASGIApp,
         token: str,
         service: Callable[[], RolloutService | None],
-        refused: Callable[[dict[str, Any], str], None],
+        refused: Callable[[Scope, str], None],
     ) -> FrontDoor:
         self.ui = Dashboard(token, self.options, service, on_refused=refused)
         return FrontDoor(self.ui, api)
@@ -35,6 +36,6 @@ class DashboardFront:
             await self.ui.aclose()
 
 
-def server_app(config: ServerConfig, options: DashboardOptions | None = None) -> Any:
+def server_app(config: ServerConfig, options: DashboardOptions | None = None) -> ASGIApp:
     """The server's ASGI app with the dashboard under /ui (`options`: its tokenizer, training folder, ...)."""
     return create_app(config, DashboardFront(options or DashboardOptions()))

@@ -10,6 +10,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from polar.gateway.backends.stream import StreamAccumulator
 from polar.gateway.call import Call, Placed
@@ -67,7 +68,7 @@ class RelayResponse(StreamingResponse):
         super().__init__(content, **kwargs)
         self.flight = flight
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 import orjson
@@ -37,8 +37,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Scope
 
 from polar.auth import RequireToken
+from polar.jsontypes import JSON
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
 from polar.metrics import metrics_endpoint
 from polar.rollout.protocol import (
@@ -68,7 +70,7 @@ class HTTPError(Exception):
         self.type = type_ or ("not_found" if status == 404 else "invalid_request")
 
 
-def _json(body: Any, status: int = 200) -> Response:
+def _json(body: JSON, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
@@ -91,7 +93,7 @@ def _loc(loc: tuple[Any, ...], prefix: str = "") -> str:
     return out
 
 
-async def _body(request: Request) -> Any:
+async def _body(request: Request) -> JSON:
     """The JSON body, read within the configured time and size and nested at most `MAX_JSON_DEPTH` deep
     (a task's `metadata` and its agent's `settings` are free-form, and are stored and sent on)."""
     config = _svc(request).config
@@ -111,7 +113,7 @@ async def _body(request: Request) -> Any:
     return body
 
 
-def _model(cls: type[M], data: Any, prefix: str = "") -> M:
+def _model(cls: type[M], data: JSON, prefix: str = "") -> M:
     try:
         return cls.model_validate(data)
     except ValidationError as exc:
@@ -120,7 +122,7 @@ def _model(cls: type[M], data: Any, prefix: str = "") -> M:
         raise HTTPError(400, f"{param or cls.__name__}: {err['msg']}", param) from None
 
 
-def route(handler: Any) -> Any:
+def route(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     async def wrapper(request: Request) -> Response:
         try:
             result: Response = await handler(request)
@@ -343,7 +345,7 @@ async def heartbeat(request: Request) -> Response:
     return _json({"ok": True})
 
 
-async def _small_json(request: Request, what: str) -> Any:
+async def _small_json(request: Request, what: str) -> JSON:
     """The JSON body of an operator's node request (at most 64 KiB; empty means {}), or a 4xx naming it."""
     try:
         raw = await read_body(request, 64 << 10, _svc(request).config.body_timeout_s)
@@ -456,16 +458,16 @@ class Front(Protocol):
 
     def wrap(
         self,
-        api: Any,
+        api: ASGIApp,
         token: str,
         service: Callable[[], RolloutService | None],
-        refused: Callable[[dict[str, Any], str], None],
-    ) -> Any: ...
+        refused: Callable[[Scope, str], None],
+    ) -> ASGIApp: ...
 
     async def aclose(self) -> None: ...
 
 
-def create_app(config: ServerConfig, front: Front | None = None) -> Any:
+def create_app(config: ServerConfig, front: Front | None = None) -> ASGIApp:
     """The server's ASGI app: control routes behind the token, and `front` (the dashboard) beside them."""
 
     @contextlib.asynccontextmanager
@@ -505,7 +507,7 @@ def create_app(config: ServerConfig, front: Front | None = None) -> Any:
     )
     app.state.metrics_registry = server_registry(lambda: getattr(app.state, "service", None))
 
-    def refused(scope: dict[str, Any], why: str) -> None:
+    def refused(scope: Scope, why: str) -> None:
         service: RolloutService | None = getattr(app.state, "service", None)
         if service is not None:
             service.security.refused_auth(client_of(scope), scope["method"], scope["path"], why)
