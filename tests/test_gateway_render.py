@@ -204,7 +204,7 @@ def test_harnesses_may_resend_the_answer_reserialized(template: Template) -> Non
 
 
 def test_render_gateway_needs_a_server_that_takes_token_ids() -> None:
-    with pytest.raises(ValueError, match="backend_kind vllm .* or sglang, not openai"):
+    with pytest.raises(ValueError, match=r"backend_kind vllm .* or sglang, not openai"):
         GatewayConfig(backend_url="http://x", backend_kind="openai", render="gateway")
     GatewayConfig(backend_url="http://x", backend_kind="sglang", render="gateway")  # its /generate
     with pytest.raises(ValueError, match="render must be"):
@@ -326,6 +326,33 @@ def test_a_call_that_does_not_parse_is_flagged(scripted: tuple[Engine, ScriptedL
     assert resp.choices[0].message.content == broken and not resp.choices[0].message.tool_calls
     (rec,) = gw.completions(sid)
     assert "tool_call_parse_error" in rec.flags and rec.trainable
+
+
+def test_a_continued_chain_asking_past_the_context_is_cut_to_fit(
+    scripted: tuple[Engine, ScriptedLM, Gateway],
+) -> None:
+    """Qwen Code asks for 64000 tokens whatever the model serves: the second call of a chain gets what fits
+    after the chain's own prompt, flagged, and answers."""
+    engine, model, gw = scripted
+    sid = gw.new_session()
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=sid, max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": "hi"}]
+    for turn in range(2):
+        last = gw.completions(sid)[-1] if turn else None
+        chain_len = len(last.prompt_ids) + len(last.response_ids or []) if last is not None else 0
+        model.script = engine.tokenizer.encode(f"answer {turn}", add_special_tokens=False)
+        model.start = _next_prompt_length(engine, messages, turn, chain_len)
+        resp = client.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, max_tokens=64000, temperature=0
+        )  # type: ignore[arg-type]
+        assert resp.choices[0].message.content == f"answer {turn}"
+        messages += [{"role": "assistant", "content": f"answer {turn}"}, {"role": "user", "content": "more"}]
+    recs = gw.completions(sid)
+    assert [r.flags[0] for r in recs] == ["render:gateway", "render:gateway"] and recs[1].flags[1:3] == (
+        "max_tokens_clamped",
+        "max_tokens_requested:64000",
+    )
+    assert recs[1].flags[0:1] == ("render:gateway",) and "chain:" not in " ".join(recs[1].flags)
 
 
 @pytest.fixture(scope="module")
@@ -458,6 +485,24 @@ def test_the_completions_body_keeps_sampling_settings_and_drops_chat_fields() ->
     assert (
         completion_body({"model": "m", "messages": []}, [1, 2, 3], 100, default_budget=20)["max_tokens"] == 20
     )
+
+
+def test_a_budget_past_the_context_is_cut_to_what_fits_after_the_chain() -> None:
+    """The chain's own length, not a fresh rendering's (which a continued chain can exceed by a few tokens,
+    so a cut computed from it would be refused again)."""
+    from polar.gateway.render.backend import fit_budget
+
+    wire = {"max_tokens": 64000}
+    assert fit_budget(wire, 90, context=100) == ["max_tokens_clamped", "max_tokens_requested:64000"]
+    assert wire["max_tokens"] == 10
+    for kept, prompt_len, context in (
+        ({"max_tokens": 5}, 90, 100),
+        ({"max_tokens": 50}, 100, 100),
+        ({"max_tokens": 50}, 90, None),
+        ({"max_tokens": None}, 90, 100),
+    ):
+        before = dict(kept)
+        assert fit_budget(kept, prompt_len, context) == [] and kept == before  # fits, full, unknown, unset
 
 
 def test_a_streamed_answer_arrives_token_by_token_and_reads_as_the_whole_one(

@@ -36,10 +36,11 @@ from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.backends.stream import stream_error, whole_chunk
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, ToolCallDelta
 from polar.gateway.errors import GatewayError, invalid
+from polar.gateway.fit import requested_flag
 from polar.gateway.render import sglang
 from polar.gateway.render.chain import Chain, Prompt
 from polar.gateway.render.template import Template
-from polar.store.records import FLAG_TOOL_PARSE_ERROR
+from polar.store.records import FLAG_MAX_TOKENS_CLAMPED, FLAG_TOOL_PARSE_ERROR
 
 COMPLETIONS = "/v1/completions"
 # Chat-only fields: they shape the rendering (done here) or the chat answer, and /v1/completions has no
@@ -126,7 +127,8 @@ class RenderingBackend(TokenizingBackend):
         chain = chain if chain is not None else Chain()
         prompt = await self._prompt(body, chain)
         wire = completion_body(body, prompt.ids, self.context, self.default_budget)
-        comp = self.read(await self._post(wire), prompt, body.get("tools"), body.get("tool_choice"))
+        fitted = fit_budget(wire, len(prompt.ids), self.context)
+        comp = self.read(await self._post(wire), prompt, body.get("tools"), body.get("tool_choice"), fitted)
         if comp.response_ids is not None:
             self._advance(chain, prompt, body, comp.response_ids, comp.message())
         return comp
@@ -145,6 +147,7 @@ class RenderingBackend(TokenizingBackend):
         parser = self.template.parser_for(tools, body.get("tool_choice"))
         reader = AnswerStream(self.template.reasoning, prompt_opens_thought(prompt.rendered), parser, tools)
         wire = completion_body(body, prompt.ids, self.context, self.default_budget)
+        fitted = fit_budget(wire, len(prompt.ids), self.context)
         wire.update(stream=True, stream_options={"include_usage": True})
         if parser is not None and parser.needs_special_tokens:
             wire["skip_special_tokens"] = False
@@ -155,7 +158,7 @@ class RenderingBackend(TokenizingBackend):
             if first:
                 chunk.prompt_ids, chunk.flags, first = (
                     prompt.ids,
-                    [*rendered_flags(prompt), *chunk.flags],
+                    [*rendered_flags(prompt), *fitted, *chunk.flags],
                     False,
                 )
             if chunk.has_choice:
@@ -195,7 +198,12 @@ class RenderingBackend(TokenizingBackend):
         return self.http.stream(COMPLETIONS, wire)
 
     def read(
-        self, raw: Any, prompt: Prompt, tools: list[dict[str, Any]] | None, tool_choice: Any
+        self,
+        raw: Any,
+        prompt: Prompt,
+        tools: list[dict[str, Any]] | None,
+        tool_choice: Any,
+        fitted: list[str] | None = None,
     ) -> Completion:
         """The `Completion` of a `/v1/completions` answer to `prompt`: ids and logprobs as the server sent
         them (flagged when missing), the message read from the sampled ids."""
@@ -206,7 +214,7 @@ class RenderingBackend(TokenizingBackend):
             raise upstream_error("inference server answer's `choices[0]` is not an object")
         sampled = int_list(choice.get("token_ids"))
         logprobs = _token_logprobs(choice.get("logprobs"))
-        flags = rendered_flags(prompt)
+        flags = [*rendered_flags(prompt), *(fitted or ())]
         for extra in (choice.get("polar_flags"), raw.get("polar_flags")):
             if isinstance(extra, list):
                 flags += [f for f in extra if isinstance(f, str) and f not in flags]
@@ -320,6 +328,22 @@ def completion_body(
         body["max_tokens"] = min(room, default_budget) if room and default_budget else room or default_budget
     body.update(prompt=prompt_ids, stream=False, return_token_ids=True, logprobs=0)
     return body
+
+
+def fit_budget(wire: dict[str, Any], prompt_len: int, context: int | None) -> list[str]:
+    """Cut a `max_tokens` that would run past the context to what fits after the prompt actually sent, and
+    return the record's flags saying so (as `polar.gateway.fit` does once a server refused a call). The
+    gateway knows the chain's exact length here; the refusal path counts a fresh rendering, which a
+    continued chain can exceed by a few tokens (the cut would then be refused again). Nothing is cut when
+    the context is unknown or the prompt alone fills it (the server's error stands)."""
+    requested = wire.get("max_tokens")
+    if context is None or type(requested) is not int:
+        return []
+    fits = context - prompt_len
+    if fits < 1 or fits >= requested:
+        return []
+    wire["max_tokens"] = fits
+    return [FLAG_MAX_TOKENS_CLAMPED, requested_flag(requested)]
 
 
 def _token_logprobs(value: Any) -> list[float] | None:
