@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 from polar.harness.base import HarnessContext
 from polar.harness.install import npm_bin_async
 from polar.harness.shell import instruction_path
+from polar.jsontypes import JSON
 from polar.runtime.base import Runtime, RuntimeFailure
 
 # Writes stdin to "$1", creating its folder; through exec, so it lands inside whatever sandbox the runtime is.
@@ -40,36 +41,44 @@ def refuse_unknown(harness: str, settings: dict[str, Any], known: Iterable[str])
         raise ValueError(f"{harness} harness: unknown settings {unknown}{hint}; known: {known}")
 
 
-def one_of(harness: str, name: str, value: Any, choices: Iterable[str], *, optional: bool = False) -> Any:
+@overload
+def one_of(
+    harness: str, name: str, value: JSON, choices: Iterable[str], *, optional: Literal[False] = False
+) -> str: ...
+@overload
+def one_of(harness: str, name: str, value: JSON, choices: Iterable[str], *, optional: bool) -> str | None: ...
+def one_of(
+    harness: str, name: str, value: JSON, choices: Iterable[str], *, optional: bool = False
+) -> str | None:
     """`value` if it is one of `choices`; with `optional`, None (the setting was not given) passes too."""
     choices = list(choices)
     if not (optional and value is None) and value not in choices:
         raise ValueError(f"{harness} harness: settings.{name} must be one of {choices}, not {value!r}")
-    return value
+    return cast("str | None", value)  # one of `choices`, or None
 
 
-def positive_int(harness: str, name: str, value: Any) -> int:
+def positive_int(harness: str, name: str, value: JSON) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{harness} harness: settings.{name} must be a positive integer, not {value!r}")
     return value
 
 
-def optional_positive_int(harness: str, name: str, value: Any) -> int | None:
+def optional_positive_int(harness: str, name: str, value: JSON) -> int | None:
     return None if value is None else positive_int(harness, name, value)
 
 
-def count(harness: str, name: str, value: Any) -> int:
+def count(harness: str, name: str, value: JSON) -> int:
     """An integer >= 0 (retries, step limits)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{harness} harness: settings.{name} must be an integer >= 0, not {value!r}")
     return value
 
 
-def optional_count(harness: str, name: str, value: Any) -> int | None:
+def optional_count(harness: str, name: str, value: JSON) -> int | None:
     return None if value is None else count(harness, name, value)
 
 
-def absolute_binary(harness: str, value: Any) -> str | None:
+def absolute_binary(harness: str, value: JSON) -> str | None:
     """`settings.binary`: an installed CLI to run instead of the pinned package, by absolute path."""
     if value is not None and (not isinstance(value, str) or not value.startswith("/")):
         raise ValueError(f"{harness} harness: settings.binary must be an absolute path, not {value!r}")
@@ -148,7 +157,7 @@ async def collect(runtime: Runtime, ctx: HarnessContext, into: str, paths: list[
 
 
 # -- reading captured requests -------------------------------------------------------------------------
-def texts(content: Any) -> list[str]:
+def texts(content: JSON) -> list[str]:
     """The text of a message content or system field: a string, or the `text` of each block that has one."""
     if isinstance(content, str):
         return [content]

@@ -40,20 +40,29 @@ import asyncio
 import concurrent.futures
 import itertools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import orjson
 
 from polar.client import RolloutClient
 from polar.extras import TRL, require
+from polar.jsontypes import JSON
 from polar.rollout.protocol import SessionResult
 from polar.task import Task
 from polar.train.export import main_trace, trajectory_of
 
-TaskFactory = Callable[[Any], Task]
-WeightSync = Callable[[Any, int], None]  # (the unwrapped model, TRL's global step)
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PreTrainedTokenizerBase
+    from trl.trainer.grpo_trainer import GRPOTrainer
+
+    from polar.engine.engine import Engine
+
+TaskFactory = Callable[[JSON], Task]  # a TRL prompt (a string or a conversation) -> its Task
+WeightSync: TypeAlias = "Callable[[nn.Module, int], None]"  # (the unwrapped model, TRL's global step)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +78,7 @@ class Completion:
     status: str
 
 
-def instruction_of(prompt: Any) -> str:
+def instruction_of(prompt: JSON) -> str:
     """The task instruction in a TRL prompt: the text itself, or a conversation's last user message."""
     if isinstance(prompt, str):
         return prompt
@@ -157,7 +166,7 @@ class PolarRollout:
         self.last_results: list[SessionResult | None] = []
         self.last_stats: dict[str, int] = {}
 
-    def _task_for(self, prompt: Any, samples: int, step: int, call: int, group: int) -> Task:
+    def _task_for(self, prompt: JSON, samples: int, step: int, call: int, group: int) -> Task:
         base = self.task(prompt) if callable(self.task) else self.task
         update: dict[str, Any] = {
             "task_id": f"trl-{self.run_id}-{call}-{group}",
@@ -168,7 +177,7 @@ class PolarRollout:
             update["instruction"] = instruction_of(prompt)
         return Task.model_validate({**base.model_dump(), **update})
 
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+    def __call__(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, list[Any]]:
         accelerator = getattr(trainer, "accelerator", None)
         if accelerator is None or accelerator.num_processes == 1:
             return self._rollout(prompts, trainer)
@@ -190,7 +199,7 @@ class PolarRollout:
         start = sum(counts[: accelerator.process_index])
         return {k: v[start : start + len(prompts)] for k, v in box[0].items()}
 
-    def _rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+    def _rollout(self, prompts: list[Any], trainer: GRPOTrainer) -> dict[str, list[Any]]:
         """The rows of `prompts` (the whole generation batch under several processes: main process only)."""
         step = int(trainer.state.global_step)
         if self.sync_weights is not None and step != self._synced_step:
@@ -215,8 +224,8 @@ class PolarRollout:
         self.last_results = results
         filler = _filler_token(trainer)
         rows, stats = [], {"sessions": len(prompts), "unusable": 0, "other_trainable_traces": 0}
-        for r in results:
-            row, others = completion_of(r, filler)
+        for result in results:
+            row, others = completion_of(result, filler)
             rows.append(row)
             stats["unusable"] += not any(row.env_mask)
             stats["other_trainable_traces"] += others
@@ -244,15 +253,18 @@ class PolarRollout:
         return out
 
 
-def _filler_token(trainer: Any) -> int:
+def _filler_token(trainer: GRPOTrainer) -> int:
     eos = getattr(trainer, "eos_token_ids", None)
     if eos:
         return int(eos[0])
-    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    # a tokenizer, or a processor holding one
+    tokenizer = cast(
+        "PreTrainedTokenizerBase", getattr(trainer.processing_class, "tokenizer", trainer.processing_class)
+    )
     return int(tokenizer.eos_token_id)
 
 
-def _run_sync(coro: Any) -> Any:
+def _run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion from TRL's synchronous training loop, also when the calling thread
     already runs an event loop (a notebook): then on a helper thread with its own loop."""
     try:
@@ -263,11 +275,11 @@ def _run_sync(coro: Any) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-def engine_weight_sync(engine: Any) -> WeightSync:
+def engine_weight_sync(engine: Engine) -> WeightSync:
     """`sync_weights` for polar's embedded engine (`polar.engine.Engine`): the trained state dict becomes
     policy version `step`, so the next sessions' records carry it."""
 
-    def sync(model: Any, step: int) -> None:
+    def sync(model: nn.Module, step: int) -> None:
         engine.update_weights({k: v.detach() for k, v in model.state_dict().items()}, policy_version=step)
 
     return sync
