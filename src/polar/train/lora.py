@@ -14,10 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch and peft load when LoRA is used, not when a config naming it is validated
     import torch
+    from peft import PeftModel
+    from torch import nn
 
 ADAPTER_DIR = "adapter"  # inside a checkpoint folder: the adapter weights a resumed run continues from
 
@@ -30,7 +33,7 @@ class LoraSpec:
     target_modules: tuple[str, ...] | str = "all-linear"
 
 
-def _peft() -> Any:
+def _peft() -> ModuleType:
     try:
         import peft
     except ImportError:
@@ -38,7 +41,7 @@ def _peft() -> Any:
     return peft
 
 
-def apply_lora(model: Any, spec: LoraSpec) -> Any:
+def apply_lora(model: nn.Module, spec: LoraSpec) -> PeftModel:
     """`model` wrapped with fresh adapters (B = 0: the wrapped model computes exactly what `model` does)."""
     peft = _peft()
     targets = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
@@ -50,14 +53,15 @@ def apply_lora(model: Any, spec: LoraSpec) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return peft.get_peft_model(model, config)
+    wrapped: PeftModel = peft.get_peft_model(model, config)
+    return wrapped
 
 
-def is_lora(model: Any) -> bool:
+def is_lora(model: nn.Module) -> bool:
     return hasattr(model, "peft_config")
 
 
-def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: PeftModel) -> dict[str, torch.Tensor]:
     """The base model's state dict with every adapter folded in, detached; keys as the base model names
     them (`...q_proj.weight`, no `base_layer`, no `lora_`)."""
     import torch
@@ -87,10 +91,11 @@ def merged_state_dict(model: Any) -> dict[str, torch.Tensor]:
 
 
 def save_adapter(model: Any, folder: Path) -> None:
+    # `model` is a PeftModel; Any because peft annotates `save_directory` as str and this passes a Path.
     model.save_pretrained(folder / ADAPTER_DIR)
 
 
-def load_adapter(model: Any, folder: Path) -> None:
+def load_adapter(model: PeftModel, folder: Path) -> None:
     """The adapter weights a checkpoint saved, into `model`'s adapters (same spec)."""
     peft = _peft()
     from safetensors.torch import load_file

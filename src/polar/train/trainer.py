@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from polar.train.loss import LossConfig, LossMetrics, policy_loss
 from polar.train.packing import pack, response_logprobs
 from polar.train.schedule import LRSchedule
 from polar.trajectory.models import Trajectory
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +164,14 @@ def model_source(model: str | None) -> str:
 
 class Trainer:
     def __init__(
-        self, model: Any, tokenizer: Any, config: TrainerConfig, world: distributed.World | None = None
+        self,
+        model: Any,
+        tokenizer: PreTrainedTokenizerBase,
+        config: TrainerConfig,
+        world: distributed.World | None = None,
     ) -> None:
+        # `model`: a transformers model, peft-wrapped under LoRA. Any: transformers, peft and FSDP2 give it
+        # attributes nn.Module does not declare (`config`, `set_requires_gradient_sync`).
         self.config = config
         self.world = world  # data-parallel under torchrun (polar.train.distributed); None: one process
         if config.parallel not in ("ddp", "fsdp"):
@@ -223,13 +232,13 @@ class Trainer:
         torch.manual_seed(config.seed)
         source = model_source(config.model)
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
         if config.lora is not None:
             model = apply_lora(model, config.lora)
         return cls(model, tokenizer, config, world)
 
     # -- one optimizer step ---------------------------------------------------------------------------
-    def _autocast(self) -> Any:
+    def _autocast(self) -> torch.autocast:
         if self.autocast is None:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.autocast)
@@ -329,7 +338,7 @@ class Trainer:
             # DDP all-reduces with the last micro-batch's backward only (the others accumulate locally);
             # FSDP reduce-scatters with it only.
             last = n == len(groups) - 1
-            sync: Any = contextlib.nullcontext()
+            sync: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
             if self.fsdp:
                 self.model.set_requires_gradient_sync(last)
             elif not last and self.world is not None:
