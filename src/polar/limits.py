@@ -22,6 +22,8 @@ from typing import Any
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
+from polar.jsontypes import JSON
+
 MAX_JSON_DEPTH = 128  # containers (objects and arrays) nested in one another, the outermost counting 1
 DEFAULT_BODY_TIMEOUT_S = 30.0
 
@@ -69,7 +71,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def nesting_path(value: Any, limit: int = MAX_JSON_DEPTH) -> list[str | int] | None:
+def nesting_path(value: JSON, limit: int = MAX_JSON_DEPTH) -> list[str | int] | None:
     """None when `value` nests at most `limit` containers deep, else the path to the first container past
     the limit (keys and indices).
 
@@ -93,16 +95,16 @@ class _Hole:
 
 
 @functools.cache
-def _wrapper(limit: int) -> Any:
+def _wrapper(limit: int) -> object:
     if not 0 < limit <= _ORJSON_DEPTH:
         raise ValueError(f"limit must be between 1 and {_ORJSON_DEPTH}")
-    wrapped: Any = _Hole()
+    wrapped: object = _Hole()
     for _ in range(_ORJSON_DEPTH - limit):
         wrapped = [wrapped]
     return wrapped
 
 
-def _deep_path(value: Any, limit: int) -> list[str | int] | None:
+def _deep_path(value: JSON, limit: int) -> list[str | int] | None:
     """Depth-first, iteratively (a recursive walk would hit Python's own recursion limit first)."""
     stack: list[tuple[Any, list[str | int]]] = [(value, [])]
     while stack:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import ValidationError
@@ -24,6 +24,9 @@ from polar.rollout.protocol import SessionResult
 from polar.train.advantages import Estimator, GroupStats, trajectory_advantages
 from polar.trajectory.export import PerTrace, rows
 from polar.trajectory.models import Trace, Trajectory
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 class ResultsError(ValueError):
@@ -174,7 +177,7 @@ def conversation_row(result: SessionResult) -> dict[str, Any] | None:
     }
 
 
-def conversation_schema() -> Any:
+def conversation_schema() -> pa.Schema:
     """Parquet schema for conversation rows: messages as JSON text (their shapes vary row to row)."""
     import pyarrow as pa
 

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from polar.extras import PARQUET, require
+from polar.jsontypes import JSON
 from polar.trajectory.models import Trajectory
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 JSON_COLUMNS = ("prompt_messages", "response_messages", "tools", "metadata")
 
@@ -31,7 +35,7 @@ JSON_COLUMNS = ("prompt_messages", "response_messages", "tools", "metadata")
 PerTrace = Mapping[Any, float]
 
 
-def _lookup(values: PerTrace | None, session_id: Any, index: int) -> float | None:
+def _lookup(values: PerTrace | None, session_id: JSON, index: int) -> float | None:
     if not values:
         return None
     value = values.get((session_id, index))
@@ -88,7 +92,7 @@ def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> int:
     return n
 
 
-def row_schema() -> Any:
+def row_schema() -> pa.Schema:
     """The pyarrow schema of trace rows: the column types of a Parquet export."""
     import pyarrow as pa
 
@@ -138,7 +142,10 @@ COLUMNS: tuple[str, ...] = (
 
 
 def write_parquet(
-    records: Iterable[dict[str, Any]], path: str | Path, batch_rows: int = 256, schema: Any = None
+    records: Iterable[dict[str, Any]],
+    path: str | Path,
+    batch_rows: int = 256,
+    schema: pa.Schema | None = None,
 ) -> int:
     """Write in row groups of `batch_rows` rows so a large export never sits in memory twice. `schema`
     (a pyarrow schema) defaults to the trace-row schema above."""
