@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -18,13 +19,15 @@ from starlette.routing import Route
 from polar.gateway.answers import read_json
 from polar.gateway.errors import GatewayError
 from polar.gateway.proxy import Proxy
+from polar.jsontypes import JSON
 from polar.metrics import metrics_endpoint
 from polar.store.sqlite import SQLiteStore
 
 log = logging.getLogger("polar.gateway")
+T = TypeVar("T")
 
 
-def _json(body: Any, status: int = 200) -> Response:
+def _json(body: JSON, status: int = 200) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")
 
 
@@ -37,11 +40,11 @@ def _proxy(request: Request) -> Proxy:
     return proxy
 
 
-async def _read_store(request: Request, fn: Any) -> Any:
+async def _read_store(request: Request, fn: Callable[[SQLiteStore], T]) -> T:
     """Run a read on a fresh connection in a worker thread: reads never block the event loop or writer."""
     path = request.app.state.config.store_path
 
-    def work() -> Any:
+    def work() -> T:
         with SQLiteStore(path) as store:
             return fn(store)
 
@@ -93,7 +96,7 @@ async def get_session(request: Request) -> Response:
     )
 
 
-def _records_of(kind: str) -> Any:
+def _records_of(kind: str) -> Callable[[Request], Awaitable[Response]]:
     """`GET /sessions/{id}/completions` and `/failures`: the session's records of that kind, in call order."""
 
     async def handler(request: Request) -> Response:

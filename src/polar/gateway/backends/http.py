@@ -24,6 +24,7 @@ from tenacity import retry_if_exception_type
 
 from polar.gateway.backends.base import BackendOptions
 from polar.gateway.errors import GatewayError
+from polar.jsontypes import JSON
 from polar.netguard import OutboundRefused, guarded_session
 from polar.retry import continue_after, retrying
 
@@ -33,7 +34,7 @@ _SSE_HEADERS = {"Accept": "text/event-stream"}
 T = TypeVar("T")
 # How an answer's bytes become data: `orjson.loads`, or a backend's reader that takes some part apart
 # itself (`polar.gateway.backends.prompt_ids`); either raises `orjson.JSONDecodeError` on a non-JSON body.
-Decoder = Callable[[bytes], Any]
+Decoder = Callable[[bytes], JSON]
 
 
 class UpstreamUnavailable(GatewayError):
@@ -89,15 +90,15 @@ class UpstreamClient:
             await self._session.close()
             self._session = None
 
-    async def get(self, path: str) -> Any:
+    async def get(self, path: str) -> JSON:
         return await self._request("GET", path, None)
 
-    async def post(self, path: str, body: dict[str, Any], decode: Decoder = orjson.loads) -> Any:
+    async def post(self, path: str, body: dict[str, Any], decode: Decoder = orjson.loads) -> JSON:
         return await self._request("POST", path, _encode(body), decode)
 
     async def _request(
         self, method: str, path: str, payload: bytes | None, decode: Decoder = orjson.loads
-    ) -> Any:
+    ) -> JSON:
         if self._session is None or self._session.closed:
             await self.start()
         url = self.base_url + path
@@ -122,7 +123,7 @@ class UpstreamClient:
             f = e.failure
             raise UpstreamUnavailable(f.kind, f.message, param=f.param, status=f.status) from None
 
-    async def _attempt(self, method: str, url: str, payload: bytes | None, decode: Decoder) -> Any:
+    async def _attempt(self, method: str, url: str, payload: bytes | None, decode: Decoder) -> JSON:
         """One request: the decoded body, a GatewayError, or `_Retryable` (nothing came back)."""
         assert self._session is not None
         try:
@@ -267,7 +268,7 @@ def _encode(body: dict[str, Any]) -> bytes:
         raise GatewayError("invalid_request", f"the request cannot be sent upstream as JSON: {e}") from None
 
 
-def _decode(raw: bytes, status: int, decode: Decoder = orjson.loads) -> Any:
+def _decode(raw: bytes, status: int, decode: Decoder = orjson.loads) -> JSON:
     try:
         return decode(raw)
     except orjson.JSONDecodeError:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from pydantic import TypeAdapter, ValidationError
 
 from polar.gateway.errors import GatewayError, invalid
+from polar.jsontypes import JSON
 
 T = TypeVar("T")
 
@@ -60,7 +61,7 @@ class Style:
             raise ValueError(f"a Style names exactly these type errors: {sorted(TYPE_ERRORS)}")
 
 
-def validate(adapter: TypeAdapter[T], body: Any, style: Style) -> T:
+def validate(adapter: TypeAdapter[T], body: JSON, style: Style) -> T:
     """`adapter.validate_python(body)`, with any failure turned into a 400 that names the field.
 
     Schemas drop keys they do not declare, which is what real servers do with fields they do not know;
@@ -74,7 +75,7 @@ def validate(adapter: TypeAdapter[T], body: Any, style: Style) -> T:
         raise validation_error(exc, body, style) from None
 
 
-def validation_error(exc: ValidationError, body: Any, style: Style) -> GatewayError:
+def validation_error(exc: ValidationError, body: JSON, style: Style) -> GatewayError:
     """One clear 400 out of a pydantic error list.
 
     The deepest error is the most specific one: a union reports one error per branch (`str | list[part]`
@@ -101,7 +102,7 @@ def validation_error(exc: ValidationError, body: Any, style: Style) -> GatewayEr
     return invalid(style.invalid.format(path=path or "body", detail=err["msg"]), path or None)
 
 
-def _tag_error(style: Style, path: str, value: Any, ctx: dict[str, Any]) -> GatewayError:
+def _tag_error(style: Style, path: str, value: JSON, ctx: dict[str, Any]) -> GatewayError:
     """A discriminated union that could not pick a member: name the tag field, not the whole object."""
     disc = str(ctx.get("discriminator", "'type'")).strip("'")
     if not _IDENT.match(disc):  # a callable discriminator (`_item_type()`) always reads `type`
@@ -126,13 +127,13 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TYPE_NAMES = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
 
 
-def field_path(loc: tuple[int | str, ...], body: Any) -> tuple[str, Any]:
+def field_path(loc: tuple[int | str, ...], body: JSON) -> tuple[str, JSON]:
     """The caller's path to a pydantic error location, and the value found there (None if absent).
 
     A missing field is not in the data but is the field to name, so a final key-like step is kept.
     """
     path = ""
-    node: Any = body
+    node: JSON = body
     last = len(loc) - 1
     for i, step in enumerate(loc):
         if isinstance(step, int):
@@ -168,7 +169,7 @@ def _is_field_name(step: str) -> bool:
     return bool(_IDENT.match(step)) and step not in _TYPE_NAMES
 
 
-def json_type(value: Any) -> str:
+def json_type(value: JSON) -> str:
     """What a JSON value is, in words (`an array`)."""
     if value is None:
         return "null"
