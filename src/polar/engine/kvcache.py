@@ -21,6 +21,9 @@ from transformers import DynamicCache
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
+# `get_kv`/`set_kv` take a DynamicCache of any transformers version: `layers` of keys and values (>= 5)
+# or `key_cache`/`value_cache` lists (< 5); typed Any, as the installed version's stubs know only one.
+
 
 def get_kv(cache: Any) -> KV:
     if hasattr(cache, "layers"):
@@ -37,7 +40,7 @@ def set_kv(cache: Any, kv: KV) -> None:
         cache.value_cache = [v for _, v in kv]
 
 
-def make_cache(kv: KV | None = None) -> Any:
+def make_cache(kv: KV | None = None) -> DynamicCache:
     """A DynamicCache holding `kv` as is (no copy); empty when `kv` is None."""
     cache = DynamicCache()
     if not kv:
@@ -69,7 +72,7 @@ def _pad_left(x: torch.Tensor, n: int) -> torch.Tensor:
 class BatchKV:
     """The running batch's cache and mask; row i belongs to the i-th running sequence."""
 
-    cache: Any = None
+    cache: DynamicCache | None = None
     mask: torch.Tensor | None = None
 
     @property
@@ -80,7 +83,7 @@ class BatchKV:
     def width(self) -> int:
         return 0 if self.mask is None else int(self.mask.shape[1])
 
-    def add(self, seq_cache: Any, length: int) -> None:
+    def add(self, seq_cache: DynamicCache, length: int) -> None:
         """Append one sequence whose cache holds exactly `length` positions (no padding)."""
         seq_kv = get_kv(seq_cache)
         device = seq_kv[0][0].device

@@ -6,11 +6,14 @@ import logging
 import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from polar.engine.tiny import TINY_MODEL_NAME, default_model_dir
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +159,7 @@ def _gguf_overrides(path: Path) -> dict[str, Any]:
     return {"head_dim": int(field.contents())} if field is not None else {}
 
 
-def _vocab_major_lm_head(model: Any) -> None:
+def _vocab_major_lm_head(model: PreTrainedModel) -> None:
     """On CPU, compute the output projection as `W @ h.T`.
 
     For [batch, hidden] x [vocab, hidden]^T with a large vocabulary, torch 2.x's CPU `F.linear` picks a kernel
@@ -175,7 +178,7 @@ def _vocab_major_lm_head(model: Any) -> None:
     head.forward = types.MethodType(forward, head)
 
 
-def _check_supported(model: Any) -> None:
+def _check_supported(model: PreTrainedModel) -> None:
     """Reject architectures whose cache is not plain per-layer keys/values (the batcher edits those)."""
     cfg = (
         model.config.get_text_config(decoder=True)
@@ -191,7 +194,7 @@ def _check_supported(model: Any) -> None:
         )
 
 
-def _context_length(config: Any, tokenizer: Any) -> int:
+def _context_length(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> int:
     cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
         value = getattr(cfg, attr, None)
@@ -203,7 +206,7 @@ def _context_length(config: Any, tokenizer: Any) -> int:
     return 2048
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """EOS ids from the generation config (Qwen lists both `<|im_end|>` and `<|endoftext|>`) and tokenizer."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config):

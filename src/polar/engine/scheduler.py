@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -28,6 +28,9 @@ from polar.engine.kvcache import BatchKV, PrefixCache, get_kv, make_cache
 from polar.engine.loader import LoadedModel
 from polar.engine.sampling import SamplingParams, make_generator, sample
 from polar.engine.weights import apply_state_dict
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,7 @@ class _Seq:
     detok: IncrementalDetokenizer
     generator: torch.Generator
     output_ids: list[int] = field(default_factory=list)
-    cache: Any = None
+    cache: DynamicCache | None = None
     kv_len: int = 0
     cached_tokens: int = 0
     next_token: int = -1
@@ -221,7 +224,7 @@ class Scheduler:
         self.prefix_cache.clear()
         upd.future.set_result(self.policy_version)
 
-    def _forward(self, input_ids: torch.Tensor, cache: Any, **kw: Any) -> torch.Tensor:
+    def _forward(self, input_ids: torch.Tensor, cache: DynamicCache | None, **kw: Any) -> torch.Tensor:
         kw[self._cache_kw] = cache
         if self._keep_kw is not None:
             kw[self._keep_kw] = 1
