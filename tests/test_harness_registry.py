@@ -95,7 +95,7 @@ def test_import_path() -> None:
     [
         (
             "codex-cli",
-            r"unknown harness 'codex-cli' \(did you mean 'codex'\?\); registered: builtin, .*shell",
+            r"unknown harness 'codex-cli' \(did you mean 'codex'\?\); registered: (.*, )?builtin, .*shell",
         ),
         ("no.such.module:Harness", "import paths are not accepted from the network"),
         ("tests.no_such_module:Harness", "cannot import tests.no_such_module"),
