@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import importlib
 import traceback
-from typing import Any
+from typing import IO, Any, NoReturn
 
 import click
 
@@ -70,7 +70,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _report(exc: BaseException, ctx: click.Context) -> None:
+def _report(exc: BaseException, ctx: click.Context) -> NoReturn:
     """A server a command started in-process that could not start (`polar run` with its backend down, a
     port in use) is the user's problem in one line; anything else is a bug."""
     from polar.cli.common import start_failure
@@ -103,12 +103,12 @@ class _UserError(click.ClickException):
         super().__init__(original.message)
         self.original = original
 
-    def show(self, file: Any = None) -> None:
+    def show(self, file: IO[Any] | None = None) -> None:
         self.original.show(file)
 
 
 class _LazyGroup(click.Group):
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except click.exceptions.ClickException as exc:

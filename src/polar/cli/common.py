@@ -12,11 +12,12 @@ import sqlite3
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
 
 if TYPE_CHECKING:
+    from polar.dashboard.app import DashboardOptions
     from polar.gateway.config import GatewayConfig
     from polar.netguard import OutboundPolicy
     from polar.serving import EmbeddedServer
@@ -121,7 +122,7 @@ class CannotStart(click.ClickException):
 
     exit_code = 2
 
-    def show(self, file: Any = None) -> None:
+    def show(self, file: IO[Any] | None = None) -> None:
         click.echo(self.format_message(), err=True)
 
 
@@ -445,7 +446,7 @@ def train_dir_option(f: F) -> F:
     )(f)
 
 
-def dashboard_options(tokenizer: str | None, train_dir: Path | None = None) -> Any:
+def dashboard_options(tokenizer: str | None, train_dir: Path | None = None) -> DashboardOptions:
     """The dashboard's `DashboardOptions`; a tokenizer that cannot be loaded is a usage error now, not a
     blank token view later."""
     from polar.dashboard import DashboardOptions

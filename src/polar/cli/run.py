@@ -47,7 +47,10 @@ from polar.stack import PolicyServer
 
 if TYPE_CHECKING:
     from polar.dashboard import DashboardOptions
+    from polar.rollout.protocol import SessionResult
     from polar.rollout.ray.spec import RayPlacement
+    from polar.rollout.rundir import ResultsFile, RunPlan
+    from polar.task import Task
 
 STAGES = ("INITIALIZING", "READY", "RUNNING", "POST_RUN", "BUILDING", "EVALUATING")
 
@@ -89,11 +92,11 @@ class RunState:
 
     out: Path
     total: int = 0  # sessions the task file asks for
-    results: dict[str, Any] = field(default_factory=dict)  # session id -> SessionResult, in finish order
+    results: dict[str, SessionResult] = field(default_factory=dict)  # by session id, in finish order
     new: int = 0  # of them finished by this run
     started: bool = False  # the sessions were submitted (Ctrl-C before: nothing ran)
 
-    def add(self, result: Any, *, new: bool) -> bool:
+    def add(self, result: SessionResult, *, new: bool) -> bool:
         if result.session_id in self.results:
             return False
         self.results[result.session_id] = result
@@ -107,7 +110,7 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=200)
 
 
-def _summary(results: list[Any]) -> Table:
+def _summary(results: list[SessionResult]) -> Table:
     # Fits an 80-column terminal with task ids of ~20 characters (rich cuts a wider table's cells to "…").
     table = Table(
         title="results",
@@ -118,7 +121,7 @@ def _summary(results: list[Any]) -> Table:
     )
     for col in ("task", "sessions", "completed", "timeout", "error", "reward", "passed"):
         table.add_column(col, justify="right" if col != "task" else "left")
-    by_task: dict[str, list[Any]] = defaultdict(list)
+    by_task: dict[str, list[SessionResult]] = defaultdict(list)
     for r in results:
         by_task[r.task_id].append(r)
     for task_id, rs in sorted(by_task.items()):
@@ -137,7 +140,7 @@ def _summary(results: list[Any]) -> Table:
     return table
 
 
-def session_line(result: Any, n: int, total: int) -> str:
+def session_line(result: SessionResult, n: int, total: int) -> str:
     """One finished session, as printed when stdout is not a terminal: task, sample, status, reward, time."""
     sample = result.metadata.get("sample_index", "?")
     reward = "-" if result.reward is None else f"{result.reward:.2f}"
@@ -148,7 +151,7 @@ def session_line(result: Any, n: int, total: int) -> str:
 
 
 async def _run(
-    tasks: list[Any], plan: Any, state: RunState, sink: Any, launch: Launch, console: Console
+    tasks: list[Task], plan: RunPlan, state: RunState, sink: ResultsFile, launch: Launch, console: Console
 ) -> None:
     from polar.client import RolloutClient
     from polar.stack import local_stack
@@ -256,7 +259,7 @@ def rollout_options(default_out: str) -> Callable[[F], F]:
         ]  # fmt: skip
 
         @functools.wraps(fn)
-        def command(**kw: Any) -> Any:
+        def command(**kw: Any) -> object:
             policy = policy_server(
                 kw.pop("backend_urls"),
                 kw.pop("backend_kind"),
@@ -273,7 +276,7 @@ def rollout_options(default_out: str) -> Callable[[F], F]:
             )  # fmt: skip
             return fn(rollout=rollout, **kw)
 
-        wrapped: Any = command
+        wrapped: Callable[..., object] = command
         for option in reversed(options):
             wrapped = option(wrapped)
         return cast(F, wrapped)
@@ -382,7 +385,7 @@ def _unmake(out: Path, made: bool, state: RunState) -> None:
 
 
 def _serve_and_run(
-    tasks: list[Any], plan: Any, state: RunState, sink: Any, launch: Launch, console: Console
+    tasks: list[Task], plan: RunPlan, state: RunState, sink: ResultsFile, launch: Launch, console: Console
 ) -> None:
     with contextlib.ExitStack() as stack:
         if not launch.policy.urls:
@@ -410,7 +413,7 @@ def _serve_and_run(
         interrupt.run(_run(tasks, plan, state, sink, launch, console))
 
 
-def _ray_placement(ray: RayOptions, tasks: list[Any], capacity: int, taskfile: Path) -> RayPlacement:
+def _ray_placement(ray: RayOptions, tasks: list[Task], capacity: int, taskfile: Path) -> RayPlacement:
     """--ray: what each gateway node takes (the task file's runtime.cpus and memory_mb, unless given)."""
     from polar.rollout.ray.spec import NodeRequest, RayPlacement, trusted_imports
 
@@ -457,7 +460,7 @@ class Outcomes:
     completed: int = 0
     failed: Counter[str] = field(default_factory=Counter)  # infrastructure failures by reason
 
-    def add(self, result: Any) -> None:
+    def add(self, result: SessionResult) -> None:
         from polar.rollout.rewards import infrastructure_failure
 
         self.sessions += 1

@@ -6,7 +6,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -29,6 +29,11 @@ from polar.cli.common import (
     train_dir_option,
 )
 from polar.cli.raycli import check_ray_options, ray_options
+
+if TYPE_CHECKING:
+    from polar.rollout.ray.spec import NodeRequest
+    from polar.rollout.server import ServerConfig
+    from polar.serving import EmbeddedServer
 
 
 @click.command("serve")
@@ -237,10 +242,10 @@ def serve(
 
 
 def _ray_gateways(
-    config: Any,
-    server: Any,
+    config: ServerConfig,
+    server: EmbeddedServer,
     address: str | None,
-    request: Any,
+    request: NodeRequest,
     *,
     backend_urls: tuple[str, ...],
     backend_kind: str,

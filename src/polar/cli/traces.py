@@ -7,9 +7,9 @@ terminal; the click layer only opens the store and chooses sessions.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
@@ -22,6 +22,11 @@ from polar.extras import PARQUET, require_cli
 from polar.store.records import CompletionRecord, SessionInfo
 from polar.trajectory import AuditReport, BuildError, Trajectory, audit, build
 from polar.trajectory.export import rows, write_jsonl, write_parquet
+
+if TYPE_CHECKING:
+    from polar.store.sqlite import SQLiteStore
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _STATS = (
     "calls",
@@ -131,7 +136,7 @@ def audit_session(
 # -- click layer ------------------------------------------------------------------------------------------
 
 
-def _sessions(store: Any, session_ids: tuple[str, ...], task_id: str | None) -> list[SessionInfo]:
+def _sessions(store: SQLiteStore, session_ids: tuple[str, ...], task_id: str | None) -> list[SessionInfo]:
     if session_ids and task_id:
         raise click.UsageError("name sessions or --task, not both")
     if not session_ids:
@@ -179,7 +184,7 @@ def _built(
         store.close()
 
 
-def _build_options(f: Any) -> Any:
+def _build_options(f: F) -> F:
     f = click.option(
         "--train-without-logprobs",
         is_flag=True,
