@@ -5,8 +5,10 @@ The fake vLLM (tests/fakes, ~4 bytes of text per token) and one gateway process,
 sessions one after another: create, a first call with a ~60k-token history (a shared 58k-token body plus
 ~2k tokens of the session's own tool results), a second call with the answer and one more tool result, then
 close the session (three in four) or abandon it (one in four: only idle eviction can free it). Every
-`--every` sessions it prints the gateway's RSS; the verdict compares the last sample with the one taken
-after the warm-up (the first tenth of the sessions).
+`--every` sessions it prints the gateway's RSS. Then it waits, idle, until the last sessions were evicted
+and `--after-s` more (a minute), and gives a verdict: RETURNED when the RSS is back within 10 % of what the
+gateway held idle before the burst (after 4 sessions that went idle: its code loaded; issue 30), PLATEAU when it is not but did not grow after the
+warm-up (the first tenth of the sessions), GROWING when it grew (a leak).
 
     PYTHONPATH=src .venv/bin/python bench/soak.py                     # 10,000 sessions; about 15 minutes
     PYTHONPATH=src .venv/bin/python bench/soak.py --sessions 1000     # a quick look
@@ -117,9 +119,15 @@ async def drive(opts: argparse.Namespace, url: str, control: str, token: str, pi
     todo = list(range(opts.sessions, 0, -1))
     done = [0]
     samples: list[tuple[int, float]] = []
-    t0 = time.monotonic()
-    print(f"{'sessions':>9} {'seconds':>8} {'RSS MiB':>8} {'store MiB':>10}", flush=True)
     async with httpx.AsyncClient(timeout=300) as client:
+        # The idle baseline: a gateway that has served a few sessions (its code paths loaded, its pools
+        # and caches made) and let them go idle, as a node's gateway is between bursts.
+        await worker(client, url, control, admin, base, list(range(4, 0, -1)), [0])
+        await asyncio.sleep(opts.idle_s * 1.5 + 1)
+        baseline = rss_mib(pid)
+        print(f"idle baseline after 4 sessions: {baseline:.1f} MiB", flush=True)
+        t0 = time.monotonic()
+        print(f"{'sessions':>9} {'seconds':>8} {'RSS MiB':>8} {'store MiB':>10}", flush=True)
         tasks = [
             asyncio.create_task(worker(client, url, control, admin, base, todo, done))
             for _ in range(opts.concurrency)
@@ -135,20 +143,33 @@ async def drive(opts: argparse.Namespace, url: str, control: str, token: str, pi
                 next_mark = done[0] + opts.every
         for t in tasks:
             t.result()
-    await asyncio.sleep(opts.idle_s * 1.5 + 1)  # the abandoned sessions of the last stretch go idle
-    rss = rss_mib(pid)
+    # Idle: the abandoned sessions of the last stretch go idle after idle_s and the next sweep (every
+    # idle_s / 2) evicts them; then `--after-s` more, the time the gateway has to give the memory back.
+    idle_t0 = time.monotonic()
+    wait = opts.idle_s * 1.5 + opts.after_s
+    while time.monotonic() - idle_t0 < wait:
+        await asyncio.sleep(min(10.0, wait - (time.monotonic() - idle_t0)))
+        rss = rss_mib(pid)
+        print(
+            f"{done[0]:>9} {time.monotonic() - t0:>8.0f} {rss:>8.1f}   (idle {time.monotonic() - idle_t0:.0f} s)"
+        )
     samples.append((done[0], rss))
-    print(
-        f"{done[0]:>9} {time.monotonic() - t0:>8.0f} {rss:>8.1f}   (after {opts.idle_s * 1.5 + 1:.0f} s idle)"
-    )
     warm = next(s for s in samples if s[0] >= opts.sessions // 10)
     peak = max(r for n, r in samples if n >= warm[0])
     growth = rss - warm[1]
-    flat = growth <= max(16.0, 0.1 * warm[1])
+    # Three outcomes: the memory went back (within 10 % of the gateway's idle RSS before the burst);
+    # it is held but bounded (a plateau: no growth after warm-up); or it grew (a leak).
+    if rss <= 1.10 * baseline:
+        verdict = "RETURNED"
+    elif growth <= max(16.0, 0.1 * warm[1]):
+        verdict = "PLATEAU (held, not growing)"
+    else:
+        verdict = "GROWING"
     print(
-        f"\nverdict: {'FLAT' if flat else 'GROWING'}: RSS {warm[1]:.1f} MiB after {warm[0]} sessions, "
-        f"{rss:.1f} MiB at the end, peak {peak:.1f} MiB after warm-up ({growth:+.1f} MiB over "
-        f"{done[0] - warm[0]} sessions, {1024 * growth / max(1, done[0] - warm[0]):+.2f} KiB per session)"
+        f"\nverdict: {verdict}: RSS {baseline:.1f} MiB idle before the burst, {warm[1]:.1f} MiB after "
+        f"{warm[0]} sessions, peak {peak:.1f} MiB, {rss:.1f} MiB after {wait:.0f} s idle "
+        f"({100 * (rss / baseline - 1):+.0f} % of the baseline; {growth:+.1f} MiB over {done[0] - warm[0]} "
+        f"sessions after warm-up, {1024 * growth / max(1, done[0] - warm[0]):+.2f} KiB per session)"
     )
 
 
@@ -159,6 +180,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--every", type=int, default=500, help="print RSS every this many sessions")
     ap.add_argument("--idle-s", type=float, default=20.0, help="the gateway's session_idle_s")
+    ap.add_argument(
+        "--after-s",
+        type=float,
+        default=60.0,
+        help="seconds idle after the sessions were evicted, before the verdict",
+    )
     ap.add_argument("--src", type=Path, default=ROOT / "src", help="the checkout's src/ whose gateway runs")
     ap.add_argument("--serve", nargs=4, metavar=("BACKEND", "PORT", "CPORT", "STORE"), help=argparse.SUPPRESS)
     opts = ap.parse_args()

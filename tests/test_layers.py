@@ -16,7 +16,7 @@ import polar
 # stack), the trainer, and the commands.
 LAYERS: list[set[str]] = [
     {"hints", "yamlpos", "edge", "http_server", "serving", "auth", "limits", "netguard", "retry", "metrics",
-     "plugins", "extras", "modelsource", "logs", "interrupt", "chat", "jsontypes"},
+     "plugins", "extras", "modelsource", "logs", "interrupt", "chat", "jsontypes", "memory"},
     {"store", "runtime", "engine", "task"},
     {"harness", "trajectory"},
     {"gateway", "evaluate"},

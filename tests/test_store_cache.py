@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import random
 import time
 import tracemalloc
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import openai
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -305,5 +307,48 @@ def test_a_session_evicted_while_idle_records_as_if_it_never_was(
         assert sum("quirk:tool_arguments_restored" in r.flags for r in evicted) == 3  # restored after reload
         assert bases["evicted"] == [None] * 4  # every call after an eviction took the slow path
         assert bases["kept"] == [None, 0, 1, 2]  # and the fast path is what it replaces
+    finally:
+        server.stop()
+
+
+def test_once_no_session_is_live_the_gateway_gives_its_memory_back_and_records_as_before(
+    fake_backend: FakeBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The idle sweep, after the last live session went: the registry's table is new, the writer's session
+    cache and blob hashes are empty, glibc was asked to trim (bench/soak.py measures the RSS); a session
+    after that records exactly as one before it (its blobs are written again, or found)."""
+    fake_backend.app.reset(_script)
+    config = GatewayConfig(
+        backend_url=fake_backend.url,
+        served_model=SERVED_MODEL,
+        store_path=tmp_path / "gw.db",
+        backend=BackendOptions(retries=0, timeout_s=30.0),
+        session_idle_s=0.5,  # sweeps every 0.25 s
+    )
+    app = create_app(config, classifier)
+    caplog.set_level(logging.DEBUG, logger="polar.gateway")
+    server = ServerThread(app.data, also=[app.control]).start()
+    try:
+        proxy = app.state.proxy
+        admin = {"authorization": f"Bearer {config.control_token}"}
+        released = "no live session: memory released"
+        sids = []
+        for _ in range(2):
+            sid = httpx.post(server.urls[1] + "/sessions", json={}, headers=admin).json()["session_id"]
+            sids.append(sid)
+            fake_backend.app.reset(_script)  # the same call ids for both sessions
+            before = sum(released in r.getMessage() for r in caplog.records)
+            _converse(server.url, sid, lambda i: None)
+            assert proxy.writer.cache.nbytes > 0 and len(proxy.writer._writer._known_blobs) > 0
+            deadline = time.monotonic() + 30
+            while sum(released in r.getMessage() for r in caplog.records) == before:  # the sweep's log line
+                assert time.monotonic() < deadline, "the gateway never released its memory"
+                time.sleep(0.05)
+            assert len(proxy.sessions) == 0 and proxy.writer.cache.nbytes == 0
+            assert len(proxy.writer._writer._known_blobs) == 0
+        with SQLiteStore(config.store_path) as store:
+            first, second = (store.completions(s) for s in sids)
+        assert len(first) == len(second) == 4
+        assert [_essence(r) for r in first] == [_essence(r) for r in second]
     finally:
         server.stop()

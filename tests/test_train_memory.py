@@ -1,4 +1,4 @@
-"""polar.train.memory against the real glibc allocator: freed memory that glibc keeps is given back."""
+"""polar.memory (the trainer's polar.train.memory) against the real glibc allocator: freed memory that glibc keeps is given back."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from polar.train import memory
+from polar import memory
 
 pytestmark = pytest.mark.skipif(memory._libc() is None, reason="needs glibc (mallopt, malloc_trim)")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import secrets
 import time
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar import memory
 from polar.gateway.backends.prompt_ids import IdsMemo, MemoBudget
 from polar.gateway.render.chain import Chain
 from polar.gateway.restore import ToolArguments
@@ -145,6 +147,14 @@ class SessionRegistry:
             del self._live[sid]
         return len(idle)
 
+    def compact(self) -> None:
+        """With no session live: a fresh table (a dict never shrinks as its entries go) and the reader's
+        SQLite page cache shrunk."""
+        if not self._live:
+            self._live = OrderedDict()
+            with contextlib.suppress(Exception):
+                self._reader.conn.execute("PRAGMA shrink_memory")
+
     async def close(self, session_id: str) -> bool:
         state = self.get(session_id)
         if state is None:
@@ -158,11 +168,34 @@ class SessionRegistry:
 
 async def sweep_idle(registry: SessionRegistry, writer: AsyncWriter, every_s: float) -> None:
     """Every `every_s`, drop idle sessions from the registry and from the record writer's cache, so memory
-    returns even when no call arrives to trigger it. Runs until cancelled."""
+    returns even when no call arrives to trigger it; once the last live session is gone, give the memory
+    back (`release_memory`). Runs until cancelled."""
     log = logging.getLogger("polar.gateway")
+    released = True  # nothing to give back before the first session
     while True:
         await asyncio.sleep(every_s)
         registry.evict_idle()
         with contextlib.suppress(Exception):  # a store that fails here fails the next call, loudly
             await writer.evict_idle()
+        if len(registry):
+            released = False
+        elif not released:
+            released = True
+            await release_memory(registry, writer)
         log.debug("sessions in memory: %d; writer cache %d bytes", len(registry), writer.cache.nbytes)
+
+
+async def release_memory(registry: SessionRegistry, writer: AsyncWriter) -> None:
+    """With no session live, hand the memory a burst of sessions used back to the system. Evicting them
+    frees their objects, but the process keeps the pages: the records were built on this loop and written
+    on the writer's thread (another glibc arena), and CPython and glibc keep freed memory for reuse. So:
+    the registry's table, the writer's caches and both connections' SQLite page caches go, a full
+    collection runs, and glibc trims every arena (measured with bench/soak.py, docs/benchmarks.md)."""
+    registry.compact()
+    with contextlib.suppress(Exception):
+        await writer.release()
+    collected = gc.collect()
+    trimmed = memory.trim()
+    logging.getLogger("polar.gateway").debug(
+        "no live session: memory released (%d objects collected, trimmed: %s)", collected, trimmed
+    )

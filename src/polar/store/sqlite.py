@@ -122,6 +122,12 @@ class RecordWriter:
         """Drop the state of sessions idle longer than the cache's TTL (also done on every write)."""
         return self.cache.evict_idle()
 
+    def release(self) -> None:
+        """Forget every cached session and blob hash and shrink SQLite's page cache: for when no session is
+        live (a later call only costs full copies; nothing is lost)."""
+        self.reset()
+        self.conn.execute("PRAGMA shrink_memory")
+
     # -- blobs ------------------------------------------------------------------------------------------
     def _put_blobs(self, blobs: dict[bytes, bytes]) -> None:
         new = [(h, codec.pack_blob(data)) for h, data in blobs.items() if h not in self._known_blobs]

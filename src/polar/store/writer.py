@@ -81,6 +81,10 @@ class AsyncWriter:
         """Drop the writer's state of idle sessions, in its turn with the writes (`SessionCache`)."""
         await self.write(_evict_idle)
 
+    async def release(self) -> None:
+        """Drop all of the writer's cached state, in its turn with the writes (`RecordWriter.release`)."""
+        await self.write(_release)
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
@@ -153,6 +157,10 @@ class AsyncWriter:
 
 def _evict_idle(w: RecordWriter) -> None:
     w.evict_idle()
+
+
+def _release(w: RecordWriter) -> None:
+    w.release()
 
 
 def _resolve(items: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:

@@ -7,52 +7,11 @@ and keeps freed chunks in them, so the process grew from 5.8 to 18.5 GB in 8 ste
 thrashed, while the live tensors stayed near 4 GB. Two arenas and a `malloc_trim` after each step keep it
 at about 4 GB between steps.
 
-Both are no-ops off glibc (musl, macOS); a `MALLOC_ARENA_MAX` the user set is left as it is.
+The helpers are `polar.memory`'s, which the gateway uses too.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
-import logging
-import os
-from typing import Any
+from polar.memory import ARENAS, M_ARENA_MAX, limit_arenas, trim
 
-log = logging.getLogger("polar.train")
-
-M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
-ARENAS = 2
-
-
-@functools.cache
-def _libc() -> Any | None:
-    """glibc, if this process runs on it (the functions below need `mallopt` and `malloc_trim`)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError:
-        return None
-    if not (hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim")):
-        return None
-    return libc
-
-
-def limit_arenas(arenas: int = ARENAS) -> bool:
-    """Cap glibc's malloc arenas for this process (before the trainer's threads allocate): True if set,
-    False off glibc or when the environment already says (`MALLOC_ARENA_MAX`)."""
-    libc = _libc()
-    if libc is None or "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    ok = bool(libc.mallopt(M_ARENA_MAX, arenas))
-    if ok:
-        log.debug("malloc arenas capped at %d", arenas)
-    return ok
-
-
-def trim() -> bool:
-    """Give the freed memory of every arena back to the system: True if some was released."""
-    libc = _libc()
-    return libc is not None and bool(libc.malloc_trim(0))
+__all__ = ["ARENAS", "M_ARENA_MAX", "limit_arenas", "trim"]
