@@ -3,12 +3,11 @@ control routes and the token-counting routes."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from polar import jsontypes
 from polar.gateway.call import Call
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects.base import Dialect, StreamFormat
@@ -55,7 +54,9 @@ def error_response(dialect: Dialect, err: GatewayError) -> Response:
     return Response(orjson.dumps(body), status_code=status, media_type=JSON, headers=headers)
 
 
-async def read_json(request: Request, limit: int, timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> Any:
+async def read_json(
+    request: Request, limit: int, timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+) -> jsontypes.JSON:
     """The request body as JSON: at most `limit` bytes, read within `timeout_s`, nested at most
     `MAX_JSON_DEPTH` deep (so that whatever is accepted can be stored)."""
     body = parse_json(await read_raw(request, limit, timeout_s))
@@ -72,7 +73,7 @@ async def read_raw(request: Request, limit: int, timeout_s: float) -> bytes:
         raise GatewayError("invalid_request", exc.message, status=exc.status) from None
 
 
-def parse_json(raw: bytes) -> Any:
+def parse_json(raw: bytes) -> jsontypes.JSON:
     if not raw:
         raise invalid("request body is empty; expected a JSON object")
     try:
@@ -81,7 +82,7 @@ def parse_json(raw: bytes) -> Any:
         raise invalid(json_error(exc)) from None
 
 
-def check_nesting(body: Any) -> None:
+def check_nesting(body: jsontypes.JSON) -> None:
     """Refuse a body nested deeper than `MAX_JSON_DEPTH`, naming where, before any generation for it."""
     path = nesting_path(body)
     if path is not None:

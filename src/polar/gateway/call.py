@@ -10,6 +10,7 @@ from polar.gateway.backends.base import Backend
 from polar.gateway.canonical import CanonicalRequest
 from polar.gateway.dialects.base import Dialect
 from polar.gateway.sessions import SessionState
+from polar.jsontypes import JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +36,7 @@ class Call:
     dialect: Dialect
     created: float  # unix seconds at arrival
     started: float  # perf_counter at arrival
-    body: Any = None
+    body: JSON = None
     req: CanonicalRequest | None = None
     policy_version: int | None = None  # the gate's when the call entered generation
 

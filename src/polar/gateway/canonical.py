@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from polar.jsontypes import JSON
+
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 
@@ -32,7 +34,7 @@ class CanonicalRequest:
     model: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: JSON = None
     params: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
     render: dict[str, Any] = field(default_factory=dict)
@@ -125,7 +127,7 @@ class StreamChunk:
     content: str | None = None
     reasoning: str | None = None
     tool_calls: tuple[ToolCallDelta, ...] = ()
-    finish_reason: Any = None
+    finish_reason: JSON = None
     has_choice: bool = False
     prompt_ids: Sequence[int] | None = None
     token_ids: list[int] | None = None

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from polar import jsontypes
 from polar.gateway.answers import (
     JSON,
     SSE_HEADERS,
@@ -130,7 +131,7 @@ class Proxy:
         state: SessionState,
         seq: int,
         dialect: Dialect,
-        body: Any,
+        body: jsontypes.JSON,
         upstream: dict[str, Any],
         req: CanonicalRequest,
     ) -> tuple[str, ...]:

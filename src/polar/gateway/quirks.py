@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from polar.gateway.canonical import CanonicalRequest
+from polar.jsontypes import JSON
 
 Quirk = Callable[[CanonicalRequest], CanonicalRequest | None]
 
@@ -51,7 +52,7 @@ def strip_claude_code_billing_header(req: CanonicalRequest) -> CanonicalRequest 
         if msg.get("role") != "system":
             continue
         content = msg.get("content")
-        new_content: Any = None
+        new_content: JSON = None
         if isinstance(content, str):
             new_content = _strip_billing(content)
         elif isinstance(content, list):

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from polar.gateway.canonical import UNNAMED_CALL_PREFIX, CanonicalRequest, ToolCall
+from polar.jsontypes import JSON
 
 SEPARATOR = "\n"  # what a Qwen-style template writes between an assistant turn's content and its first call
 
@@ -94,7 +95,7 @@ class ToolArguments:
             if original is None:
                 continue
             if content == original:
-                new_content: Any = original[: -len(SEPARATOR)]
+                new_content: JSON = original[: -len(SEPARATOR)]
             elif isinstance(content, list) and _texts(content) == original:
                 last = content[-1]
                 new_content = [*content[:-1], {**last, "text": last["text"][: -len(SEPARATOR)]}]
@@ -135,7 +136,7 @@ class ToolArguments:
             return req, 0
         return replace(req, messages=messages), restored
 
-    def _original(self, call: Any) -> str | None:
+    def _original(self, call: JSON) -> str | None:
         if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
             return None
         sent = call["function"].get("arguments")
@@ -154,7 +155,7 @@ class ToolArguments:
         return original if same else None
 
 
-def _value_key(name: Any, arguments: str) -> tuple[str, bytes] | None:
+def _value_key(name: JSON, arguments: str) -> tuple[str, bytes] | None:
     """(name, canonical JSON of the arguments' value), or None when they are not JSON."""
     if not isinstance(name, str):
         return None

@@ -26,6 +26,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from polar.gateway.canonical import CanonicalRequest, Completion, ToolCall
+from polar.jsontypes import JSON
 from polar.store.records import FLAG_TOOL_PARSE_ERROR
 
 FLAG_MARKUP = "tool_call_unparsed_markup"  # call markup that did not parse: left in the content, or repaired
@@ -122,7 +123,7 @@ def _named_object(body: str) -> bool:
     return isinstance(value, dict) and isinstance(value.get("name"), str)
 
 
-def _arguments_fit(arguments: str, schema: Any) -> bool:
+def _arguments_fit(arguments: str, schema: JSON) -> bool:
     try:
         value = orjson.loads(arguments)
     except orjson.JSONDecodeError:
@@ -136,7 +137,7 @@ def _arguments_fit(arguments: str, schema: Any) -> bool:
         return False
 
 
-def _validator(schema: Any) -> Validator | None:
+def _validator(schema: JSON) -> Validator | None:
     """The schema's validator, compiled once per distinct schema (harnesses resend the same tools every
     call); None for no schema or one that cannot be compiled (the gateway refused invalid ones already)."""
     if not isinstance(schema, dict | bool):

@@ -20,6 +20,7 @@ import orjson
 from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.canonical import CanonicalRequest, Completion, FinishReason, StreamChunk, ToolCall
 from polar.gateway.errors import GatewayError
+from polar.jsontypes import JSON
 from polar.netguard import OutboundPolicy
 from polar.store.codec import TokenIds
 
@@ -227,7 +228,7 @@ def usage(
     return p, c
 
 
-def int_list(value: Any) -> list[int] | None:
+def int_list(value: JSON) -> list[int] | None:
     """`value` if it is a list of ints, else None (flagged by the caller, never repaired).
 
     `sum` is the check: it runs in C at a few ns per element (a Python loop costs ~30, `array("q", ...)`
@@ -243,7 +244,7 @@ def int_list(value: Any) -> list[int] | None:
     return value if type(total) is int else None
 
 
-def id_sequence(value: Any) -> Sequence[int] | None:
+def id_sequence(value: JSON) -> Sequence[int] | None:
     """`int_list`, also taking the `TokenIds` a backend's decoder made (checked when they were decoded)."""
     if type(value) is TokenIds:
         return value

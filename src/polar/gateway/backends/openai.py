@@ -25,6 +25,7 @@ from polar.gateway.backends.http import Decoder, UpstreamClient
 from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.backends.stream import parse_chunk, whole_chunk
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk
+from polar.jsontypes import JSON
 
 if TYPE_CHECKING:
     from polar.gateway.render.chain import Chain
@@ -116,7 +117,7 @@ class OpenAIBackend:
         """How this kind decodes an answer (`orjson.loads`; vLLM's prompt ids go through `memo`)."""
         return orjson.loads
 
-    def parse_completion(self, raw: Any) -> Completion:
+    def parse_completion(self, raw: JSON) -> Completion:
         """The `Completion` from a decoded response body; raises `GatewayError` on a shape-less one."""
         data, choice, message = first_choice(raw)
         tokens = self.read_tokens(data, choice)

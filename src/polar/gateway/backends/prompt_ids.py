@@ -26,10 +26,10 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import orjson
 
+from polar.jsontypes import JSON
 from polar.store.codec import TokenIds, common_prefix, ids_to_bytes
 
 _KEY = b'"prompt_token_ids"'
@@ -101,7 +101,7 @@ class MemoBudget:
             self.nbytes -= entry[1]
 
 
-def decode_answer(raw: bytes, memo: IdsMemo | None) -> Any:
+def decode_answer(raw: bytes, memo: IdsMemo | None) -> JSON:
     """`raw` decoded as orjson would, except that a top-level `prompt_token_ids` array of integers comes
     back as `TokenIds`, decoded through `memo` (which is updated). Raises `orjson.JSONDecodeError` like
     `orjson.loads` on a body that is not JSON."""

@@ -24,6 +24,7 @@ import orjson
 from polar.gateway.backends.base import assemble, upstream_error
 from polar.gateway.canonical import Completion, StreamChunk, StreamHead, ToolCallDelta
 from polar.gateway.errors import GatewayError
+from polar.jsontypes import JSON
 from polar.store.records import FLAG_NOT_TRAINABLE, FLAG_TOKEN_COUNT_MISMATCH
 
 
@@ -34,7 +35,7 @@ def _text(delta: dict[str, Any], key: str) -> str | None:
     raise upstream_error(f"inference server stream chunk's `delta.{key}` is not a string")
 
 
-def _tool_deltas(raw: Any) -> tuple[ToolCallDelta, ...]:
+def _tool_deltas(raw: JSON) -> tuple[ToolCallDelta, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -68,7 +69,7 @@ def _tool_deltas(raw: Any) -> tuple[ToolCallDelta, ...]:
 
 
 def parse_chunk(
-    data: Any,
+    data: JSON,
     read_tokens: Callable[[dict[str, Any], dict[str, Any]], Any],
     read_content: Callable[[dict[str, Any]], str | None],
     read_reasoning: Callable[[dict[str, Any]], str | None],
@@ -163,7 +164,7 @@ class StreamAccumulator:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, list[Any]] = {}  # index -> [id, name, [argument pieces]]
-        self._finish: Any = None
+        self._finish: JSON = None
         self.prompt_ids: Sequence[int] | None = None
         self._ids: list[int] = []
         self._lps: list[float] = []

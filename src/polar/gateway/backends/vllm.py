@@ -20,6 +20,7 @@ from polar.gateway.backends.base import float_list, id_sequence, int_list
 from polar.gateway.backends.http import Decoder
 from polar.gateway.backends.openai import TokenData, TokenizingBackend
 from polar.gateway.backends.prompt_ids import IdsMemo, decode_answer
+from polar.jsontypes import JSON
 
 
 class VLLMBackend(TokenizingBackend):
@@ -50,7 +51,7 @@ class VLLMBackend(TokenizingBackend):
         return tokens
 
 
-def _token_text(value: Any) -> str | None:
+def _token_text(value: JSON) -> str | None:
     """The sampled tokens' text, `logprobs.content[].token` joined: what the model wrote, markup a tool
     parser took or gave up on included (`polar.gateway.toolcheck`); None when absent."""
     content = value.get("content") if isinstance(value, dict) else None
@@ -62,7 +63,7 @@ def _token_text(value: Any) -> str | None:
     )
 
 
-def _logprobs(value: Any) -> list[float] | None:
+def _logprobs(value: JSON) -> list[float] | None:
     """`logprobs.content[].logprob` as floats; None when absent or malformed (flagged, not repaired)."""
     content = value.get("content") if isinstance(value, dict) else None
     if type(content) is not list:

@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
+from polar.jsontypes import JSON
 
 # How a streamed answer is written: SSE frames, or (Gemini's `:streamGenerateContent` without `alt=sse`) one
 # JSON array of the stream's chunks.
@@ -48,7 +49,7 @@ class Dialect(Protocol):
 
     def parse(
         self,
-        body: Any,
+        body: JSON,
         codec: ReasoningCodec,
         *,
         path_model: str | None = None,

@@ -12,6 +12,7 @@ from typing import Any
 
 from polar.gateway.dialects.validation import Style
 from polar.gateway.errors import GatewayError, invalid
+from polar.jsontypes import JSON
 
 # OpenAI's own wording (`Missing required parameter: 'model'.`), and its strictness: `"stream": "yes"` or
 # `"max_tokens": "64"` is a type error, not a coercion. A type error names every JSON type the field takes.
@@ -71,7 +72,7 @@ def error_object(err: GatewayError, message: str | None = None, param: str | Non
     }
 
 
-def settle_tool_choice(choice: Any, has_tools: bool) -> Any:
+def settle_tool_choice(choice: JSON, has_tools: bool) -> JSON:
     """The tool choice to forward. vLLM refuses any `tool_choice` sent without `tools` ("When using
     `tool_choice`, `tools` must be set"), which happens when a harness sends `auto` with no tools or when
     every tool was a hosted one we dropped; `auto`/`none` then mean nothing and are dropped, while a choice

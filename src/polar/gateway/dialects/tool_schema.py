@@ -12,7 +12,6 @@ one dict lookup per tool.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import orjson
 from jsonschema.exceptions import best_match
@@ -20,6 +19,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import Draft202012Validator, validator_for
 
 from polar.gateway.errors import invalid
+from polar.jsontypes import JSON
 
 _CACHE_ENTRIES = 4096
 _CACHEABLE_BYTES = 256 << 10  # bigger schemas are judged every time rather than pinned in memory
@@ -31,7 +31,7 @@ _lock = threading.Lock()  # several gateways may share a process (tests, `polar 
 _meta_validators: dict[type[Validator], Validator] = {}
 
 
-def check_tool_schema(schema: Any, tool: str, name: Any, field: str) -> None:
+def check_tool_schema(schema: JSON, tool: str, name: JSON, field: str) -> None:
     """Raise a 400 naming the tool (where it sits, `tools[3]`, and its name) and the schema's field within
     it (`input_schema`) when `schema` is not a valid JSON Schema."""
     key = orjson.dumps(schema)
@@ -48,7 +48,7 @@ def check_tool_schema(schema: Any, tool: str, name: Any, field: str) -> None:
         raise invalid(message, f"{tool}.{field}")
 
 
-def _judge(schema: Any) -> str | None:
+def _judge(schema: JSON) -> str | None:
     """None for a valid schema, else the most relevant metaschema violation, where it is, in words."""
     if isinstance(schema, bool):
         return None

@@ -53,6 +53,7 @@ from polar.gateway.dialects.wire import (
 )
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
+from polar.jsontypes import JSON
 
 _STOP_REASON = {
     "stop": "end_turn",
@@ -88,7 +89,7 @@ class AnthropicDialect(SSEOnly):
 
     def parse(
         self,
-        body: Any,
+        body: JSON,
         codec: ReasoningCodec,
         *,
         path_model: str | None = None,
@@ -104,7 +105,7 @@ class AnthropicDialect(SSEOnly):
             params["stop"] = stop
         return self._canonical(req, codec, params, stream=bool(req.get("stream")))
 
-    def parse_count_tokens(self, body: Any, codec: ReasoningCodec) -> CanonicalRequest:
+    def parse_count_tokens(self, body: JSON, codec: ReasoningCodec) -> CanonicalRequest:
         """`/v1/messages/count_tokens`: the same conversion, without generation settings."""
         return self._canonical(validate(s.COUNT_TOKENS_REQUEST, body, PLAIN_STYLE), codec, {}, stream=False)
 

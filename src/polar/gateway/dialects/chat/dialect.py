@@ -27,6 +27,7 @@ from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
+from polar.jsontypes import JSON
 
 _DONE = b"data: [DONE]\n\n"
 
@@ -38,7 +39,7 @@ class ChatDialect(SSEOnly):
 
     def parse(
         self,
-        body: Any,
+        body: JSON,
         codec: ReasoningCodec,
         *,
         path_model: str | None = None,

@@ -19,6 +19,7 @@ from polar.gateway.dialects.gemini.request import encode_signature, parse_reques
 from polar.gateway.dialects.wire import tool_input
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
+from polar.jsontypes import JSON
 
 _FINISH = {"stop": "STOP", "tool_calls": "STOP", "length": "MAX_TOKENS", "content_filter": "SAFETY"}
 
@@ -45,7 +46,7 @@ class GeminiDialect:
 
     def parse(
         self,
-        body: Any,
+        body: JSON,
         codec: ReasoningCodec,
         *,
         path_model: str | None = None,

@@ -30,6 +30,7 @@ from polar.gateway.dialects.validation import validate
 from polar.gateway.dialects.wire import PLAIN_STYLE, SignatureCache, data_url, tool_arguments
 from polar.gateway.errors import invalid
 from polar.gateway.signatures import ReasoningCodec
+from polar.jsontypes import JSON
 
 _UNSUPPORTED_PARTS = (
     ("file_data", "fileData"),
@@ -39,7 +40,7 @@ _UNSUPPORTED_PARTS = (
 
 
 def parse_request(
-    body: Any, codec: ReasoningCodec, path_model: str | None, path_stream: bool | None
+    body: JSON, codec: ReasoningCodec, path_model: str | None, path_stream: bool | None
 ) -> CanonicalRequest:
     """Validate a `generateContent` body and normalize it; the model and streaming come from the path."""
     if not path_model:

@@ -15,6 +15,8 @@ from pydantic import ConfigDict, Field, TypeAdapter, with_config
 from pydantic.alias_generators import to_camel
 from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
+from polar.jsontypes import JSON
+
 # Fields are declared snake_case and read under their camelCase names (Gemini CLI, the JS SDK) or as they
 # are (the Python SDK sends some nested fields snake_case, e.g. `thinkingConfig.include_thoughts`); the
 # REST API accepts both spellings.
@@ -138,7 +140,7 @@ GENERATE_CONTENT_REQUEST: TypeAdapter[GenerateContentRequest] = TypeAdapter(Gene
 _INT_KEYS = frozenset({"minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties"})
 
 
-def to_json_schema(schema: Any) -> Any:
+def to_json_schema(schema: JSON) -> JSON:
     """Gemini's `Schema` (OpenAPI 3.0 subset, uppercase `type`) as plain JSON Schema.
 
     `type` is lowercased, `nullable: true` becomes a `"null"` alternative, int64 strings become integers,

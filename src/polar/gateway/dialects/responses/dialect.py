@@ -21,6 +21,7 @@ from polar.gateway.dialects.responses.tools import convert_tool_choice, convert_
 from polar.gateway.dialects.validation import validate
 from polar.gateway.errors import GatewayError, invalid
 from polar.gateway.signatures import ReasoningCodec
+from polar.jsontypes import JSON
 
 INCLUDE_ENCRYPTED = "reasoning.encrypted_content"
 
@@ -32,7 +33,7 @@ class ResponsesDialect(SSEOnly):
 
     def parse(
         self,
-        body: Any,
+        body: JSON,
         codec: ReasoningCodec,
         *,
         path_model: str | None = None,

@@ -25,6 +25,7 @@ from typing import Any, cast
 from polar.gateway.dialects.responses.tools import SEARCH, ConvertedTools, convert_tools, flat_name
 from polar.gateway.dialects.wire import SignatureCache
 from polar.gateway.signatures import ReasoningCodec
+from polar.jsontypes import JSON
 
 
 def searched_tools(items: list[Any]) -> dict[int, ConvertedTools]:
@@ -109,7 +110,7 @@ def convert_history(
     return out
 
 
-def _called(item: Any) -> str:
+def _called(item: JSON) -> str:
     """The Chat name of the tool a call item called."""
     namespace = item.get("namespace")
     return flat_name(namespace, item["name"]) if namespace else item["name"]
@@ -123,7 +124,7 @@ def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
 _decode = SignatureCache(ReasoningCodec.decode, size=2048)
 
 
-def _reasoning_text(item: Any, codec: ReasoningCodec) -> str | None:
+def _reasoning_text(item: JSON, codec: ReasoningCodec) -> str | None:
     """Our own `encrypted_content` restores the exact reasoning; otherwise take what the client kept."""
     text = _decode(codec, item.get("encrypted_content"))
     if text is not None:
@@ -137,7 +138,7 @@ def _reasoning_text(item: Any, codec: ReasoningCodec) -> str | None:
     return None
 
 
-def _text_of(part: Any) -> str:
+def _text_of(part: JSON) -> str:
     return cast(str, part["refusal"] if part["type"] == "refusal" else part["text"])
 
 

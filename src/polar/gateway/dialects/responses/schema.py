@@ -14,8 +14,10 @@ from typing import Annotated, Any, Literal, NotRequired, Required
 from pydantic import Discriminator, Field, Tag, TypeAdapter
 from typing_extensions import TypedDict
 
+from polar.jsontypes import JSON
 
-def _item_type(value: Any) -> str | None:
+
+def _item_type(value: JSON) -> str | None:
     if isinstance(value, dict):
         t = value.get("type", "message")
         return t if isinstance(t, str) else None
@@ -203,7 +205,7 @@ class HostedTool(TypedDict):
     name: NotRequired[str | None]
 
 
-def _tool_type(value: Any) -> str:
+def _tool_type(value: JSON) -> str:
     t = value.get("type") if isinstance(value, dict) else None
     return t if t in ("function", "custom", "namespace", "tool_search") else "hosted"
 

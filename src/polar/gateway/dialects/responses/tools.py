@@ -27,6 +27,7 @@ from typing import Any
 
 from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.errors import invalid
+from polar.jsontypes import JSON
 
 SEPARATOR = "__"
 # The Chat name of a client-executed `tool_search` tool (the name Codex's own tool router uses for it).
@@ -59,7 +60,7 @@ def convert_tools(specs: list[Any] | None, field: str = "tools") -> ConvertedToo
     where: dict[str, str] = {}  # Chat name -> the first field that declared it (for a clash's message)
     search = False
 
-    def add(spec: Any, field: str, name: str, member: bool) -> None:
+    def add(spec: JSON, field: str, name: str, member: bool) -> None:
         # Two top-level tools of one name pass as before (a call to it goes back as it came); a clash
         # involving a namespace member would route a call to the wrong tool.
         if name in where and (member or name in namespaced or (search and name == SEARCH)):
@@ -131,7 +132,7 @@ def _custom_as_function(t: Any, name: str) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def convert_tool_choice(choice: Any, callable_names: frozenset[str]) -> Any:
+def convert_tool_choice(choice: JSON, callable_names: frozenset[str]) -> JSON:
     """A forced tool by its Chat name; a namespace member is named by `namespace` and `name`."""
     if choice is None or isinstance(choice, str):
         return choice
