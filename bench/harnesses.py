@@ -20,7 +20,7 @@ With `--render gateway` the gateway renders instead (`polar.gateway.render`): ea
 its token chain and go to vLLM's /v1/completions as ids (the relay reads them back into the chat call the
 script answers), and the last column counts the chains the gateway started.
 
-Needs npm (and pip for mini-swe-agent); first runs install the pinned CLIs into ~/.cache/polar/tools.
+Needs npm (and pip for mini-swe-agent and Aider); first runs install the pinned CLIs into ~/.cache/polar/tools.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,6 +48,9 @@ from polar.harness.cli_common import texts  # noqa: E402
 from polar.harness.registry import get_harness  # noqa: E402
 from polar.store.sqlite import SQLiteStore  # noqa: E402
 from polar.trajectory import audit, build  # noqa: E402
+
+if TYPE_CHECKING:
+    from tests.fakes.fake_vllm import Reply
 
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"  # mini-swe-agent ends when a command prints this
 
@@ -64,6 +67,7 @@ class CLI:
     parallel: bool = True  # runs several tool calls of one answer
     settings: tuple[tuple[str, Any], ...] = ()
     final: str | None = None  # a command the session must end with (mini-swe-agent's submit)
+    edits: bool = False  # no tools: the CLI applies edit blocks in the answer's text (Aider), see edit_turn
 
 
 CLIS = [
@@ -74,7 +78,29 @@ CLIS = [
     CLI("opencode", "bash", lambda c: _compact({"command": c, "description": "step"})),
     CLI("pi", "bash", lambda c: _compact({"command": c})),
     CLI("mini_swe_agent", "bash", lambda c: _compact({"command": c}), parallel=False, final=SUBMIT),
+    CLI("aider", "", lambda c: c, parallel=False, edits=True),
 ]
+# Aider 0.86.2 (`whole` edit format for an unknown model): a listing without a file name is an error it sends
+# back (a reflection, at most 3 per message); the policy makes such answers, then writes steps.txt whole.
+AIDER_MAIN = "Act as an expert software developer."  # its main loop's system prompt (side calls have others)
+AIDER_NO_NAME = "No filename provided before ``` in file listing"
+AIDER_REFLECTIONS = 3
+
+
+def edit_turn(messages: list[dict[str, Any]], steps: int) -> Reply:
+    """Aider's turn: `min(steps, 3) - 1` answers it cannot apply (each a reflection, one call more), then
+    the whole steps.txt; side calls (commit messages, summaries) get a short answer."""
+    from tests.fakes.fake_vllm import Reply
+
+    if not str(messages[0].get("content")).startswith(AIDER_MAIN):
+        return Reply(content="Noted.")
+    failed = sum(AIDER_NO_NAME in str(m.get("content")) for m in messages if m.get("role") == "user")
+    if failed < min(steps, AIDER_REFLECTIONS) - 1:
+        # The fence on the first line (a line above it would be read as the file name); nothing after the
+        # last fence: Aider keeps its answers stripped.
+        return Reply(content=f"```\nstep {failed}\n```")
+    lines = "".join(f"step {k}\n" for k in range(steps))
+    return Reply(content=f"steps.txt\n```\n{lines}```")
 
 
 # Scenarios beyond the plain tool loop, where the CLI has the feature (`--scenario`):
@@ -207,6 +233,8 @@ def policy(cli: CLI, steps: int, scenario: str = "loop") -> Callable[[dict[str, 
             raise HTTPError(502, "bench: this call fails once")
         tools = [t["function"]["name"] for t in body.get("tools") or []]
         messages = body["messages"]
+        if cli.edits:
+            return edit_turn(messages, steps)
         if cli.tool not in tools:
             return Reply(content="Noted.")  # a side call (title, summary, small model)
         if cli.harness in COMPACT_ASK and COMPACT_ASK[cli.harness] in str(messages[-1].get("content")):
@@ -411,7 +439,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=30, help="tool calls the policy asks for")
-    parser.add_argument("--only", nargs="*", help="presets to run (default: all seven)")
+    parser.add_argument("--only", nargs="*", help="presets to run (default: all eight)")
     parser.add_argument(
         "--scenario", nargs="*", choices=SCENARIOS, default=["loop"], help="default: loop; all: every one"
     )
