@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from polar.jsontypes import JSON
+
 
 class ChatTemplateError(ValueError):
     """The messages cannot be rendered (bad content, or the template raised)."""
@@ -21,7 +23,7 @@ class ChatTemplateError(ValueError):
         self.param = param
 
 
-def _text_of(content: Any, where: str) -> str:
+def _text_of(content: JSON, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
 from polar.auth import bearer
+from polar.jsontypes import JSON
 
 HEALTH_TTL_S = 5.0
 
@@ -24,7 +24,7 @@ HEALTH_TTL_S = 5.0
 class Fetched:
     """A node's answer (`data`) or why there is none (`error`, shown on the page)."""
 
-    data: Any = None
+    data: JSON = None
     error: str | None = None
 
 

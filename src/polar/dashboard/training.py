@@ -137,5 +137,5 @@ def read_run(out: Path) -> TrainingRun:
     return run
 
 
-def _number(v: Any) -> bool:
+def _number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)

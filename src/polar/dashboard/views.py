@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from polar.jsontypes import JSON
+
 # (timings key, label) in stage order: what `polar.rollout.node.session.Session.timings` reports.
 STAGES = [
     ("queued_s", "queue"),
@@ -42,11 +44,11 @@ def timeline(timings: dict[str, float]) -> list[Bar]:
     return bars
 
 
-def pretty(value: Any) -> str:
+def pretty(value: JSON) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
 
 
-def diff_lines(before: Any, after: Any) -> list[tuple[str, str]]:
+def diff_lines(before: JSON, after: JSON) -> list[tuple[str, str]]:
     """A unified diff of two JSON bodies as (css class, line): "add", "del", "hunk" or "" (context)."""
     return text_diff(pretty(before), pretty(after), "harness request", "upstream request")
 
@@ -81,7 +83,7 @@ class Message:
     tool_call_id: str | None
 
 
-def _text(content: Any) -> str:
+def _text(content: JSON) -> str:
     if content is None:
         return ""
     if isinstance(content, str):

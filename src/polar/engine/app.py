@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -34,13 +33,14 @@ from polar.engine.protocol import (
 )
 from polar.engine.serving_common import check_model, parse_body, token_text
 from polar.engine.weights import WeightsError
+from polar.jsontypes import JSON
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _json(obj: Any, status: int = 200) -> Response:
+def _json(obj: JSON, status: int = 200) -> Response:
     return Response(orjson.dumps(obj), status_code=status, media_type="application/json")
 
 

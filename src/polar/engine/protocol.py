@@ -168,7 +168,9 @@ class CompletionRequest(_SamplingFields):
 
     @field_validator("prompt")
     @classmethod
-    def _non_empty(cls, v: Any) -> Any:
+    def _non_empty(
+        cls, v: str | list[str] | list[int] | list[list[int]]
+    ) -> str | list[str] | list[int] | list[list[int]]:
         if v == "" or v == []:
             raise ValueError("prompt must be non-empty")
         return v

@@ -51,6 +51,7 @@ from polar.evaluate.support import (
     tail,
 )
 from polar.evaluate.swebench_log import log_problem
+from polar.jsontypes import JSON
 from polar.runtime.base import RuntimeFailure
 
 # Beside the working directory (in a SWE-bench image: /testbed's parent), never in the repository under test.
@@ -77,13 +78,13 @@ class SWEInstance(BaseModel):
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
-    def _json_list(cls, v: Any) -> Any:
+    def _json_list(cls, v: JSON) -> JSON:
         # SWE-bench's hub datasets store both lists as JSON text.
         return json.loads(v) if isinstance(v, str) else v
 
     @field_validator("version", mode="before")
     @classmethod
-    def _text(cls, v: Any) -> Any:
+    def _text(cls, v: JSON) -> JSON:
         return str(v) if isinstance(v, int | float) else v
 
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from polar.evaluate.parsing import _PYTEST_COUNT, _PYTEST_LINE
+
+if TYPE_CHECKING:
+    from swebench.types import TestSpec
 
 PYTEST_FORMAT = frozenset(
     {
@@ -72,7 +75,12 @@ def _consistent(block: list[str], summary: str) -> str | None:
 
 
 def log_problem(
-    log: str, spec: Any, parser: str, fail_to_pass: Sequence[str], pass_to_pass: Sequence[str], eval_type: str
+    log: str,
+    spec: TestSpec,
+    parser: str,
+    fail_to_pass: Sequence[str],
+    pass_to_pass: Sequence[str],
+    eval_type: str,
 ) -> str | None:
     """Why the log cannot back a resolved verdict, or None."""
     from swebench.harness.constants import END_TEST_OUTPUT, FAIL_TO_PASS, PASS_TO_PASS, START_TEST_OUTPUT

@@ -19,6 +19,7 @@ from typing import Any
 import polar
 from polar.harness.base import HarnessContext, gateway_env
 from polar.harness.shell import instruction_path, write_instruction
+from polar.jsontypes import JSON
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
 
@@ -40,7 +41,7 @@ TRANSCRIPT = "transcript.jsonl"
 POLAR_SRC = str(Path(polar.__file__).resolve().parent.parent)
 
 
-def _check(name: str, value: Any) -> None:
+def _check(name: str, value: JSON) -> None:
     kind = SETTINGS[name][0]
     ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
     if kind is float:

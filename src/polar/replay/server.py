@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from polar import jsontypes
 from polar.replay.recording import Mismatch, Recording
 from polar.store.records import CompletionRecord
 
@@ -32,7 +33,7 @@ log = logging.getLogger("polar.replay")
 JSON = "application/json"
 
 
-def _json(data: Any, status: int = 200) -> Response:
+def _json(data: jsontypes.JSON, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type=JSON)
 
 

@@ -24,6 +24,7 @@ import httpx
 from tenacity import retry_if_exception_type, retry_if_result
 
 from polar.auth import bearer, load_token
+from polar.jsontypes import JSON
 from polar.retry import retrying
 from polar.rollout.protocol import SessionResult
 from polar.task import Task
@@ -84,7 +85,7 @@ class RolloutClient:
         await self._http.aclose()
 
     # -- transport --------------------------------------------------------------------------------------
-    async def _get(self, path: str, params: Any = None) -> Any:
+    async def _get(self, path: str, params: Any = None) -> JSON:  # params: httpx's, passed on
         """GET with retries on connection errors and 5xx (0.1 s doubling to 2 s between tries), for at most
         `retry_window_s` (a server restart)."""
         policy = retrying(

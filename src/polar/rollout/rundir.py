@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import orjson
 
@@ -194,7 +194,9 @@ def _differs(stored: Task, given: Task) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
-def plan_run(out: Path, tasks: Sequence[Task], *, overwrite: bool, source: Any = "the task file") -> RunPlan:
+def plan_run(
+    out: Path, tasks: Sequence[Task], *, overwrite: bool, source: Path | str = "the task file"
+) -> RunPlan:
     """Decide how a `polar run`/`generate` into `out` starts (call with the folder `locked`).
 
     No earlier run: new. `overwrite`: the earlier run's files are removed, then new. Otherwise the earlier

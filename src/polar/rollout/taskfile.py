@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from polar import hints, plugins, yamlpos
+from polar.jsontypes import JSON
 from polar.rollout.uploads import confine_upload
 from polar.task import Task, UploadAction
 
@@ -190,7 +191,7 @@ def dataset_items(
     def locate_in(iid: str) -> Callable[[tuple[Any, ...]], str]:
         def locate(loc: tuple[Any, ...]) -> str:
             # A field `defaults` sets is wrong there; any other came from the instance.
-            node: Any = defaults
+            node: JSON = defaults
             for step in loc:
                 node = node.get(step) if isinstance(node, dict) else None
             where = doc.where(("defaults", *loc)) if node is not None else doc.where(("dataset", "path"))

@@ -37,9 +37,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from polar import hints, yamlpos
+from polar.jsontypes import JSON
 from polar.rollout.taskfile import (
     TaskFileError,
     UploadOutside,
@@ -259,7 +260,7 @@ class OverlongSection(_Section):
         return Overlong(self.mode, self.max_tokens, self.buffer, self.penalty_factor)
 
 
-def _task_source(v: Any) -> Any:
+def _task_source(v: JSON) -> JSON:
     """A task file (a path) or a non-empty list of inline tasks: `tasks` and `eval.tasks`."""
     if isinstance(v, str) and v:
         return v
@@ -511,7 +512,7 @@ def parse_override(text: str) -> Override:
     return overrides_mod.parse_override(text, TrainConfig, polar_name_for)
 
 
-def _message(err: Any) -> str:
+def _message(err: ErrorDetails) -> str:
     msg = str(err["msg"])
     return msg.removeprefix("Value error, ")
 

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from polar.jsontypes import JSON
+
 
 @dataclass(frozen=True, slots=True)
 class ParsedCall:
@@ -64,7 +66,7 @@ def mistral_call_id() -> str:
     return "".join(secrets.choice(alphabet) for _ in range(9))
 
 
-def arguments_json(value: Any) -> str | None:
+def arguments_json(value: JSON) -> str | None:
     """Arguments as JSON object text, or None when they are not an object (or JSON text of one)."""
     if isinstance(value, str):
         try:

@@ -27,6 +27,7 @@ from polar.chat.tool_parsers.base import (
     failed,
     leading_content,
 )
+from polar.jsontypes import JSON
 
 OPEN = "<tool_call>"
 _CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*</tool_call>", re.DOTALL)
@@ -79,7 +80,7 @@ def _param_types(tools: list[dict[str, Any]] | None, name: str) -> dict[str, Any
     return {}
 
 
-def _convert(value: str, kind: Any) -> Any:
+def _convert(value: str, kind: JSON) -> JSON:
     if isinstance(kind, list):  # ["string", "null"] and the like
         kind = next((k for k in kind if k != "null"), None)
     if value.strip().lower() == "null" and kind != "string":

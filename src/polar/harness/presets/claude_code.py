@@ -23,6 +23,7 @@ from typing import Any
 from polar.harness.base import HarnessContext, gateway_env
 from polar.harness.cli_common import texts, under, write_json
 from polar.harness.install import npm_bin_async
+from polar.jsontypes import JSON
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
@@ -64,7 +65,7 @@ _COMPACT_MARK = "CRITICAL: Respond with TEXT ONLY. Do NOT call any tools."
 _SETTINGS = ("allowed_tools", "skip_permissions", "small_model", "binary")
 
 
-def _name_list(value: Any) -> list[str]:
+def _name_list(value: JSON) -> list[str]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v.strip() for v in value):
         raise ValueError("claude_code harness: settings.allowed_tools must be a non-empty list of tool names")
     if any("," in v for v in value):

@@ -22,6 +22,7 @@ from polar.harness.cli_common import (
     under,
     write_json,
 )
+from polar.jsontypes import JSON
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
@@ -61,7 +62,7 @@ ALIAS_ROOTS = (
 )
 
 
-def _texts(parts: Any) -> str:
+def _texts(parts: JSON) -> str:
     return "".join(texts(parts)) if isinstance(parts, list) else ""
 
 

@@ -28,6 +28,7 @@ from polar.harness.cli_common import (
     under,
     write_json,
 )
+from polar.jsontypes import JSON
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
@@ -94,7 +95,7 @@ def cli_settings() -> dict[str, Any]:
     }
 
 
-def _text(content: Any) -> str:
+def _text(content: JSON) -> str:
     return "".join(texts(content))  # Qwen Code sends user and tool text as arrays of parts
 
 

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from polar.gateway.app import GatewayApp, HotPath, control_app, create_app
 from polar.gateway.control import routes as control_routes
 from polar.harness.registry import classifier
+from polar.jsontypes import JSON
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
 from polar.rollout.protocol import NODE_ID_HEADER, RESULT_TOKEN_HEADER, DrainRequest, SessionSpec
 
@@ -39,7 +40,7 @@ MAX_SPEC_BYTES = 8 << 20
 MAX_DRAIN_BYTES = 64 << 10
 
 
-def _json(body: Any, status: int = 200) -> Response:
+def _json(body: JSON, status: int = 200) -> Response:
     if isinstance(body, BaseModel):
         return Response(body.model_dump_json().encode(), status_code=status, media_type="application/json")
     return Response(orjson.dumps(body), status_code=status, media_type="application/json")

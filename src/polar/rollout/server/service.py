@@ -13,10 +13,12 @@ import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 import orjson
 
+from polar.jsontypes import JSON
 from polar.rollout.protocol import DrainRequest, NodeStatus, SessionResult, SessionStatus
 from polar.rollout.server.callbacks import CallbackDeliverer
 from polar.rollout.server.config import ServerConfig
@@ -36,7 +38,7 @@ def new_session_id() -> str:
     return f"polar-{secrets.token_hex(12)}"
 
 
-def _json(obj: Any) -> bytes:
+def _json(obj: JSON) -> bytes:
     return orjson.dumps(obj)
 
 
@@ -93,7 +95,7 @@ class RolloutService:
     def wake(self) -> None:
         self._wake.set()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._reap)
