@@ -10,9 +10,13 @@ rendered system prompt. The result is rendered to text and then tokenized withou
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from polar.jsontypes import JSON
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class ChatTemplateError(ValueError):
@@ -101,7 +105,7 @@ def prepare_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | 
 
 
 def render_chat(
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
     *,
     tools: list[dict[str, Any]] | None = None,
@@ -125,7 +129,8 @@ def render_chat(
     try:
         text = tokenizer.apply_chat_template(
             prepared,
-            tools=prepared_tools,
+            # transformers types this `list[dict | Callable]` (a list of dicts is one; the list is invariant)
+            tools=cast("list[dict[Any, Any] | Callable[..., Any]] | None", prepared_tools),
             chat_template=chat_template,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,

@@ -15,7 +15,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger("polar.dashboard")
 
@@ -74,7 +77,7 @@ def load_tokenizer(name_or_dir: str) -> Decode:
     return decoder(AutoTokenizer.from_pretrained(name_or_dir, local_files_only=True))
 
 
-def decoder(tokenizer: Any) -> Decode:
+def decoder(tokenizer: PreTrainedTokenizerBase) -> Decode:
     """Each id as its own text, with a loaded tokenizer (`polar run` passes its embedded engine's).
     Decoding reads the tokenizer only, so sharing it with the engine that encodes with it is safe."""
 

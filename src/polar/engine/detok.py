@@ -7,7 +7,10 @@ characters that byte-level BPE splits across tokens. The usual window trick: dec
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class IncrementalDetokenizer:
@@ -15,7 +18,7 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         *,
         skip_special_tokens: bool = True,
         stop: tuple[str, ...] = (),

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +21,9 @@ from polar.engine.loader import LoadedModel, load_model
 from polar.engine.sampling import SamplingParams
 from polar.engine.scheduler import Scheduler, SeqUpdate
 from polar.engine.weights import load_checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 # The tiny default model never emits <|im_end|>: without a cap a request without max_tokens would run to
 # the end of its 32k context.
@@ -115,11 +118,11 @@ class Engine:
         return self.loaded.name
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.loaded.tokenizer
 
     @property
-    def model(self) -> Any:
+    def model(self) -> PreTrainedModel:
         return self.loaded.model
 
     @property

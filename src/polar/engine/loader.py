@@ -32,8 +32,8 @@ _DTYPES = {
 class LoadedModel:
     """A model ready to serve. `name` is the id clients send as `model`."""
 
-    model: Any
-    tokenizer: Any
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     name: str
     source: str
     max_model_len: int

@@ -20,6 +20,7 @@ from polar.chat.stream import AnswerStream
 from polar.chat.tool_parsers import ToolParser, chat_calls
 from polar.engine.engine import Engine
 from polar.engine.protocol import APIError, ChatCompletionRequest
+from polar.engine.sampling import SamplingParams
 from polar.engine.scheduler import SeqUpdate
 from polar.engine.serving_common import (
     SSE_DONE,
@@ -99,7 +100,7 @@ def prepare(engine: Engine, req: ChatCompletionRequest) -> ChatJob:
     )
 
 
-def _params(job: ChatJob, index: int) -> Any:
+def _params(job: ChatJob, index: int) -> SamplingParams:
     req = job.req
     skip = req.skip_special_tokens and not (job.parser is not None and job.parser.needs_special_tokens)
     top = (req.top_logprobs or 0) if req.logprobs else 0

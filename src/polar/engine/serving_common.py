@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
 
 from polar.engine.engine import Engine
-from polar.engine.protocol import APIError, validation_error
+from polar.engine.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_error
 from polar.engine.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -34,7 +37,7 @@ def check_model(engine: Engine, model: str | None) -> None:
         raise APIError(404, f"The model `{model}` does not exist.", param="model")
 
 
-def check_supported(req: Any) -> None:
+def check_supported(req: ChatCompletionRequest | CompletionRequest) -> None:
     bad = req.unsupported()
     if bad is not None:
         raise APIError(
@@ -75,7 +78,12 @@ def resolve_max_tokens(engine: Engine, prompt_len: int, requested: int | None, p
 
 
 def sampling_params(
-    req: Any, max_tokens: int, *, top_logprobs: int, skip_special_tokens: bool, seed_offset: int
+    req: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int,
+    *,
+    top_logprobs: int,
+    skip_special_tokens: bool,
+    seed_offset: int,
 ) -> SamplingParams:
     stop = req.stop
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
@@ -100,7 +108,7 @@ def sampling_params(
 class TokenText:
     """Token ids to the strings logprob entries carry (vLLM decodes each id alone); one per engine."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         @lru_cache(maxsize=65536)
         def _one(token_id: int) -> str:
             return str(tokenizer.decode([token_id]))

@@ -14,6 +14,7 @@ from typing import Any
 
 from polar.engine.engine import Engine
 from polar.engine.protocol import APIError, CompletionRequest
+from polar.engine.sampling import SamplingParams
 from polar.engine.scheduler import SeqUpdate
 from polar.engine.serving_common import (
     SSE_DONE,
@@ -63,7 +64,7 @@ def prepare(engine: Engine, req: CompletionRequest) -> CompletionJob:
     return CompletionJob(req, prompts, max_tokens)
 
 
-def _params(job: CompletionJob, p: int, i: int) -> Any:
+def _params(job: CompletionJob, p: int, i: int) -> SamplingParams:
     req = job.req
     return sampling_params(
         req,

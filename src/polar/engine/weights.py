@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -39,7 +38,7 @@ def load_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def apply_state_dict(model: Any, state: Mapping[str, torch.Tensor]) -> int:
+def apply_state_dict(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> int:
     """Copy `state` into `model` in place after validating all of it; returns the number of tensors copied."""
     own = model.state_dict()
     unexpected = sorted(k for k in state if k not in own)

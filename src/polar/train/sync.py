@@ -27,12 +27,15 @@ import shutil
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 
 from polar.auth import bearer
 from polar.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from polar.engine.engine import Engine
 
 
 class SyncError(RuntimeError):
@@ -111,7 +114,7 @@ class EngineSync:
 
     push_before_rollouts = False
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     async def push(self, trainer: Trainer, version: int) -> None:

@@ -16,11 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from polar.chat.reasoning import prompt_opens_thought, split_reasoning
 from polar.chat.render import ChatTemplateError, render_chat
 from polar.chat.tool_parsers import ParsedCall, ToolParser, detect_parser, get_parser
+from polar.jsontypes import JSON
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _MARK = "polar-delta-base-7f3a"
 _BASE: list[dict[str, Any]] = [{"role": "user", "content": "."}, {"role": "assistant", "content": _MARK}]
@@ -45,7 +49,9 @@ class Template:
     """A tokenizer with a chat template (any object with transformers' `apply_chat_template`, `encode`,
     `decode`), its tool-call parser and whether its answers may open with reasoning."""
 
-    def __init__(self, tokenizer: Any, tool_parser: str = "auto", reasoning: str = "auto") -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, tool_parser: str = "auto", reasoning: str = "auto"
+    ) -> None:
         self.tokenizer = tokenizer
         template = getattr(tokenizer, "chat_template", None)
         if not isinstance(template, str) or not template:
@@ -141,7 +147,7 @@ class Template:
         """Ids of rendered text; the template wrote every special token itself (as vLLM tokenizes chat)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def parser_for(self, tools: list[dict[str, Any]] | None, tool_choice: Any) -> ToolParser | None:
+    def parser_for(self, tools: list[dict[str, Any]] | None, tool_choice: JSON) -> ToolParser | None:
         """The tool-call parser for a call offering `tools` (none when it offers none, or forbids calls)."""
         return self.parser if tools and tool_choice != "none" else None
 
@@ -150,7 +156,7 @@ class Template:
         ids: Sequence[int],
         prompt_tail: str,
         tools: list[dict[str, Any]] | None,
-        tool_choice: Any,
+        tool_choice: JSON,
     ) -> Answer:
         """Content, reasoning and tool calls of sampled `ids`, the way the engine's chat serving reads them
         (`polar.engine.serving_chat`): reasoning first (open when the prompt left a thought open), then the
