@@ -28,6 +28,7 @@ import re
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -300,7 +301,7 @@ def guarded_session(
     """
 
     async def on_request_start(
-        _session: aiohttp.ClientSession, _ctx: Any, params: aiohttp.TraceRequestStartParams
+        _session: aiohttp.ClientSession, _ctx: SimpleNamespace, params: aiohttp.TraceRequestStartParams
     ) -> None:
         host = params.url.raw_host
         if host is None:

@@ -46,7 +46,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
+def _models_in(annotation: object) -> list[type[BaseModel]]:
     """The models a field holds, directly, optionally, in a list, or in a (discriminated) union."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
@@ -82,7 +82,7 @@ def _number(value: float | int) -> str:
     return re.sub(r"e([+-])0*(\d)", r"e\1\2", repr(value))
 
 
-def value_text(value: Any) -> str:
+def value_text(value: object) -> str:
     """A value as it would be written in YAML (`null`, `true`, `1e-6`, `[0.9, 0.999]`)."""
     if value is None:
         return "null"
@@ -99,7 +99,7 @@ def value_text(value: Any) -> str:
     return str(value)
 
 
-def type_text(annotation: Any, link: Callable[[type[BaseModel]], str] | None = None) -> str:
+def type_text(annotation: object, link: Callable[[type[BaseModel]], str] | None = None) -> str:
     """A field's type for readers: `float | null`, `grpo | rloo | dr_grpo`, `list[int]`, a model's link."""
     if annotation is type(None):
         return "null"

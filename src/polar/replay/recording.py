@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from polar.jsontypes import JSON
 from polar.store.records import CompletionRecord
 
 
@@ -131,7 +132,7 @@ class Recording:
             assert diff is not None  # equal bodies were matched above
             return Mismatch(nearest.seq, *diff)
 
-    def prompt_length(self, messages: Any) -> int | None:
+    def prompt_length(self, messages: JSON) -> int | None:
         """Prompt tokens of a recorded call with these messages (`/tokenize` during a replay)."""
         for record in self.records:
             if record.upstream_request.get("messages") == messages and record.prompt_ids is not None:

@@ -18,9 +18,12 @@ import zlib
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import orjson
+
+if TYPE_CHECKING:
+    from _hashlib import HASH  # what hashlib's constructors return
 
 _INT32 = "i"
 assert array(_INT32).itemsize == 4
@@ -187,7 +190,7 @@ class ListState:
 Chain = dict[str, ListState]  # top-level list key -> its state, for the next body of the same chain
 
 
-def _shared_prefix(full: bytes, prev: ListState | None, digest: Any) -> bool:
+def _shared_prefix(full: bytes, prev: ListState | None, digest: HASH) -> bool:
     """Whether `full` (a list's JSON) starts with exactly the elements `prev` described. Feeds `digest`
     (a sha256 over `full`'s bytes before the bracket) up to that point either way."""
     if prev is None or prev.json_len >= len(full) or full[prev.json_len] not in _ELEMENT_END:

@@ -31,7 +31,7 @@ class OverrideError(ConfigError):
 Aliases = Callable[[str], str | None]
 
 
-def model_of(annotation: Any) -> type[BaseModel] | None:
+def model_of(annotation: object) -> type[BaseModel] | None:
     """The pydantic model a field holds (`X` or `X | None`), or None for a plain value."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation

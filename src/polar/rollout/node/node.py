@@ -26,8 +26,8 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
 
 from polar.auth import default_token_file
 from polar.rollout.node.app import create_node_app
@@ -61,6 +61,7 @@ from polar.rollout.resolve import Resolved, TaskProblem, resolve_task
 from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
 from polar.rollout.uploads import upload_violations
 from polar.runtime import namespaces
+from polar.runtime.base import Runtime
 from polar.runtime.bridge import remove_stale_bridges
 from polar.runtime.docker import reap_containers
 from polar.runtime.factory import check_runtime
@@ -496,14 +497,14 @@ class Node:
         )
 
     # -- one session --------------------------------------------------------------------------------------
-    async def _within_deadline(self, s: NodeSession, what: str, wait: Any) -> None:
+    async def _within_deadline(self, s: NodeSession, what: str, wait: Awaitable[object]) -> None:
         try:
             async with asyncio.timeout(s.deadline.remaining()):
                 await wait
         except TimeoutError:
             raise SessionEnd(SessionStatus.TIMEOUT, f"{SESSION_DEADLINE} while {what}") from None
 
-    async def _prewarm(self, s: NodeSession) -> Any:
+    async def _prewarm(self, s: NodeSession) -> Runtime:
         assert self._env is not None
         async with self.init_pool.slot():
             return await fresh_runtime(s.spec.task, s.session_id, self._env)
@@ -684,7 +685,7 @@ class Node:
         return self._results.get(session_id) or self._archived.get(session_id)
 
 
-def _done_runtime(task: asyncio.Task[Any] | None) -> Any:
+def _done_runtime(task: asyncio.Task[Runtime] | None) -> Runtime | None:
     if task is None or not task.done() or task.cancelled() or task.exception() is not None:
         return None
     return task.result()
