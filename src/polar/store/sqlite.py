@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -263,7 +263,7 @@ class SQLiteStore:
         self.close()
 
     # -- writes (synchronous, one transaction each) -------------------------------------------------------
-    def write(self, fn: Any) -> None:
+    def write(self, fn: Callable[[RecordWriter], object]) -> None:
         """Run `fn(writer)` in one transaction with a `RecordWriter` on this connection."""
         self.conn.execute("BEGIN")
         try:
@@ -393,7 +393,7 @@ class SQLiteStore:
 
     @staticmethod
     def _completion(
-        row: Any,
+        row: tuple[Any, ...],  # a row of the completions query: SQL values by column
         blobs: dict[bytes, bytes],
         prompts: dict[int, bytes],
         requests: dict[int, codec.Refs],

@@ -17,6 +17,7 @@ from polar.gateway.errors import GatewayError
 from polar.gateway.render.backend import FLAG_RENDERED, RenderingBackend
 from polar.gateway.render.chain import Chain, Prompt
 from polar.gateway.render.template import Template, TemplateUnusable
+from polar.jsontypes import JSON
 
 __all__ = [
     "FLAG_RENDERED",
@@ -72,7 +73,7 @@ async def _model_card(backend: TokenizingBackend, served_model: str) -> dict[str
     """The server's entry for `served_model` in /v1/models: vLLM's has `root` (what it loaded the model
     from) and `max_model_len`."""
     try:
-        data: Any = await backend.http.get(backend.models_path)
+        data: JSON = await backend.http.get(backend.models_path)
     except GatewayError as err:
         raise TemplateUnusable(f"could not list the models of {backend.url} ({err.message})") from None
     items = data.get("data") if isinstance(data, dict) else None
@@ -82,5 +83,5 @@ async def _model_card(backend: TokenizingBackend, served_model: str) -> dict[str
     raise TemplateUnusable(f"the server at {backend.url} does not list {served_model}")
 
 
-def _positive(value: Any) -> int | None:
+def _positive(value: JSON) -> int | None:
     return value if type(value) is int and value > 0 else None

@@ -40,6 +40,7 @@ from polar.gateway.fit import requested_flag
 from polar.gateway.render import sglang
 from polar.gateway.render.chain import Chain, Prompt
 from polar.gateway.render.template import Template
+from polar.jsontypes import JSON
 from polar.store.records import FLAG_MAX_TOKENS_CLAMPED, FLAG_TOOL_PARSE_ERROR
 
 COMPLETIONS = "/v1/completions"
@@ -199,10 +200,10 @@ class RenderingBackend(TokenizingBackend):
 
     def read(
         self,
-        raw: Any,
+        raw: JSON,
         prompt: Prompt,
         tools: list[dict[str, Any]] | None,
-        tool_choice: Any,
+        tool_choice: JSON,
         fitted: list[str] | None = None,
     ) -> Completion:
         """The `Completion` of a `/v1/completions` answer to `prompt`: ids and logprobs as the server sent
@@ -274,7 +275,7 @@ def rendered_flags(prompt: Prompt) -> list[str]:
     return [FLAG_RENDERED] if prompt.restart is None else [FLAG_RENDERED, f"chain:{prompt.restart}"]
 
 
-def _stream_chunk(data: Any) -> StreamChunk:
+def _stream_chunk(data: JSON) -> StreamChunk:
     """One `/v1/completions` stream chunk: its text, sampled ids and their logprobs, finish, usage."""
     if not isinstance(data, dict):
         raise upstream_error("inference server sent a stream chunk that is not an object")
@@ -346,7 +347,7 @@ def fit_budget(wire: dict[str, Any], prompt_len: int, context: int | None) -> li
     return [FLAG_MAX_TOKENS_CLAMPED, requested_flag(requested)]
 
 
-def _token_logprobs(value: Any) -> list[float] | None:
+def _token_logprobs(value: JSON) -> list[float] | None:
     """`logprobs.token_logprobs` of a completions choice; None when absent or not all numbers."""
     raw = value.get("token_logprobs") if isinstance(value, dict) else None
     if type(raw) is not list or any(v is None for v in raw):

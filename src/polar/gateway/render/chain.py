@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar.gateway.render.template import Template
+from polar.jsontypes import JSON
 
 # Why a call's prompt starts a new chain (the record's flag is `chain:<reason>`); a continued one has none.
 FIRST = "first"  # the session's first call (or the first since the gateway forgot it)
@@ -134,7 +135,7 @@ def same_turn(sent: dict[str, Any], answer: dict[str, Any]) -> bool:
     return _calls(sent) == _calls(answer)
 
 
-def _text(content: Any) -> str:
+def _text(content: JSON) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):

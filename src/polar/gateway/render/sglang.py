@@ -30,6 +30,7 @@ from typing import Any
 
 from polar.gateway.backends.base import upstream_error
 from polar.gateway.errors import invalid
+from polar.jsontypes import JSON
 
 GENERATE = "/generate"
 # /v1/completions field -> SGLang sampling_params field, for the settings both have.
@@ -97,7 +98,7 @@ def generate_body(completions: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _json_schema(value: Any) -> str | None:
+def _json_schema(value: JSON) -> str | None:
     """SGLang's `json_schema` (a JSON string) for an OpenAI `response_format`; None for plain text."""
     kind = value.get("type") if isinstance(value, dict) else None
     if kind in (None, "text"):
@@ -200,7 +201,7 @@ def _finish(meta: dict[str, Any]) -> str | None:
 def _answer(
     meta: dict[str, Any],
     model: str,
-    text: Any,
+    text: JSON,
     ids: list[Any] | None,
     logprobs: list[Any] | None,
     finish: str | None,
