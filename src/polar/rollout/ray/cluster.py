@@ -21,10 +21,18 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from polar.extras import RAY, require
 from polar.rollout.ray.spec import NodeRequest, RayNodeSpec, node_id_for
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorClass
+
+    from polar.rollout.ray.actor import GatewayActor
+
+T = TypeVar("T")
 
 log = logging.getLogger("polar.ray")
 
@@ -101,7 +109,7 @@ def check_reachable(urls: tuple[str, ...], nodes: list[dict[str, Any]], request:
         )
 
 
-def actor_class() -> Any:
+def actor_class() -> ActorClass[GatewayActor]:
     import ray
 
     from polar.rollout.ray.actor import GatewayActor
@@ -138,7 +146,7 @@ class RayNodes:
         self.max_restarts = max_restarts
         self.placed: dict[str, _Placed] = {}  # by Ray node id
         self.lost: list[tuple[str, str]] = []  # (gateway node id, reason) of Ray nodes that died
-        self._cls: Any = None
+        self._cls: Any = None  # actor_class() once started
         self._watch: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -337,7 +345,7 @@ class RayNodes:
                 p.status = answer
 
 
-async def _await(ref: Any) -> Any:
+async def _await(ref: ObjectRef[T]) -> T:
     return await ref
 
 
