@@ -78,6 +78,7 @@ from polar.harness.cli_common import (
 )
 from polar.harness.install import pip_prefix
 from polar.harness.shell import instruction_path, write_instruction
+from polar.jsontypes import JSON
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
 
@@ -116,7 +117,7 @@ HISTORIES = {
 }
 
 
-def _flag(name: str, value: Any) -> bool:
+def _flag(name: str, value: JSON) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"aider harness: settings.{name} must be true or false, not {value!r}")
     return value
