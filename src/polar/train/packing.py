@@ -137,8 +137,8 @@ def block_causal_mask(sequence_ids: Tensor, dtype: torch.dtype = torch.float32) 
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
-# `model`: a transformers causal LM, maybe peft- or DDP-wrapped; Any as in `polar.train.trainer.Trainer`
-# (the wrappers forward attributes such as `config` that nn.Module does not declare).
+# `model`: a transformers causal LM (peft-wrapped under LoRA) or its DDP wrapper; Any as in
+# `polar.train.trainer.Trainer`: transformers and peft give it attributes nn.Module does not declare.
 def _is_flash(model: Any) -> bool:
     return str(getattr(model.config, "_attn_implementation", "")).startswith("flash_attention")
 
