@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal, cast, overload
 
 from polar.harness.base import HarnessContext
@@ -120,6 +121,21 @@ async def node_cli(runtime: Runtime, harness: str, package: str, version: str, b
             "`polar images base --include bash,ca-certificates,git,patch,procps,python3,nodejs`)"
         )
     return path
+
+
+# -- Python CLIs from a pip prefix ---------------------------------------------------------------------
+def pip_cli_env(prefix: Path | None) -> dict[str, str]:
+    """The environment a Python CLI installed into a pip `--target` prefix (`install.pip_prefix`) runs
+    with: that prefix first on PYTHONPATH (its pinned dependencies shadow the node's), no user site,
+    unbuffered output, and LiteLLM's and the Hugging Face hub's downloads off (LiteLLM fetches its price
+    list from GitHub at import; both CLIs using it would otherwise reach past the gateway)."""
+    return {
+        "PYTHONPATH": str(prefix) if prefix is not None else "",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONNOUSERSITE": "1",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 # -- paths and files in the runtime --------------------------------------------------------------------

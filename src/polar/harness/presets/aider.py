@@ -69,6 +69,7 @@ from polar.harness.cli_common import (
     collect,
     deep_merge,
     one_of,
+    pip_cli_env,
     positive_int,
     refuse_unknown,
     texts,
@@ -235,16 +236,7 @@ class AiderHarness:
         return [sys.executable, "-m", "aider", "--config", under(ctx.home, CONF)]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        prefix = str(self.prefix) if self.prefix is not None else ""
-        switches = {
-            "PYTHONPATH": prefix,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONNOUSERSITE": "1",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "HF_HUB_OFFLINE": "1",
-            "TERM": "dumb",
-        }
-        return {**gateway_env(ctx), **switches, **ctx.env}
+        return {**gateway_env(ctx), **pip_cli_env(self.prefix), "TERM": "dumb", **ctx.env}
 
     async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
         """Aider's own state under the home (its analytics opt-out, caches) joins its histories."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.harness.base import HarnessContext, gateway_env
-from polar.harness.cli_common import count, one_of, refuse_unknown, under
+from polar.harness.cli_common import count, one_of, pip_cli_env, refuse_unknown, under
 from polar.harness.install import pip_prefix
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
@@ -115,18 +115,12 @@ class MiniSweAgentHarness:
         return [*argv, "-o", under(ctx.artifacts, TRAJECTORY)]
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        prefix = str(self.prefix) if self.prefix is not None else ""
         switches = {
-            "PYTHONPATH": prefix,
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONNOUSERSITE": "1",
             "MSWEA_GLOBAL_CONFIG_DIR": under(ctx.home, CONFIG_DIR),
             "MSWEA_CONFIGURED": "true",
             "MSWEA_COST_TRACKING": "ignore_errors",
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "HF_HUB_OFFLINE": "1",
         }
-        return {**gateway_env(ctx), **switches, **ctx.env}
+        return {**gateway_env(ctx), **pip_cli_env(self.prefix), **switches, **ctx.env}
 
     async def post_run(self, runtime: Runtime, ctx: HarnessContext) -> dict[str, Any]:
         """The outcome from mini-swe-agent's own trajectory file (already in the artifacts)."""
