@@ -29,6 +29,15 @@ def requested_flag(requested: int) -> str:
     return f"{REQUESTED}{requested}"
 
 
+def clamp(requested: int, context: int, prompt_len: int) -> tuple[int, tuple[str, ...]] | None:
+    """(the `max_tokens` that fits after a `prompt_len`-token prompt in `context`, the record's flags), or
+    None when `requested` already fits or nothing does (the prompt alone fills the context)."""
+    fits = context - prompt_len
+    if fits < 1 or fits >= requested:
+        return None
+    return fits, (FLAG_MAX_TOKENS_CLAMPED, requested_flag(requested))
+
+
 async def fit_max_tokens(
     backend: Backend, req: CanonicalRequest, upstream: dict[str, Any], err: GatewayError
 ) -> tuple[dict[str, Any], tuple[str, ...]] | None:
@@ -47,7 +56,7 @@ async def fit_max_tokens(
             prompt = await backend.count_tokens(req, str(upstream.get("model", "")))
         except GatewayError:
             return None
-    fits = err.max_tokens - prompt
-    if fits < 1 or fits >= requested:
+    cut = clamp(requested, err.max_tokens, prompt)
+    if cut is None:
         return None
-    return {**upstream, key: fits}, (FLAG_MAX_TOKENS_CLAMPED, requested_flag(requested))
+    return {**upstream, key: cut[0]}, cut[1]

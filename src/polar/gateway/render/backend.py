@@ -36,12 +36,12 @@ from polar.gateway.backends.prompt_ids import IdsMemo
 from polar.gateway.backends.stream import stream_error, whole_chunk
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, ToolCallDelta
 from polar.gateway.errors import GatewayError, invalid
-from polar.gateway.fit import requested_flag
+from polar.gateway.fit import clamp
 from polar.gateway.render import sglang
 from polar.gateway.render.chain import Chain, Prompt
 from polar.gateway.render.template import Template
 from polar.jsontypes import JSON
-from polar.store.records import FLAG_MAX_TOKENS_CLAMPED, FLAG_TOOL_PARSE_ERROR
+from polar.store.records import FLAG_TOOL_PARSE_ERROR
 
 COMPLETIONS = "/v1/completions"
 # Chat-only fields: they shape the rendering (done here) or the chat answer, and /v1/completions has no
@@ -340,11 +340,11 @@ def fit_budget(wire: dict[str, Any], prompt_len: int, context: int | None) -> li
     requested = wire.get("max_tokens")
     if context is None or type(requested) is not int:
         return []
-    fits = context - prompt_len
-    if fits < 1 or fits >= requested:
+    cut = clamp(requested, context, prompt_len)
+    if cut is None:
         return []
-    wire["max_tokens"] = fits
-    return [FLAG_MAX_TOKENS_CLAMPED, requested_flag(requested)]
+    wire["max_tokens"] = cut[0]
+    return list(cut[1])
 
 
 def _token_logprobs(value: JSON) -> list[float] | None:
