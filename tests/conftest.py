@@ -118,6 +118,19 @@ def serve_gateway(config: GatewayConfig) -> Gateway:
 
 
 @pytest.fixture(scope="module")
+def tiny() -> Iterator[tuple[Any, str]]:
+    """The embedded engine with the offline tiny model (real Qwen3 tokenizer, random weights), served on
+    loopback, for one module: (engine, url)."""
+    from polar.engine import create_engine_app
+    from tests.engine_support import load_tiny
+
+    engine = load_tiny()
+    with serve(create_engine_app(engine)) as srv:
+        yield engine, srv.url
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
 def module_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeBackend, Gateway]]:
     """One fake backend and gateway shared by a module marked `shared_stack` (starting and stopping a pair
     for every test costs ~0.35 s; modules whose tests use fresh sessions can share one)."""

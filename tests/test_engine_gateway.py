@@ -14,7 +14,7 @@ import torch
 from polar.engine import Engine, create_engine_app
 from polar.store.records import CompletionRecord
 from tests.conftest import Gateway, start_gateway
-from tests.engine_support import ScriptedLM, load_tiny, reference_logprobs, scripted_engine
+from tests.engine_support import ScriptedLM, reference_logprobs, scripted_engine
 from tests.fakes.server import serve
 
 TOOLS = [
@@ -31,14 +31,6 @@ TOOLS = [
         },
     }
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Iterator[tuple[Engine, str]]:
-    engine = load_tiny()
-    with serve(create_engine_app(engine)) as srv:
-        yield engine, srv.url
-    engine.stop()
 
 
 @pytest.fixture

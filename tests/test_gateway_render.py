@@ -28,7 +28,7 @@ from polar.gateway.render import Chain, Template
 from polar.gateway.render.chain import FIRST, REWRITTEN, SETTINGS
 from polar.trajectory import build
 from tests.conftest import Gateway, start_gateway
-from tests.engine_support import ScriptedLM, load_tiny, scripted_engine
+from tests.engine_support import ScriptedLM, scripted_engine
 from tests.fakes.server import serve
 
 TOOLS = [
@@ -353,14 +353,6 @@ def test_a_continued_chain_asking_past_the_context_is_cut_to_fit(
         "max_tokens_requested:64000",
     )
     assert recs[1].flags[0:1] == ("render:gateway",) and "chain:" not in " ".join(recs[1].flags)
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Iterator[tuple[Engine, str]]:
-    engine = load_tiny()
-    with serve(create_engine_app(engine)) as srv:
-        yield engine, srv.url
-    engine.stop()
 
 
 def test_greedy_first_turns_are_the_servers(tiny: tuple[Engine, str], tmp_path: Path) -> None:

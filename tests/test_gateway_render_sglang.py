@@ -6,19 +6,17 @@ of the embedded engine, against the same engine rendered through `/v1/completion
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from polar.engine import Engine, create_engine_app
+from polar.engine import Engine
 from polar.gateway.errors import GatewayError
 from polar.gateway.render.sglang import StreamReader, completion_of, generate_body
 from polar.trajectory import build
 from tests.conftest import Gateway, start_gateway
-from tests.engine_support import load_tiny
 from tests.fakes.server import serve
 from tests.fakes.sglang_generate import SGLangStandIn
 from tests.test_gateway_faults import failures
@@ -135,14 +133,6 @@ def test_a_stream_reads_as_completions_chunks_of_what_is_new(incremental: bool) 
 
 
 # -- end to end: the stand-in for /generate in front of the embedded engine ----------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Iterator[tuple[Engine, str]]:
-    engine = load_tiny()
-    with serve(create_engine_app(engine)) as srv:
-        yield engine, srv.url
-    engine.stop()
 
 
 def _gateway(url: str, tmp_path: Path, name: str, engine: Engine, kind: str) -> Gateway:
