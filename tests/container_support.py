@@ -126,3 +126,50 @@ def containers_of(engine: str, label: str) -> list[str]:
         check=True,
     ).stdout
     return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+REGISTRY_CONF = """\
+version: 0.1
+log: {level: error}
+storage: {filesystem: {rootdirectory: %s}, delete: {enabled: true}}
+http: {addr: "127.0.0.1:%d"}
+"""
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def local_registry(root: Path) -> Iterator[str]:
+    """A real image registry (Debian's `docker-registry`, the CNCF distribution server) on loopback:
+    yields its `host:port`, which docker pushes to and pulls from over plain HTTP (docker trusts
+    127.0.0.0/8 registries without TLS). Images live under `root`."""
+    import pytest
+
+    from polar.serving import free_port
+
+    if shutil.which("docker-registry") is None:
+        pytest.skip("no docker-registry on PATH (scripts/test installs it)")
+    port = free_port()
+    conf = root / "registry.yml"
+    conf.write_text(REGISTRY_CONF % (root / "data", port))
+    log = (root / "registry.log").open("wb")
+    proc = subprocess.Popen(["docker-registry", "serve", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while not _http_ok(f"http://127.0.0.1:{port}/v2/"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"docker-registry did not start (see {root / 'registry.log'})")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()

@@ -16,6 +16,7 @@ agent, can steer the run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
@@ -181,7 +182,7 @@ async def _ray_nodes(
     from polar.rollout.ray.spec import RayNodeSpec
 
     spec = RayNodeSpec(
-        config=config,
+        config=dataclasses.replace(config, report_images=True),  # several nodes: place by image
         store_dir=(out / "nodes").resolve(),
         log_level=ray.log_level,
         trusted_imports=ray.trusted_imports,

@@ -166,6 +166,13 @@ class _NodeCommand(click.Command):
     "datasets; repeatable). Never a store or token.",
 )
 @click.option("--heartbeat", "heartbeat_s", default=5.0, show_default=True, type=float, help="Seconds.")
+@click.option(
+    "--report-images/--no-report-images",
+    default=True,
+    show_default=True,
+    help="Tell the server which docker/podman images this node holds and pull the images of queued sessions "
+    "it asks for, so sessions go where their image is (docs/nodes.md, Placement).",
+)
 @log_level_option
 def node(
     server_url: str | None,
@@ -197,6 +204,7 @@ def node(
     allow_networks: tuple[str, ...],
     sandbox_paths: tuple[Path, ...],
     heartbeat_s: float,
+    report_images: bool,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -257,6 +265,7 @@ def node(
             allowed_networks=allow_networks or None,
             sandbox_paths=tuple(path.resolve() for path in sandbox_paths),
             heartbeat_s=heartbeat_s,
+            report_images=report_images,
             **extra,  # type: ignore[arg-type]
         )
     except ValueError as exc:

@@ -271,7 +271,13 @@ def _ray_gateways(
     @contextlib.asynccontextmanager
     async def attach() -> AsyncIterator[None]:
         server_url = config.public_url or server.public_url
-        node = NodeConfig(gateway=gateway, capacity=capacity, run_workers=capacity, server_url=server_url)
+        node = NodeConfig(
+            gateway=gateway,
+            capacity=capacity,
+            run_workers=capacity,
+            server_url=server_url,
+            report_images=True,
+        )
         spec = RayNodeSpec(config=node, store_dir=store_dir, log_level=log_level, plugins=plugins)
         try:
             connected = connect(address, log_to_driver=True)

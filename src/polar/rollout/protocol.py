@@ -6,7 +6,7 @@ Server → node:  POST {node}/node/sessions        SessionSpec         → 202 {
                 GET  {node}/node/status                              → NodeStatus
                 POST {node}/node/drain            DrainRequest        → 202 NodeStatus (then the node leaves)
 Node → server:  POST {server}/nodes/register     NodeRegistration    → {"node_id"}
-                POST {server}/nodes/{id}/heartbeat NodeStatus
+                POST {server}/nodes/{id}/heartbeat NodeStatus          → HeartbeatReply
                 POST {server}/nodes/{id}/leave                       → 409 while sessions are open there
                 POST {server}/callbacks/session_result SessionResult (retried until acknowledged)
 
@@ -123,6 +123,30 @@ class NodeStatus(_Wire):
     draining: bool = False
     # The stage pools' sizes (init, run, post workers; the READY buffer): what the dashboard's topology shows.
     workers: dict[str, int] = Field(default_factory=dict)
+    # The container images it holds, for placement (`polar.rollout.server.scheduler`). A fleet's nodes may
+    # hold thousands (SWE-bench: one per instance), so the list travels only when the server's copy is not
+    # `images_digest` (the server's reply says which it has); `fetching` (a few) travels every time.
+    engines: list[str] = Field(default_factory=list)  # the engines whose images it reports
+    images_digest: str | None = None
+    images: dict[str, list[str]] | None = None  # engine -> normalized references
+    fetching: dict[str, list[str]] = Field(default_factory=dict)
+
+
+class ImageRef(_Wire):
+    engine: str = Field(min_length=1, max_length=40)
+    image: str = Field(min_length=1, max_length=500)
+
+
+class ImagesQuery(_Wire):
+    """`POST /images/where`: which live nodes hold (or fetch) these images (`polar submit`'s check)."""
+
+    images: list[ImageRef] = Field(max_length=10_000)
+
+
+class HeartbeatReply(_Wire):
+    ok: bool = True
+    images_digest: str | None = None  # the node's image list the server now holds (None: none)
+    prefetch: list[ImageRef] = Field(default_factory=list)  # images of queued sessions to fetch now
 
 
 class DrainRequest(_Wire):

@@ -49,6 +49,10 @@ class NodeConfig:
     # Host paths every sandbox of this node sees read-only, besides what its task names (a shared
     # toolchain, datasets): `polar node --sandbox-path`.
     sandbox_paths: tuple[Path, ...] = ()
+    # Report the container images this node holds and pull those the server asks for (docker and podman,
+    # where installed and allowed), so the server places sessions where their image is: on for nodes of a
+    # fleet (`polar node`, Ray), off for the one node of a local run (placement has no choice there).
+    report_images: bool = False
 
     def __post_init__(self) -> None:
         for name in ("capacity", "init_workers", "run_workers", "post_workers", "ready_buffer"):

@@ -33,6 +33,7 @@ from polar.auth import default_token_file
 from polar.rollout.node.app import create_node_app
 from polar.rollout.node.config import NodeConfig
 from polar.rollout.node.deadline import Deadline
+from polar.rollout.node.images import ImageInventory, node_engines
 from polar.rollout.node.journal import Journal, State
 from polar.rollout.node.lifecycle import (
     StageEnv,
@@ -50,6 +51,7 @@ from polar.rollout.node.pools import ReadyBuffer, StagePool
 from polar.rollout.node.reporter import Reporter
 from polar.rollout.node.session import NodeSession, SessionEnd
 from polar.rollout.protocol import (
+    HeartbeatReply,
     NodeRegistration,
     NodeSessionState,
     NodeStatus,
@@ -112,6 +114,10 @@ class Node:
             self.asgi.control, gw.control_host, gw.control_port, lifespan="off", label="control port"
         )
         self._heartbeat: asyncio.Task[None] | None = None
+        # Images only matter to a server placing sessions over several nodes.
+        engines = node_engines(config.allowed_runtimes) if config.server_url and config.report_images else ()
+        self.images = ImageInventory(engines)
+        self._server_images: str | None = None  # the digest of our image list the server holds
         self._env: StageEnv | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -169,8 +175,10 @@ class Node:
                     self.status,
                     self.config.heartbeat_s,
                     on_registered=self._report_owed,
+                    on_reply=self._heard,
                 )
             )
+            await self.images.start()
         else:
             await self._report_owed()  # outcomes for sessions' own server_url, if any
         log.info(
@@ -208,6 +216,7 @@ class Node:
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
+        await self.images.aclose()
         await self.reporter.aclose()
         await stop_all([self.data_server, self.control_server])
         self._env = None  # the gateway's store is closed with it
@@ -386,7 +395,14 @@ class Node:
                 "post": self.config.post_workers,
                 "ready_buffer": self.config.ready_buffer,
             },
+            **self.images.report(self._server_images),
         )
+
+    def _heard(self, reply: HeartbeatReply | None) -> None:
+        """The server's answer to a heartbeat: which image list it holds, and what to fetch."""
+        self._server_images = None if reply is None else reply.images_digest
+        if reply is not None:
+            self.images.want(reply.prefetch)
 
     async def wait(self, session_id: str) -> SessionResult:
         """The session's result once it is terminal (KeyError: not a session of this node)."""

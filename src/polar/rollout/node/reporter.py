@@ -24,7 +24,13 @@ from tenacity import RetryCallState, retry_if_exception_type, retry_if_result
 
 from polar.auth import bearer
 from polar.retry import backoff, retrying
-from polar.rollout.protocol import RESULT_TOKEN_HEADER, NodeRegistration, NodeStatus, SessionResult
+from polar.rollout.protocol import (
+    RESULT_TOKEN_HEADER,
+    HeartbeatReply,
+    NodeRegistration,
+    NodeStatus,
+    SessionResult,
+)
 
 log = logging.getLogger("polar.node")
 
@@ -162,11 +168,13 @@ class Reporter:
         status: Callable[[], NodeStatus],
         interval_s: float,
         on_registered: Callable[[], Awaitable[None]] | None = None,
+        on_reply: Callable[[HeartbeatReply | None], None] | None = None,
     ) -> None:
         """Register, then send the node's status every `interval_s` (at once after `beat_now`); re-register
         when the server has forgotten this node (it restarted), and keep trying through outages. After each
-        registration `on_registered` runs (the node resends the outcomes it still owes). Runs until
-        cancelled."""
+        registration `on_registered` runs (the node resends the outcomes it still owes); each heartbeat's
+        answer goes to `on_reply` (None: the server forgot this node, and with it what it was told).
+        Runs until cancelled."""
         try:
             node_id = await self.register(server_url, registration)
         except RuntimeError as exc:  # refused (4xx): nothing to retry; the node still serves standalone
@@ -190,9 +198,16 @@ class Reporter:
                     headers={"content-type": "application/json"},
                 )
                 if r.status_code in (401, 404):  # forgotten (a restart) or a token changed: register again
+                    if on_reply is not None:
+                        on_reply(None)
                     node_id = await self.register(server_url, registration)
                     if on_registered is not None:
                         await on_registered()
+                elif r.is_success and on_reply is not None:
+                    try:
+                        on_reply(HeartbeatReply.model_validate_json(r.content))
+                    except ValueError:  # not a reply of this protocol: act as if the server knew nothing
+                        on_reply(None)
             except RuntimeError as exc:
                 log.error("%s", exc)
                 return

@@ -15,6 +15,7 @@ Browsers:   GET    /ui/...                   the dashboard, when served with it 
 Nodes:      POST   /nodes/register, POST /nodes/{id}/heartbeat, POST /callbacks/session_result,
             POST   /nodes/{id}/leave (409 while sessions are open on it)
             GET    /nodes
+Submitters: POST   /images/where             ImagesQuery -> which live nodes hold or fetch each image
 Anyone:     GET    /health
 
 Every route but /health needs the deployment's control token (`polar.auth`); refusals are counted and
@@ -46,6 +47,7 @@ from polar.metrics import metrics_endpoint
 from polar.rollout.protocol import (
     RESULT_TOKEN_HEADER,
     DrainRequest,
+    ImagesQuery,
     NodeRegistration,
     NodeStatus,
     SessionResult,
@@ -340,9 +342,10 @@ async def heartbeat(request: Request) -> Response:
         raise HTTPError(400, f"node_id {status.node_id!r} does not match the path ({node_id!r})", "node_id")
     if status.capacity < 1:
         raise HTTPError(400, "capacity must be at least 1", "capacity")
-    if not _svc(request).heartbeat(node_id, status):
+    reply = _svc(request).heartbeat(node_id, status)
+    if reply is None:
         raise HTTPError(404, f"no node {node_id}; register first (POST /nodes/register)", "node_id")
-    return _json({"ok": True})
+    return _json(reply.model_dump(mode="json"))
 
 
 async def _small_json(request: Request, what: str) -> JSON:
@@ -419,10 +422,19 @@ async def list_nodes(request: Request) -> Response:
                 "lost": n.lost,
                 "last_heartbeat_s_ago": round(now - n.last_heartbeat, 3),
                 "status": n.status,
+                "images": len(load[n.node_id].images) if n.node_id in load else 0,
+                "prefetching": [list(i) for i in svc.dispatcher.prefetching.get(n.node_id, [])],
                 "auth_error": svc.dispatcher.auth_errors.get(n.node_id),
             }
         )
     return _json({"nodes": out})
+
+
+@route
+async def images_where(request: Request) -> Response:
+    """Which live nodes hold each image (`polar submit` checks before it submits)."""
+    query = _model(ImagesQuery, await _body(request))
+    return _json(_svc(request).dispatcher.where(query.images))
 
 
 async def health(request: Request) -> Response:
@@ -498,6 +510,7 @@ def create_app(config: ServerConfig, front: Front | None = None) -> ASGIApp:
         Route("/nodes/{node_id}/leave", leave_node, methods=["POST"]),
         Route("/nodes/{node_id}/lost", node_lost, methods=["POST"]),
         Route("/nodes", list_nodes, methods=["GET"]),
+        Route("/images/where", images_where, methods=["POST"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),  # Prometheus (polar.rollout.server.metrics)
     ]
     app = Starlette(

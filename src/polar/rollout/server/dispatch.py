@@ -9,22 +9,36 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from polar.rollout.protocol import SessionResult, SessionSpec, SessionStatus
+from polar.jsontypes import JSON, JSONObject
+from polar.rollout.protocol import (
+    HeartbeatReply,
+    ImageRef,
+    NodeStatus,
+    SessionResult,
+    SessionSpec,
+    SessionStatus,
+)
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.events import EventBus
 from polar.rollout.server.nodelink import NodeLink, outcome_is_auth
 from polar.rollout.server.scheduler import (
     DispatchOutcome,
+    Image,
+    Need,
     NodeView,
     Probe,
     is_healthy,
     place,
+    prefetch,
     probe_decision,
 )
-from polar.rollout.server.store import ServerStore, SessionRow
+from polar.rollout.server.store import NodeRow, ServerStore, SessionRow
+from polar.runtime.images import ENGINES
+from polar.runtime.inventory import normalize_ref
 
 log = logging.getLogger("polar.server")
 
@@ -57,6 +71,9 @@ class Dispatcher:
         self._tracked: dict[str, float] = {}  # session -> first seen on a node by this process
         self._cooldown: dict[str, float] = {}  # node -> no dispatches before this time (it refused one)
         self.auth_errors: dict[str, str] = {}  # node -> why it refused our token (shown in /nodes)
+        self._images: dict[str, tuple[str, frozenset[Image]]] = {}  # node -> (digest, images it reported)
+        self._needs: dict[str, Need] = {}  # task -> what placement knows of its sessions (tasks never change)
+        self.prefetching: dict[str, list[Image]] = {}  # node -> images the last tick asked it to fetch
 
     def forget(self, session_id: str) -> None:
         """The session ended: drop its clocks."""
@@ -66,22 +83,72 @@ class Dispatcher:
     def node_registered(self, node_id: str) -> None:
         self._cooldown.pop(node_id, None)
 
+    def heartbeat(self, node_id: str, status: NodeStatus) -> HeartbeatReply:
+        """Keep the image list a heartbeat carried; answer with the digest held and the images to fetch."""
+        if status.images is not None and status.images_digest is not None:
+            held = frozenset((e, normalize_ref(r)) for e, refs in status.images.items() for r in refs)
+            self._images[node_id] = (status.images_digest, held)
+        elif status.images_digest is None:
+            self._images.pop(node_id, None)
+        digest = self._images.get(node_id, (None, frozenset()))[0]
+        asked = [ImageRef(engine=e, image=r) for e, r in self.prefetching.get(node_id, [])]
+        return HeartbeatReply(images_digest=digest, prefetch=asked)
+
+    def where(self, images: list[ImageRef]) -> JSONObject:
+        """For each image: the live nodes holding it and those fetching it; and per engine the live nodes
+        that report images at all (an image on none of those is on no node anyone can tell of)."""
+        live = [v for v in self.node_views() if v.healthy and not v.draining and not v.lost]
+        reporting: dict[str, list[str]] = {}
+        for v in live:
+            for engine in sorted(v.engines):
+                reporting.setdefault(engine, []).append(v.node_id)
+        out: list[JSON] = []
+        for ref in images:
+            key = (ref.engine, normalize_ref(ref.image))
+            held = [v.node_id for v in live if key in v.images]
+            fetching = [v.node_id for v in live if key in v.fetching]
+            out.append({"engine": ref.engine, "image": ref.image, "held_by": held, "fetching_on": fetching})
+        return {"images": out, "reporting": dict(reporting), "nodes": len(live)}
+
     def node_views(self, now: float | None = None) -> list[NodeView]:
         now = time.time() if now is None else now
         load = self.store.load_by_node()
-        return [
-            NodeView(
-                node_id=n.node_id,
-                url=n.url,
-                capacity=n.capacity,
-                load=load.get(n.node_id, 0),
-                healthy=is_healthy(n.last_heartbeat, now, self.config.heartbeat_timeout_s)
-                and self._cooldown.get(n.node_id, 0.0) <= now,
-                draining=n.draining,
-                lost=n.lost,
-            )
-            for n in self.store.nodes()
-        ]
+        return [self._view(n, load.get(n.node_id, 0), now) for n in self.store.nodes()]
+
+    def _view(self, n: NodeRow, load: int, now: float) -> NodeView:
+        status = n.status or {}
+        fetching = status.get("fetching") or {}
+        return NodeView(
+            node_id=n.node_id,
+            url=n.url,
+            capacity=n.capacity,
+            load=load,
+            healthy=is_healthy(n.last_heartbeat, now, self.config.heartbeat_timeout_s)
+            and self._cooldown.get(n.node_id, 0.0) <= now,
+            draining=n.draining,
+            lost=n.lost,
+            images=self._images.get(n.node_id, ("", frozenset()))[1],
+            fetching=frozenset((e, normalize_ref(r)) for e, refs in fetching.items() for r in refs),
+            engines=frozenset(status.get("engines") or ()),
+        )
+
+    def _need(self, s: SessionRow) -> Need:
+        need = self._needs.get(s.task_id)
+        if need is None:
+            row = self.store.task(s.task_id)
+            task = row.task if row is not None else None
+            image: Image | None = None
+            group = s.task_id
+            if task is not None:
+                rt = task.runtime
+                if rt.backend in ENGINES and rt.image is not None:
+                    image = (rt.backend, normalize_ref(rt.image))
+                meta_group = task.metadata.get("group_id")
+                group = meta_group if isinstance(meta_group, str) else s.task_id
+            if len(self._needs) > 10_000:  # tasks that ended long ago
+                self._needs.clear()
+            need = self._needs[s.task_id] = Need(image, group)
+        return need
 
     # -- the loop ---------------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -89,7 +156,8 @@ class Dispatcher:
         views = self.node_views(now)
         by_id = {v.node_id: v for v in views}
         contact = {n.node_id: n.last_contact for n in self.store.nodes()}
-        for s in self.store.on_nodes():
+        on_nodes = self.store.on_nodes()
+        for s in on_nodes:
             assert s.node_id is not None
             decision = probe_decision(
                 confirmed=s.confirmed,
@@ -111,10 +179,23 @@ class Dispatcher:
                 self._probing.add(s.session_id)
                 self.spawn(self._probe(s, by_id[s.node_id]))
         free = sum(max(0, v.capacity - v.load) for v in views if v.admits)
+        imaging = any(v.engines for v in views)  # nodes that report images: placement can use them
+        if free == 0 and not imaging:
+            return
+        waiting = self.store.queued(free + (sum(v.capacity for v in views) if imaging else 0))
+        if imaging:
+            later = [self._need(s).image for s in waiting[free:]]
+            self.prefetching = prefetch(later, views)
         if free == 0:
             return
-        queue = {s.session_id: s for s in self.store.queued(free)}
-        for session_id, node_id in place(list(queue), views):
+        queue = {s.session_id: s for s in waiting[:free]}
+        needs = {sid: self._need(s) for sid, s in queue.items()} if imaging else None
+        placed: dict[str, Counter[str]] = {}
+        if imaging:
+            for s in on_nodes:
+                assert s.node_id is not None
+                placed.setdefault(self._need(s).group, Counter())[s.node_id] += 1
+        for session_id, node_id in place(list(queue), views, needs, placed):
             s = queue[session_id]
             if s.attempts >= self.config.max_dispatch_attempts:
                 self.fail(s, f"not accepted by any node after {s.attempts} dispatch attempts")

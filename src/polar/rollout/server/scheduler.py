@@ -1,9 +1,15 @@
 """Scheduling decisions, as pure functions over node and session states (the I/O lives in `dispatch`).
 
 Placement: each queued session (highest task priority first, then submission order, then sample index)
-goes to the healthy, non-draining node with the lowest load fraction that is under its admission limit
-(`capacity`). A node's load is the number of open sessions this server has placed on it: it is exact the
-moment a dispatch is decided, while a heartbeat's `active` lags by up to one heartbeat interval.
+goes to a healthy, non-draining node under its admission limit (`capacity`), preferring, in this order:
+a node that holds the session's container image, then one already fetching it (a multi-GB image pulled
+once per fleet, not once per node a group's samples scatter over), then the node holding most of the
+session's group (its task's other samples: where the image is, or is coming), then the lowest load
+fraction. Sessions that run in no container spread by load alone: nothing is fetched for them.
+A node's load is the number of open sessions this server has placed on it: it is exact the moment a
+dispatch is decided, while a heartbeat's `active` lags by up to one heartbeat interval. Images are never a
+reason to wait: a free slot is filled even where the image must be fetched first, and `prefetch` asks
+nodes to fetch the images of queued sessions that no node holds while their pools run.
 
 Node loss, and why a session never runs twice: a node that misses heartbeats for `heartbeat_timeout_s`
 becomes unhealthy and gets no new sessions. Its open sessions are *probed* (`GET /node/sessions/{id}`):
@@ -23,9 +29,13 @@ starts: a node gives up delivering a result after a few retries, and these probe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from functools import partial
+
+Image = tuple[str, str]  # (engine, normalized reference): polar.runtime.inventory.normalize_ref
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,9 @@ class NodeView:
     healthy: bool  # heartbeat seen within heartbeat_timeout_s
     draining: bool
     lost: bool = False
+    images: frozenset[Image] = frozenset()  # what its engines hold (as last reported)
+    fetching: frozenset[Image] = frozenset()  # what it is pulling now
+    engines: frozenset[str] = frozenset()  # the engines it reports images of (empty: reports none)
 
     @property
     def admits(self) -> bool:
@@ -51,25 +64,77 @@ def is_gone(last_contact: float, now: float, node_lost_after_s: float) -> bool:
     return now - last_contact > node_lost_after_s
 
 
-def place(queue: Iterable[str], nodes: Sequence[NodeView]) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class Need:
+    """What placement knows of a queued session: its container image (None: it runs in none) and its group
+    (the samples of one task, or the tasks sharing a `group_id`)."""
+
+    image: Image | None
+    group: str
+
+
+def place(
+    queue: Iterable[str],
+    nodes: Sequence[NodeView],
+    needs: Mapping[str, Need] | None = None,
+    placed: Mapping[str, Counter[str]] | None = None,
+) -> list[tuple[str, str]]:
     """Assign queued session ids (already in priority order) to nodes; stops when no node admits more.
 
-    Returns (session_id, node_id) pairs. Ties on load fraction go to the node with more free slots, then
-    to the node id, so the outcome is deterministic."""
+    `needs` gives each session's image and group (absent: neither), `placed` the open sessions of each
+    group per node. Returns (session_id, node_id) pairs. Ties go to the lower load fraction, then the node
+    with more free slots, then the node id, so the outcome is deterministic."""
     load = {n.node_id: n.load for n in nodes}
+    groups: dict[str, Counter[str]] = {g: Counter(c) for g, c in (placed or {}).items()}
     eligible = [n for n in nodes if n.admits]
     out: list[tuple[str, str]] = []
     for session_id in queue:
         open_nodes = [n for n in eligible if load[n.node_id] < n.capacity]
         if not open_nodes:
             break
-        best = min(
-            open_nodes,
-            key=lambda n: (load[n.node_id] / n.capacity, -(n.capacity - load[n.node_id]), n.node_id),
-        )
+        need = (needs or {}).get(session_id)
+        image = need.image if need is not None else None
+        together = groups.setdefault(need.group, Counter()) if need and image else Counter()
+        best = min(open_nodes, key=partial(_rank, image, together, load))
         load[best.node_id] += 1
+        together[best.node_id] += 1
         out.append((session_id, best.node_id))
     return out
+
+
+def _rank(
+    image: Image | None, together: Counter[str], load: Mapping[str, int], n: NodeView
+) -> tuple[int, int, float, int, str]:
+    where = 0 if image is None or image in n.images else 1 if image in n.fetching else 2
+    free = n.capacity - load[n.node_id]
+    return (where, -together[n.node_id], load[n.node_id] / n.capacity, -free, n.node_id)
+
+
+def prefetch(
+    queue: Sequence[Image | None], nodes: Sequence[NodeView], per_node: int = 1
+) -> dict[str, list[Image]]:
+    """Which node should fetch which image now, so that queued sessions find their image where they land.
+
+    `queue` is the images of the sessions waiting beyond the free slots, in queue order. Each image that no
+    healthy node holds or fetches goes to one node whose engines report images of its kind, the one with
+    the fewest fetches under way (then the lowest load fraction, then its id), at most `per_node` new
+    fetches each: a pull competes with running sessions for disk and network, and the next heartbeat asks
+    again. Nodes that report no images are never asked (they cannot say what they hold)."""
+    live = [n for n in nodes if n.healthy and not n.draining and not n.lost and n.engines]
+    covered = {i for n in live for i in n.images | n.fetching}
+    busy = {n.node_id: len(n.fetching) for n in live}
+    asked: dict[str, list[Image]] = {}
+    for image in dict.fromkeys(queue):
+        if image is None or image in covered:
+            continue
+        able = [n for n in live if image[0] in n.engines and len(asked.get(n.node_id, ())) < per_node]
+        if not able:
+            continue
+        best = min(able, key=lambda n: (busy[n.node_id], n.load / n.capacity, n.node_id))
+        asked.setdefault(best.node_id, []).append(image)
+        busy[best.node_id] += 1
+        covered.add(image)
+    return asked
 
 
 class Probe(Enum):

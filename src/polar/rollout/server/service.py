@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from polar.jsontypes import JSON
-from polar.rollout.protocol import DrainRequest, NodeStatus, SessionResult, SessionStatus
+from polar.rollout.protocol import DrainRequest, HeartbeatReply, NodeStatus, SessionResult, SessionStatus
 from polar.rollout.server.callbacks import CallbackDeliverer
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.dispatch import Dispatcher
@@ -308,11 +308,14 @@ class RolloutService:
         self.events.publish("node_registered", node_id=node_id, url=url, capacity=capacity)
         self.wake()
 
-    def heartbeat(self, node_id: str, status: NodeStatus) -> bool:
-        ok = self.store.heartbeat(node_id, status.model_dump(mode="json"), status.capacity, status.draining)
-        if ok:
-            self.wake()
-        return ok
+    def heartbeat(self, node_id: str, status: NodeStatus) -> HeartbeatReply | None:
+        """None: no such node (it must register). The image list is kept in memory, not in each row."""
+        stored = status.model_dump(mode="json", exclude={"images"})
+        if not self.store.heartbeat(node_id, stored, status.capacity, status.draining):
+            return None
+        reply = self.dispatcher.heartbeat(node_id, status)
+        self.wake()
+        return reply
 
     def node_views(self, now: float | None = None) -> list[NodeView]:
         return self.dispatcher.node_views(now)

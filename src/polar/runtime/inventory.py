@@ -1,0 +1,73 @@
+"""What images a container engine holds, in one spelling, and pulling one.
+
+Placement compares a task's `runtime.image` with what each node's engines hold, so both must be spelled
+alike. Engines list images with their registry spelled out where a task usually leaves it implicit: docker
+lists Docker Hub's official images bare (`python:3.11`) but keeps other registries (`ghcr.io/x/y:1`);
+podman lists every image fully qualified (`docker.io/library/python:3.11`, and images built or imported
+locally as `localhost/name:tag`). `normalize_ref` maps all of these, and a name without a tag (`:latest`
+implied), to one key.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from polar.runtime.base import RuntimeFailure
+
+LIST_TIMEOUT_S = 60.0
+_IMPLICIT = ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/", "localhost/")
+
+
+def normalize_ref(ref: str) -> str:
+    """One spelling of an image reference: no default registry or `localhost/` prefix, `:latest` where no
+    tag (or digest) is named. `docker.io/library/python` and `python:latest` are the same key."""
+    ref = ref.strip()
+    for prefix in _IMPLICIT:
+        if ref.startswith(prefix):
+            ref = ref[len(prefix) :]
+            break
+    if "@" in ref:
+        return ref
+    last = ref.rsplit("/", 1)[-1]
+    return ref if ":" in last else f"{ref}:latest"
+
+
+def list_images(engine: str) -> frozenset[str]:
+    """The normalized references of every tagged image `engine` holds (untagged layers are not named by any
+    task). Raises RuntimeFailure when the engine is missing or does not answer."""
+    try:
+        done = subprocess.run(
+            [engine, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"],
+            capture_output=True,
+            text=True,
+            timeout=LIST_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise RuntimeFailure(f"{engine} is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeFailure(f"`{engine} image ls` did not answer within {LIST_TIMEOUT_S:g} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise RuntimeFailure(f"`{engine} image ls` failed: {tail}")
+    refs = set()
+    for line in done.stdout.splitlines():
+        line = line.strip()
+        if line and "<none>" not in line:
+            refs.add(normalize_ref(line))
+    return frozenset(refs)
+
+
+def pull_image(engine: str, ref: str, timeout_s: float = 3600.0) -> None:
+    """`ENGINE pull REF`, or RuntimeFailure with the engine's last line (no registry, no such image)."""
+    try:
+        done = subprocess.run(
+            [engine, "pull", ref], capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except FileNotFoundError:
+        raise RuntimeFailure(f"{engine} is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeFailure(f"`{engine} pull {ref}` did not finish within {timeout_s:g} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise RuntimeFailure(f"`{engine} pull {ref}` failed: {tail}")
