@@ -86,30 +86,67 @@ def test_a_model_the_backend_does_not_serve_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.containers
-def test_images_a_task_needs_are_checked_before_sessions(docker_engine: str, tmp_path: Path) -> None:
+def test_images_a_task_needs_are_checked_before_sessions_and_made_on_request(
+    docker_engine: str, tmp_path: Path
+) -> None:
     """Was: each session failed late on docker's registry error (`Unable to find image ... locally`), exit 0.
-    Now one line per missing image, with the command that makes it; the image that is there passes."""
-    taskfile = tmp_path / "tasks.yaml"
-    (tmp_path / "ctx").mkdir()
-    taskfile.write_text(
-        "tasks:\n"
-        "  - {task_id: a, instruction: x, runtime: {backend: docker, image: 'polar-test-absent:1'}}\n"
-        "  - {task_id: b, instruction: x, runtime: {backend: docker, image: 'polar-test-unbuilt:1',"
-        " build: {context: ctx}}}\n"
-        "  - {task_id: c, instruction: x, runtime: {backend: docker, image: 'polar-test-unbuilt:1',"
-        " build: {context: ctx}}}\n"
-        "  - {task_id: d, instruction: x, runtime: {backend: docker, image: 'polar-base:bookworm'}}\n"
-    )
-    with fake_policy() as (url, _):
-        proc = polar_run(str(taskfile), "--backend", url, "--out", str(tmp_path / "o"))
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.splitlines() == [
-        "polar run: task a: docker image polar-test-absent:1: not on this machine; "
-        "pull or build it: docker pull polar-test-absent:1",
-        "polar run: tasks b and 1 more: docker image polar-test-unbuilt:1: not on this machine; "
-        f"build it: polar images build {taskfile} --engine docker",
-    ]
-    assert not (tmp_path / "o").exists()
+    Now one line per missing image, with the command that makes it; the image that is there passes.
+    `--images build` builds what has a runtime.build, `--images pull` pulls the rest (a real registry on
+    loopback)."""
+    from tests.container_support import local_registry
+
+    def docker(*argv: str, stdin: str | None = None) -> None:
+        done = subprocess.run(["docker", *argv], input=stdin, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text("FROM polar-base:bookworm\nLABEL polar.test=unbuilt\n")
+    with local_registry(tmp_path) as registry, fake_policy() as (url, _):
+        absent = f"{registry}/polar-test-absent:1"
+        docker("build", "-q", "-t", absent, "-f", "-", str(ctx), stdin="FROM scratch\nLABEL polar.test=a\n")
+        docker("push", "-q", absent)
+        subprocess.run(
+            ["docker", "rmi", "-f", absent, "polar-test-unbuilt:1"], capture_output=True, check=False
+        )
+        taskfile = tmp_path / "tasks.yaml"
+        taskfile.write_text(
+            "tasks:\n"
+            f"  - {{task_id: a, instruction: x, runtime: {{backend: docker, image: '{absent}'}}}}\n"
+            "  - {task_id: b, instruction: x, runtime: {backend: docker, image: 'polar-test-unbuilt:1',"
+            " build: {context: ctx}}}\n"
+            "  - {task_id: c, instruction: x, runtime: {backend: docker, image: 'polar-test-unbuilt:1',"
+            " build: {context: ctx}}}\n"
+            "  - {task_id: d, instruction: x, runtime: {backend: docker, image: 'polar-base:bookworm'}}\n"
+        )
+        try:
+            proc = polar_run(str(taskfile), "--backend", url, "--out", str(tmp_path / "o"))
+            assert proc.returncode == 2, proc.stdout + proc.stderr
+            missing_a = (
+                f"polar run: task a: docker image {absent}: not on this machine; "
+                f"pull or build it: docker pull {absent} (or run with --images pull)"
+            )
+            assert proc.stderr.splitlines() == [
+                missing_a,
+                "polar run: tasks b and 1 more: docker image polar-test-unbuilt:1: not on this machine; "
+                f"build it: polar images build {taskfile} --engine docker (or run with --images build)",
+            ]
+            assert not (tmp_path / "o").exists()
+
+            built = polar_run(str(taskfile), "--backend", url, "--images", "build", "--check")
+            assert built.returncode == 2, built.stdout + built.stderr
+            assert "polar-test-unbuilt:1 (docker, 2 tasks): built" in built.stdout
+            assert built.stderr.splitlines() == [missing_a]  # no runtime.build: not built, still missing
+
+            pulled = polar_run(str(taskfile), "--backend", url, "--images", "pull", "--check")
+            assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+            assert f"{absent} (docker, task a): pulled in" in pulled.stdout
+            assert "polar-test-unbuilt:1 (docker, 2 tasks): present" in pulled.stdout
+            assert pulled.stdout.endswith("ready to run against " + url + "\n")
+        finally:
+            subprocess.run(
+                ["docker", "rmi", "-f", absent, "polar-test-unbuilt:1"], capture_output=True, check=False
+            )
 
 
 def test_shell_completion_completes_commands() -> None:

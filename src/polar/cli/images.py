@@ -117,6 +117,72 @@ def _collect(tasks: list[Task], engine: str | None) -> tuple[list[_Image], list[
     return _in_build_order(list(images.values())), skipped
 
 
+def make(wanted: list[_Image], *, force: bool = False, pull: bool = False) -> dict[str, int]:
+    """Build each image that has a `runtime.build` (unless up to date), or with `pull` pull each one the
+    engine lacks instead; say one line per image and a summary. Returns the count per outcome."""
+    from polar.runtime.images import build_image, image_exists
+    from polar.runtime.inventory import pull_image
+
+    counts = dict.fromkeys(("built", "up to date", "present", "pulled", "missing", "failed"), 0)
+    for n, image in enumerate(wanted, 1):
+        head = f"[{n}/{len(wanted)}] {image.tag} ({image.engine}"
+        head += f", {len(image.tasks)} tasks)" if len(image.tasks) > 1 else f", task {image.tasks[0]})"
+        if pull or image.build is None:
+            if image_exists(image.engine, image.tag):
+                counts["present"] += 1
+                click.echo(f"{head}: present")
+            elif pull:
+                started = time.monotonic()
+                click.echo(f"{head}: pulling ...")
+                try:
+                    pull_image(image.engine, image.tag)
+                except RuntimeFailure as exc:
+                    counts["failed"] += 1
+                    click.echo(f"{head}: failed: {exc}")
+                else:
+                    counts["pulled"] += 1
+                    click.echo(f"{head}: pulled in {time.monotonic() - started:.1f} s")
+            else:
+                counts["missing"] += 1
+                click.echo(
+                    f"{head}: missing (no runtime.build, and {image.engine} has no such image: give its tasks a "
+                    f"runtime.build, build it yourself, or `{image.engine} pull {image.tag}` where a registry "
+                    "is reachable)"
+                )
+            continue
+        assert image.build is not None
+        started = time.monotonic()
+
+        def progress(line: str, head: str = head) -> None:
+            click.echo(f"{head}: {line} ...")
+
+        try:
+            result = build_image(
+                image.engine,
+                image.tag,
+                Path(image.build.context),
+                image.build.dockerfile,
+                force=force,
+                say=progress,
+            )
+        except RuntimeFailure as exc:
+            counts["failed"] += 1
+            click.echo(f"{head}: failed: {exc}")
+            continue
+        state = "built" if result.built else "up to date"
+        counts[state] += 1
+        took = f" in {time.monotonic() - started:.1f} s" if result.built else ""
+        click.echo(f"{head}: {state}{took} ({result.image_id.removeprefix('sha256:')[:12]})")
+    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    click.echo(f"{len(wanted)} image(s): {summary or 'nothing to do'}")
+    return counts
+
+
+def collect(tasks: list[Task]) -> list[_Image]:
+    """The distinct container images of `tasks`, in build order (`polar run --images`)."""
+    return _collect(tasks, None)[0]
+
+
 def _where(build: ImageBuild) -> str:
     return str(Path(build.context) / build.dockerfile)
 
@@ -174,7 +240,6 @@ def build(taskfile: Path, engine: str | None, force: bool, only: tuple[str, ...]
       polar images build tasks.yaml --force     # rebuild everything from scratch
     """
     from polar.rollout.taskfile import TaskFileError, load_tasks
-    from polar.runtime.images import build_image, image_exists
 
     try:
         tasks = load_tasks(taskfile, resolve_imports=False)  # images only: no task code is imported
@@ -189,46 +254,6 @@ def build(taskfile: Path, engine: str | None, force: bool, only: tuple[str, ...]
     wanted, skipped = _collect(tasks, engine)
     if skipped:
         click.echo(f"{len(skipped)} task(s) run in no docker/podman image (runtime.backend): skipped")
-    counts = dict.fromkeys(("built", "up to date", "present", "missing", "failed"), 0)
-    for n, image in enumerate(wanted, 1):
-        head = f"[{n}/{len(wanted)}] {image.tag} ({image.engine}"
-        head += f", {len(image.tasks)} tasks)" if len(image.tasks) > 1 else f", task {image.tasks[0]})"
-        if image.build is None:
-            state = "present" if image_exists(image.engine, image.tag) else "missing"
-            counts[state] += 1
-            note = (
-                "no runtime.build; the image exists"
-                if state == "present"
-                else (
-                    f"no runtime.build, and {image.engine} has no such image: give its tasks a runtime.build, "
-                    f"build it yourself, or `{image.engine} pull {image.tag}` where a registry is reachable"
-                )
-            )
-            click.echo(f"{head}: {state} ({note})")
-            continue
-        started = time.monotonic()
-
-        def progress(line: str, head: str = head) -> None:
-            click.echo(f"{head}: {line} ...")
-
-        try:
-            result = build_image(
-                image.engine,
-                image.tag,
-                Path(image.build.context),
-                image.build.dockerfile,
-                force=force,
-                say=progress,
-            )
-        except RuntimeFailure as exc:
-            counts["failed"] += 1
-            click.echo(f"{head}: failed: {exc}")
-            continue
-        state = "built" if result.built else "up to date"
-        counts[state] += 1
-        took = f" in {time.monotonic() - started:.1f} s" if result.built else ""
-        click.echo(f"{head}: {state}{took} ({result.image_id.removeprefix('sha256:')[:12]})")
-    summary = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
-    click.echo(f"{len(wanted)} image(s): {summary or 'nothing to do'}")
+    counts = make(wanted, force=force)
     if counts["missing"] or counts["failed"]:
         raise click.exceptions.Exit(FAILURES)

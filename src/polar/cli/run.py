@@ -68,6 +68,7 @@ class Rollout:
     allow_callback: tuple[str, ...] = ()  # the outbound allowlist for task-given URLs (polar.netguard)
     log_level: str = "warning"
     log_json: bool = False
+    images: str = "check"  # --images: check, build or pull the tasks' container images before starting
 
 
 @dataclass(frozen=True)
@@ -254,6 +255,11 @@ def rollout_options(default_out: str) -> Callable[[F], F]:
                          "files polar writes there)."),
             click.option("--capacity", default=4, show_default=True, type=int,
                          help="Sessions the node runs at once."),
+            click.option("--images", type=click.Choice(["check", "build", "pull"]), default="check",
+                         show_default=True,
+                         help="The tasks' docker/podman images before any session starts. check: a missing "
+                         "one stops the run with the command that makes it; build: build those with a "
+                         "runtime.build first (as `polar images build`); pull: pull the missing ones."),
             allow_callback_option,
             logging_options("warning"),
         ]  # fmt: skip
@@ -272,7 +278,7 @@ def rollout_options(default_out: str) -> Callable[[F], F]:
             outbound_policy(kw["allow_callback"])  # a bad entry is a usage error before anything starts
             rollout = Rollout(
                 policy, kw.pop("policy"), kw.pop("out"), kw.pop("overwrite"), kw.pop("capacity"),
-                kw.pop("allow_callback"), kw.pop("log_level"), kw.pop("log_json"),
+                kw.pop("allow_callback"), kw.pop("log_level"), kw.pop("log_json"), kw.pop("images"),
             )  # fmt: skip
             return fn(rollout=rollout, **kw)
 
@@ -319,7 +325,7 @@ def run_taskfile(
         except ModelNotFound as exc:
             raise click.BadParameter(str(exc), param_hint="--policy") from None
     if placement is None:  # Ray's nodes have their own images and network: they check at their start
-        _check_ready(tasks, taskfile, backend)
+        _check_ready(tasks, taskfile, backend, rollout.images)
     if check_only:  # --check: nothing is started or written
         sessions = sum(t.num_samples for t in tasks)
         policy_at = ", ".join(backend.urls) or "the embedded engine"
@@ -360,11 +366,18 @@ def run_taskfile(
     return list(state.results.values())
 
 
-def _check_ready(tasks: list[Any], taskfile: Path, backend: PolicyServer) -> None:
-    """Everything the sessions need is there (`polar.rollout.preflight`), or one line per problem, exit 2."""
+def _check_ready(tasks: list[Any], taskfile: Path, backend: PolicyServer, images: str = "check") -> None:
+    """Everything the sessions need is there (`polar.rollout.preflight`), or one line per problem, exit 2.
+    `images` build or pull: the images are made first (what fails to is then one of the problems)."""
     from polar.cli.common import CannotStart, command_name
     from polar.rollout import preflight
 
+    if images != "check":
+        from polar.cli.images import collect, make
+
+        wanted = collect(tasks)
+        if wanted:
+            make(wanted, pull=images == "pull")
     problems = preflight.image_problems(tasks, taskfile)
     if backend.urls:
         problems = preflight.backend_problems(backend.kind, backend.urls, backend.model) + problems

@@ -43,18 +43,36 @@ def locate(path: Path, param: str | None) -> str:
 @click.option(
     "--out", type=click.Path(path_type=Path, dir_okay=False), help="With --wait: write results as JSONL."
 )
-def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out: Path | None) -> None:
+@click.option(
+    "--images",
+    type=click.Choice(["check", "pull"]),
+    default="check",
+    show_default=True,
+    help="The tasks' docker/podman images on the live nodes. check: an image no node holds stops the "
+    "submission, naming it and the command that makes it; pull: submit, and the nodes pull the images they "
+    "lack while earlier sessions run. (Nodes never build a submitted task's image: a Dockerfile runs code.)",
+)
+def submit(
+    taskfile: Path, server: str, token_file: Path | None, wait: bool, out: Path | None, images: str
+) -> None:
     """Submit the tasks in TASKFILE (YAML or JSON: one task, a list, or {tasks: [...]}).
 
     The file is checked here (errors name the file, line and field) and again by the server (unknown
     harness, evaluator or builder, bad settings), whose refusal is mapped back to the file's line.
 
     \b
-    Example:
+    Before it submits, it asks the server which live nodes hold each container image the tasks run in
+    (nodes report them: `polar node --report-images`, the default).
+
+    \b
+    Examples:
       polar submit examples/tasks.yaml --wait --out results.jsonl
+      polar submit swe.yaml --images pull     # the nodes pull the images they lack from a registry
     """
+    from polar.cli.common import CannotStart, command_name
     from polar.cli.run import Outcomes
     from polar.client import RolloutClient, RolloutError
+    from polar.rollout import preflight
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
     try:
@@ -69,6 +87,15 @@ def submit(taskfile: Path, server: str, token_file: Path | None, wait: bool, out
 
     async def go() -> None:
         async with RolloutClient(server, token=token) as client:
+            wanted = preflight.container_images(tasks)
+            if images == "check" and wanted:
+                problems, notes = preflight.fleet_image_problems(
+                    tasks, await client.images_where(list(wanted)), taskfile
+                )
+                for note in notes:
+                    click.echo(f"{command_name()}: {note}", err=True)
+                if problems:
+                    raise CannotStart("\n".join(f"{command_name()}: {p}" for p in problems))
             await client.submit(tasks)
             for t in tasks:
                 click.echo(f"submitted {t.task_id}: {len(client.session_ids[t.task_id])} session(s)")

@@ -170,6 +170,18 @@ class RolloutClient:
         data: list[dict[str, Any]] = (await self._get("/nodes"))["nodes"]
         return data
 
+    async def images_where(self, images: Sequence[tuple[str, str]]) -> dict[str, Any]:
+        """`POST /images/where`: for each (engine, image), the live nodes holding or fetching it, and per
+        engine the live nodes that report their images at all."""
+        body = {"images": [{"engine": e, "image": i} for e, i in images]}
+        try:
+            r = await self._http.post(f"{self.url}/images/where", json=body)
+        except httpx.HTTPError as exc:
+            raise RolloutError(f"POST /images/where: {type(exc).__name__}: {exc}") from None
+        _raise_for(r)
+        data: dict[str, Any] = r.json()
+        return data
+
     async def drain_node(
         self, node_id: str, *, timeout_s: float | None = None, reason: str | None = None
     ) -> dict[str, Any]:

@@ -10,8 +10,9 @@ is read (`taskfile.anchor_uploads`), at their line.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from polar.runtime.images import ENGINES, image_missing
 from polar.task import Task
@@ -73,8 +74,57 @@ def image_problems(tasks: Sequence[Task], taskfile: Path) -> list[str]:
             else f"tasks {task_ids[0]} and {len(task_ids) - 1} more"
         )
         if (engine, image) in built:
-            fix = f"build it: polar images build {taskfile} --engine {engine}"
+            fix = f"build it: polar images build {taskfile} --engine {engine} (or run with --images build)"
         else:
-            fix = f"pull or build it: {engine} pull {image}"
+            fix = f"pull or build it: {engine} pull {image} (or run with --images pull)"
         problems.append(f"{which}: {engine} image {image}: {missing}; {fix}")
     return problems
+
+
+def container_images(tasks: Sequence[Task]) -> dict[tuple[str, str], list[str]]:
+    """(engine, image) -> the ids of the tasks that run in it, in task order."""
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for task in tasks:
+        rt = task.runtime
+        if rt.backend in ENGINES and rt.image is not None:
+            wanted.setdefault((rt.backend, rt.image), []).append(task.task_id)
+    return wanted
+
+
+def fleet_image_problems(
+    tasks: Sequence[Task], where: Mapping[str, Any], taskfile: Path
+) -> tuple[list[str], list[str]]:
+    """`polar submit`'s check against the server's `POST /images/where` answer: one problem per image that
+    no live node reporting its engine's images holds or is fetching, and notes for what cannot be checked
+    (no live node, or none that reports images of that engine)."""
+    wanted = container_images(tasks)
+    answers = {(a["engine"], a["image"]): a for a in where.get("images", [])}
+    reporting: Mapping[str, list[str]] = where.get("reporting", {})
+    problems: list[str] = []
+    unchecked: set[str] = set()
+    for (engine, image), task_ids in wanted.items():
+        if not reporting.get(engine):
+            unchecked.add(engine)
+            continue
+        answer = answers.get((engine, image), {})
+        if answer.get("held_by") or answer.get("fetching_on"):
+            continue
+        which = (
+            f"task {task_ids[0]}"
+            if len(task_ids) == 1
+            else f"tasks {task_ids[0]} and {len(task_ids) - 1} more"
+        )
+        nodes = len(reporting[engine])
+        problems.append(
+            f"{which}: {engine} image {image}: on none of the {nodes} live node(s) that report their {engine} "
+            f"images; build it on the nodes (polar images build {taskfile} --engine {engine}) or have them "
+            f"pull it (polar submit {taskfile} --images pull)"
+        )
+    notes = []
+    if not where.get("nodes"):
+        notes.append("no gateway node is live: the images were not checked")
+    elif unchecked:
+        notes.append(
+            f"no live node reports its {' or '.join(sorted(unchecked))} images: those were not checked"
+        )
+    return problems, notes
