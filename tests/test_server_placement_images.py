@@ -105,3 +105,19 @@ def test_prefetch_skips_nodes_that_report_no_images_or_another_engine_or_are_dow
 )
 def test_image_references_are_spelled_alike(listed: str, key: str) -> None:
     assert normalize_ref(listed) == key
+
+
+def test_a_session_waits_a_while_for_a_busy_node_holding_its_image_while_others_go_first() -> None:
+    nodes = [node("a", capacity=2, load=2, images=[PY]), node("b", capacity=2, images=[GO])]
+    needs = {"s1": Need(PY, "t1"), "s2": Need(GO, "t2"), "s3": Need(("docker", "new:1"), "t3")}
+    skipped: set[str] = set()
+    out = place(["s1", "s2", "s3"], nodes, needs, locality_wait_s=60, waited={}, skipped=skipped)
+    # s1 is passed over (a holds its image and will free a slot); s2 runs where its image is; s3's image
+    # is nowhere, so waiting would not save a fetch: it takes the other free slot.
+    assert out == [("s2", "b"), ("s3", "b")] and skipped == {"s1"}
+    # Once it has waited as long as a fetch costs, it takes a free slot and its node fetches the image.
+    out = place(["s1"], nodes, needs, locality_wait_s=60, waited={"s1": 60.0}, skipped=skipped)
+    assert out == [("s1", "b")]
+    # An image on its way to a busy node counts as held there.
+    fetching = [node("a", capacity=1, load=1, fetching=[PY]), node("b", capacity=1)]
+    assert place(["s1"], fetching, needs, locality_wait_s=60) == []

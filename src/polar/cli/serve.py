@@ -68,6 +68,15 @@ if TYPE_CHECKING:
     help="Seconds without any answer before a node is gone; its open sessions end as ERROR 'node lost'.",
 )
 @click.option(
+    "--locality-wait",
+    "locality_wait_s",
+    default=60.0,
+    show_default=True,
+    type=float,
+    help="Seconds a queued session may be passed over for a free slot where its container image is not, "
+    "while a busy node holds it (about what an image pull costs; 0: never wait).",
+)
+@click.option(
     "--callback-attempts", default=8, show_default=True, type=int, help="Tries per trainer callback."
 )
 @plugin_option
@@ -113,6 +122,7 @@ def serve(
     public_url: str | None,
     heartbeat_timeout_s: float,
     node_lost_after_s: float,
+    locality_wait_s: float,
     callback_attempts: int,
     plugins: tuple[str, ...],
     allow_callback: tuple[str, ...],
@@ -133,7 +143,8 @@ def serve(
 ) -> None:
     """Serve the rollout server: trainers submit tasks, gateway nodes run their sessions.
 
-    Each task expands into `num_samples` sessions, placed on the least-loaded healthy node. Finished
+    Each task expands into `num_samples` sessions, placed on a healthy node: where the session's container
+    image is (nodes report theirs), its group's other samples run, and the least load. Finished
     results are kept in the database (a restart loses none and resumes unfinished tasks), posted to the
     task's `callback_url`, and readable at `GET /rollout/task/{id}`. Callback and side-call URLs must be
     public addresses unless `--allow-callback` names them. Every route but /health needs the control
@@ -175,6 +186,8 @@ def serve(
     ):
         if value <= 0:
             raise click.BadParameter("must be positive", param_hint=name)
+    if locality_wait_s < 0:
+        raise click.BadParameter("must be 0 or more", param_hint="--locality-wait")
     if node_lost_after_s < heartbeat_timeout_s:
         raise click.BadParameter("must be at least --heartbeat-timeout", param_hint="--node-lost-after")
     if callback_attempts < 1:
@@ -199,6 +212,7 @@ def serve(
         public_url=public_url.rstrip("/") if public_url else None,
         heartbeat_timeout_s=heartbeat_timeout_s,
         node_lost_after_s=node_lost_after_s,
+        locality_wait_s=locality_wait_s,
         callbacks=RetryPolicy(attempts=callback_attempts),
         token=resolve_token(token_file, create=True),
         outbound=outbound_policy(allow_callback),

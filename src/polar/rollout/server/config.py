@@ -23,6 +23,9 @@ class ServerConfig:
     refuse_cooldown_s: float = 1.0  # a node that refused a dispatch gets none for this long
     max_dispatch_attempts: int = 5  # a session refused this often ends as ERROR
     tick_s: float = 0.5
+    # How long a queued session may be passed over for a free slot where its container image is not, while
+    # a busy node holds (or fetches) it: about what pulling an image costs (bench/placement.py).
+    locality_wait_s: float = 60.0
     callbacks: RetryPolicy = field(default_factory=RetryPolicy)
     max_body_bytes: int = 64 << 20
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # a body not received whole by then is refused (408)

@@ -35,6 +35,7 @@ from polar.rollout.server.scheduler import (
     place,
     prefetch,
     probe_decision,
+    with_arrivals,
 )
 from polar.rollout.server.store import NodeRow, ServerStore, SessionRow
 from polar.runtime.images import ENGINES
@@ -74,11 +75,13 @@ class Dispatcher:
         self._images: dict[str, tuple[str, frozenset[Image]]] = {}  # node -> (digest, images it reported)
         self._needs: dict[str, Need] = {}  # task -> what placement knows of its sessions (tasks never change)
         self.prefetching: dict[str, list[Image]] = {}  # node -> images the last tick asked it to fetch
+        self._passed_over: dict[str, float] = {}  # session -> first passed over for a slot by its image
 
     def forget(self, session_id: str) -> None:
         """The session ended: drop its clocks."""
         self._probed_at.pop(session_id, None)
         self._tracked.pop(session_id, None)
+        self._passed_over.pop(session_id, None)
 
     def node_registered(self, node_id: str) -> None:
         self._cooldown.pop(node_id, None)
@@ -182,21 +185,39 @@ class Dispatcher:
         imaging = any(v.engines for v in views)  # nodes that report images: placement can use them
         if free == 0 and not imaging:
             return
+        # The head of the queue: the free slots' worth, and with images as many again, so that sessions
+        # whose image is on a busy node can be passed over and prefetches look ahead.
         waiting = self.store.queued(free + (sum(v.capacity for v in views) if imaging else 0))
+        queue = {s.session_id: s for s in (waiting if imaging else waiting[:free])}
+        needs: dict[str, Need] | None = None
+        placed: dict[str, Counter[str]] | None = None
+        skipped: set[str] = set()
         if imaging:
-            later = [self._need(s).image for s in waiting[free:]]
-            self.prefetching = prefetch(later, views)
-        if free == 0:
-            return
-        queue = {s.session_id: s for s in waiting[:free]}
-        needs = {sid: self._need(s) for sid, s in queue.items()} if imaging else None
-        placed: dict[str, Counter[str]] = {}
-        if imaging:
+            needs = {sid: self._need(s) for sid, s in queue.items()}
+            placed = {}
             for s in on_nodes:
                 assert s.node_id is not None
                 placed.setdefault(self._need(s).group, Counter())[s.node_id] += 1
-        for session_id, node_id in place(list(queue), views, needs, placed):
+            views = with_arrivals(views, [(s.node_id or "", self._need(s).image) for s in on_nodes])
+        pairs = place(
+            list(queue),
+            views,
+            needs,
+            placed,
+            waited={sid: now - t for sid, t in self._passed_over.items()},
+            locality_wait_s=self.config.locality_wait_s,
+            skipped=skipped,
+        )
+        for sid in skipped:
+            self._passed_over.setdefault(sid, now)
+        if imaging:
+            chosen = {sid for sid, _ in pairs}
+            later = [self._need(s).image for sid, s in queue.items() if sid not in chosen]
+            arrived = with_arrivals(views, [(node, self._need(queue[sid]).image) for sid, node in pairs])
+            self.prefetching = prefetch(later, arrived)
+        for session_id, node_id in pairs:
             s = queue[session_id]
+            self._passed_over.pop(session_id, None)
             if s.attempts >= self.config.max_dispatch_attempts:
                 self.fail(s, f"not accepted by any node after {s.attempts} dispatch attempts")
             elif (token := self.store.claim(session_id, node_id)) is not None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
 
@@ -78,15 +78,25 @@ def place(
     nodes: Sequence[NodeView],
     needs: Mapping[str, Need] | None = None,
     placed: Mapping[str, Counter[str]] | None = None,
+    *,
+    waited: Mapping[str, float] | None = None,
+    locality_wait_s: float = 0.0,
+    skipped: set[str] | None = None,
 ) -> list[tuple[str, str]]:
     """Assign queued session ids (already in priority order) to nodes; stops when no node admits more.
 
     `needs` gives each session's image and group (absent: neither), `placed` the open sessions of each
-    group per node. Returns (session_id, node_id) pairs. Ties go to the lower load fraction, then the node
-    with more free slots, then the node id, so the outcome is deterministic."""
+    group per node. A session whose image no free node holds or fetches, but a busy one does, is passed
+    over (added to `skipped`) while it has waited for locality (`waited`: seconds since it was first
+    passed over) less than `locality_wait_s`, and later sessions whose image a free node holds go first
+    ("delay scheduling", Zaharia et al., EuroSys 2010: a short wait for a slot where the data is costs
+    less than moving it). Returns (session_id, node_id) pairs. Ties go to the lower load fraction, then the
+    node with more free slots, then the node id: deterministic."""
     load = {n.node_id: n.load for n in nodes}
     groups: dict[str, Counter[str]] = {g: Counter(c) for g, c in (placed or {}).items()}
-    eligible = [n for n in nodes if n.admits]
+    coming = {n.node_id: set(n.fetching) for n in nodes}  # a session placed where its image is not fetches it
+    live = [n for n in nodes if n.healthy and not n.draining and not n.lost]
+    eligible = [n for n in live if n.admits]
     out: list[tuple[str, str]] = []
     for session_id in queue:
         open_nodes = [n for n in eligible if load[n.node_id] < n.capacity]
@@ -95,17 +105,49 @@ def place(
         need = (needs or {}).get(session_id)
         image = need.image if need is not None else None
         together = groups.setdefault(need.group, Counter()) if need and image else Counter()
-        best = min(open_nodes, key=partial(_rank, image, together, load))
+        best = min(open_nodes, key=partial(_rank, image, together, load, coming))
+        if (
+            image is not None
+            and _rank(image, together, load, coming, best)[0] == 2  # the image is neither on nor coming to it
+            and (waited or {}).get(session_id, 0.0) < locality_wait_s
+            and any(image in n.images or image in coming[n.node_id] for n in live)
+        ):
+            if skipped is not None:
+                skipped.add(session_id)
+            continue  # wait for a slot where the image is
         load[best.node_id] += 1
         together[best.node_id] += 1
+        if image is not None and image not in best.images:
+            coming[best.node_id].add(image)
         out.append((session_id, best.node_id))
     return out
 
 
+def with_arrivals(
+    nodes: Sequence[NodeView], open_sessions: Iterable[tuple[str, Image | None]]
+) -> list[NodeView]:
+    """The node views with the images of sessions placed there counted as fetching where not held: a
+    container start pulls its image, and a node reports only the fetches it was asked for."""
+    arriving: dict[str, set[Image]] = {}
+    for node_id, image in open_sessions:
+        if image is not None:
+            arriving.setdefault(node_id, set()).add(image)
+    return [
+        replace(n, fetching=n.fetching | frozenset(arriving[n.node_id] - n.images))
+        if n.node_id in arriving
+        else n
+        for n in nodes
+    ]
+
+
 def _rank(
-    image: Image | None, together: Counter[str], load: Mapping[str, int], n: NodeView
+    image: Image | None,
+    together: Counter[str],
+    load: Mapping[str, int],
+    coming: Mapping[str, set[Image]],
+    n: NodeView,
 ) -> tuple[int, int, float, int, str]:
-    where = 0 if image is None or image in n.images else 1 if image in n.fetching else 2
+    where = 0 if image is None or image in n.images else 1 if image in coming[n.node_id] else 2
     free = n.capacity - load[n.node_id]
     return (where, -together[n.node_id], load[n.node_id] / n.capacity, -free, n.node_id)
 
@@ -115,25 +157,35 @@ def prefetch(
 ) -> dict[str, list[Image]]:
     """Which node should fetch which image now, so that queued sessions find their image where they land.
 
-    `queue` is the images of the sessions waiting beyond the free slots, in queue order. Each image that no
-    healthy node holds or fetches goes to one node whose engines report images of its kind, the one with
-    the fewest fetches under way (then the lowest load fraction, then its id), at most `per_node` new
-    fetches each: a pull competes with running sessions for disk and network, and the next heartbeat asks
-    again. Nodes that report no images are never asked (they cannot say what they hold)."""
+    `queue` is the images of the sessions still waiting after this round of placement, in queue order.
+    An image is wanted on more nodes while more of its sessions wait than the nodes holding or fetching it
+    have slots (an image no node holds: on one node, at least); each fetch goes to a node whose engines
+    report images of its kind, the one with the fewest fetches under way (then the lowest load fraction,
+    then its id), at most `per_node` new fetches each: a pull competes with running sessions for disk and
+    network, and the next heartbeat asks again. Nodes that report no images are never asked (they cannot
+    say what they hold)."""
     live = [n for n in nodes if n.healthy and not n.draining and not n.lost and n.engines]
-    covered = {i for n in live for i in n.images | n.fetching}
+    has = {n.node_id: set(n.images | n.fetching) for n in live}
     busy = {n.node_id: len(n.fetching) for n in live}
+    demand = Counter(i for i in queue if i is not None)
     asked: dict[str, list[Image]] = {}
-    for image in dict.fromkeys(queue):
-        if image is None or image in covered:
-            continue
-        able = [n for n in live if image[0] in n.engines and len(asked.get(n.node_id, ())) < per_node]
-        if not able:
-            continue
-        best = min(able, key=lambda n: (busy[n.node_id], n.load / n.capacity, n.node_id))
-        asked.setdefault(best.node_id, []).append(image)
-        busy[best.node_id] += 1
-        covered.add(image)
+    for image in demand:  # queue order: the first waiting sessions' images first
+        slots = sum(n.capacity for n in live if image in has[n.node_id])
+        while demand[image] > slots:
+            able = [
+                n
+                for n in live
+                if image[0] in n.engines
+                and image not in has[n.node_id]
+                and len(asked.get(n.node_id, ())) < per_node
+            ]
+            if not able:
+                break
+            best = min(able, key=lambda n: (busy[n.node_id], n.load / n.capacity, n.node_id))
+            asked.setdefault(best.node_id, []).append(image)
+            busy[best.node_id] += 1
+            has[best.node_id].add(image)
+            slots += best.capacity
     return asked
 
 
