@@ -25,7 +25,7 @@ from polar.engine import Engine, create_engine_app
 from polar.engine.tiny import qwen_tokenizer_dir
 from polar.gateway.config import GatewayConfig
 from polar.gateway.render import Chain, Template
-from polar.gateway.render.chain import FIRST, REWRITTEN, SETTINGS
+from polar.gateway.render.chain import FIRST, REWRITTEN, SETTINGS, TOOLS_MOVED
 from polar.trajectory import build
 from tests.conftest import Gateway, start_gateway
 from tests.engine_support import ScriptedLM, scripted_engine
@@ -201,6 +201,55 @@ def test_harnesses_may_resend_the_answer_reserialized(template: Template) -> Non
     assert chain.prompt(template, nxt, TOOLS, None).restart is None
     resent["tool_calls"][0]["function"]["arguments"] = '{"command": "pwd"}'
     assert chain.prompt(template, nxt, TOOLS, None).restart == REWRITTEN
+
+
+# Mistral's placement of the tool list (its v3 templates: right before the last user message), written here
+# over Qwen3's tokenizer (no Mistral tokenizer is on this machine): the rest of the format is simplified, the
+# placement is the point. The end of a turn is `<|im_end|>` so that the tokenizer knows it as special.
+MISTRAL_LIKE = (
+    "{%- set last = namespace(i=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set last.i = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'user' -%}"
+    "{%- if tools and loop.index0 == last.i -%}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{%- endif -%}"
+    "[INST]{{ m.content }}[/INST]"
+    "{%- elif m.role == 'assistant' -%}{{ m.content }}<|im_end|>"
+    "{%- elif m.role == 'tool' -%}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]"
+    "{%- endif -%}{%- endfor -%}"
+)
+
+
+def test_a_template_that_moves_the_tool_list_restarts_the_chain_at_a_new_user_message(
+    template: Template,
+) -> None:
+    """Continued across a new user message, the chain would hold the tool list twice (where it was first
+    rendered, and again from the delta before the new message), a prompt no rendering gives. It starts a
+    new chain there instead; tool results (no user message) continue it, equal to the full rendering."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen_tokenizer_dir(), local_files_only=True)
+    tokenizer.chat_template = MISTRAL_LIKE
+    mistral = Template(tokenizer, tool_parser="", reasoning="none")
+    assert mistral.moves_tools and not template.moves_tools
+
+    chain = Chain()
+    history: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    answer = answered(mistral, chain, history, "looking")
+    history = [*history, answer, {"role": "tool", "tool_call_id": "a", "content": "out"}]
+    prompt = chain.prompt(mistral, history, TOOLS, None)
+    assert prompt.restart is None
+    assert prompt.ids == mistral.encode(mistral.render(history, TOOLS, None))
+    answer = answered(mistral, chain, history, "done")
+    history = [*history, answer, {"role": "user", "content": "now the other one"}]
+    prompt = chain.prompt(mistral, history, TOOLS, None)
+    assert prompt.restart == TOOLS_MOVED
+    assert prompt.ids == mistral.encode(mistral.render(history, TOOLS, None))
+    assert prompt.rendered.count("[AVAILABLE_TOOLS]") == 1
+    # Without tools, nothing moves: the chain continues.
+    chain = Chain()
+    answered(mistral, chain, history[:1], "looking", tools=None)
+    plain = [history[0], {"role": "assistant", "content": "looking"}, {"role": "user", "content": "more"}]
+    assert chain.prompt(mistral, plain, None, None).restart is None
 
 
 def test_render_gateway_needs_a_server_that_takes_token_ids() -> None:

@@ -10,7 +10,9 @@ The history continues the chain when it holds the chain's messages unchanged, th
 that says what the chain's answer said (same tool calls by name and arguments, same content up to
 surrounding whitespace: harnesses re-serialize and drop reasoning), then new messages. Anything else
 (compaction, truncation, an edited turn, other tools or template switches) starts a new chain from a full
-rendering, and the record says why (its `chain:<reason>` flag). A session keeps a few chains at once: side
+rendering, and the record says why (its `chain:<reason>` flag). So does a new user message where the
+template puts the tool list right before the last user message (Mistral's): continued, the chain would
+hold the list twice, where no rendering of the conversation has it. A session keeps a few chains at once: side
 calls and subagents interleave with the main loop, and each continues its own.
 """
 
@@ -28,6 +30,7 @@ from polar.jsontypes import JSON
 FIRST = "first"  # the session's first call (or the first since the gateway forgot it)
 REWRITTEN = "rewritten"  # the history does not continue the chain: compacted, truncated, edited
 SETTINGS = "settings_changed"  # other tools or chat-template switches: the prompt's start changes
+TOOLS_MOVED = "tools_moved"  # a user message where the template moves the tool list before the last one
 
 # Chains a session keeps: a main loop, its side calls (titles, summaries) and subagents interleave, each
 # continuing its own chain; the least recently continued one is dropped past this many.
@@ -51,13 +54,17 @@ class Head:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         kwargs: dict[str, Any] | None,
+        moves_tools: bool = False,
     ) -> str | None:
-        """Why `messages` do not continue this chain; None when they do."""
+        """Why `messages` do not continue this chain; None when they do. `moves_tools`: the template puts
+        the tool list before the last user message (`Template.moves_tools`)."""
         if tools != self.tools or (kwargs or None) != (self.kwargs or None):
             return SETTINGS
         n = len(self.messages)
         if len(messages) <= n + 1 or messages[:n] != self.messages or not same_turn(messages[n], self.answer):
             return REWRITTEN
+        if tools and moves_tools and any(m.get("role") == "user" for m in messages[n + 1 :]):
+            return TOOLS_MOVED
         return None
 
 
@@ -92,7 +99,7 @@ class Chain:
         for i, head in enumerate(
             list(self.heads)
         ):  # a copy: a worker thread may run this (`advance` does not)
-            broken = head.breaks(messages, tools, kwargs)
+            broken = head.breaks(messages, tools, kwargs, template.moves_tools)
             if broken is None:
                 delta = template.delta(messages[len(head.messages) + 1 :], tools, kwargs)
                 bridge = delta if head.ended else template.end_of_turn + delta

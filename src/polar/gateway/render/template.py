@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 _MARK = "polar-delta-base-7f3a"
 _BASE: list[dict[str, Any]] = [{"role": "user", "content": "."}, {"role": "assistant", "content": _MARK}]
+# A conversation and a tool whose places in a rendering say where the template puts the tool list.
+_FIRST, _LATER, _TOOL = "polar-first-user-7f3a", "polar-later-user-7f3a", "polar_probe_tool_7f3a"
+_PROBE_TOOLS = [
+    {"type": "function", "function": {"name": _TOOL, "description": ".", "parameters": {"type": "object"}}}
+]
 
 
 class TemplateUnusable(ValueError):
@@ -73,6 +78,7 @@ class Template:
         else:
             raise ValueError(f"unknown reasoning parser {reasoning!r}; use auto, qwen3, deepseek_r1 or none")
         self.end_of_turn = self._end_of_turn(vocab)
+        self.moves_tools = self._moves_tools()
         self.end_id: int = vocab[self.end_of_turn]
         stops = {self.end_id}
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -114,6 +120,23 @@ class Template:
         raise TemplateUnusable(
             f"the chat template ends an assistant turn with {tail[:40]!r}, which starts with no special token"
         )
+
+    def _moves_tools(self) -> bool:
+        """Whether the tool list follows the last user message (Mistral's templates put it right before
+        that message), so that a conversation's rendering changes before its end when a user message is
+        added: a chain would keep the list where it was first rendered and add it again before the new
+        message. Qwen's (system prompt) and Llama 3's (first user message) keep it in place."""
+        conversation = [
+            {"role": "user", "content": _FIRST},
+            {"role": "assistant", "content": "."},
+            {"role": "user", "content": _LATER},
+        ]
+        try:
+            text = self.render(conversation, _PROBE_TOOLS, None)
+        except ChatTemplateError:
+            return False
+        tool, first = text.find(_TOOL), text.find(_FIRST)
+        return tool > first >= 0
 
     def render(
         self,
