@@ -119,6 +119,9 @@ def gateway(
     ]
 
     def started() -> None:
+        from polar.memory import tune_gc
+
+        tune_gc()  # a process of its own, serving calls from now on
         log = logging.getLogger("polar.gateway")
         log.info("store: %s", store_path.resolve())
         log.info("model API at %s, control at %s (bearer token required)", servers[0].url, servers[1].url)

@@ -278,6 +278,9 @@ def node(
         # Both ports bound first; a port in use or a failed start (no --model and the backend unreachable):
         # one line, exit status 2.
         await start_servers(n.start(), command, store_path)
+        from polar.memory import tune_gc
+
+        tune_gc()  # a process of its own, serving calls from now on
         loop = asyncio.get_running_loop()
         stopping: list[asyncio.Task[None]] = []
 

@@ -67,6 +67,9 @@ class GatewayActor:
         node = Node(dataclasses.replace(config, gateway=gateway, node_id=self.node_id))
         await node.start()
         self.node = node
+        from polar.memory import tune_gc
+
+        tune_gc()  # the actor's process serves this node's gateway
         log.info(
             "gateway node %s on Ray node %s (%s)", self.node_id, ray.get_runtime_context().get_node_id(), ip
         )
