@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from polar.runtime.base import RuntimeBackend
@@ -105,6 +107,104 @@ class SideCallBackend(_Model):
     model: str = Field(min_length=1, description="The model name that server serves.")
 
 
+# An MCP server's name is part of each of its tools' names, where underscores separate the parts (Codex and
+# Claude Code `mcp__<server>__<tool>`, Gemini CLI `mcp_<server>_<tool>`, OpenCode `<server>_<tool>`) and
+# providers cap the whole at 64 characters: so a letter, then letters, digits and hyphens, at most 32 in all.
+MCP_SERVER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,31}")
+# The Agent Skills rule Pi 0.73.1 checks (and the folder name every CLI reads the skill from).
+SKILL_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+SKILL_FILE = "SKILL.md"
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FRONT_MATTER = re.compile(r"---\r?\n(.*?)\r?\n---(?:\r?\n|$)", re.DOTALL)
+
+
+class McpServer(_Model):
+    """A stdio MCP server. The harness starts it inside the session's runtime, so it sees only the files the
+    sandbox sees and reaches only what the sandbox reaches."""
+
+    command: str = Field(min_length=1, description="The program: absolute, or found on the runtime's PATH.")
+    args: list[str] = Field(default_factory=list, description="Its arguments.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables set for it, over the environment its harness passes (some pass a filtered "
+        "one: docs/harnesses.md).",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        bad = sorted(k for k in env if not ENV_NAME.fullmatch(k))
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an environment variable name")
+        return env
+
+
+class Skill(_Model):
+    """An Agent Skill: a folder holding SKILL.md (YAML front matter with the skill's `name` and a
+    `description` the CLI shows the model, then its instructions) and any files it refers to. The preset
+    writes it where its CLI reads skills."""
+
+    name: str = Field(
+        description="Lowercase letters and digits, single hyphens between them, at most 64 characters (the "
+        "Agent Skills rule); the skill's folder name."
+    )
+    content: str = Field(
+        description="SKILL.md's text: front matter between `---` lines with `name` (this name) and "
+        "`description` (at most 1024 characters), then the instructions. A task file may give `path` "
+        "instead: a SKILL.md, or a folder holding one (its other files become `files`), relative to the "
+        "task file and inside its folder."
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="The skill's other files as text, by path relative to its folder (scripts/run.sh).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if len(name) > 64 or not SKILL_NAME.fullmatch(name):
+            raise ValueError(
+                f"{name!r}: a skill name is lowercase letters and digits with single hyphens between them, "
+                "at most 64 characters"
+            )
+        return name
+
+    @field_validator("content")
+    @classmethod
+    def _front_matter(cls, content: str, info: ValidationInfo) -> str:
+        # Each CLI drops a SKILL.md it cannot read without a word; Gemini CLI needs both keys.
+        match = _FRONT_MATTER.match(content)
+        if match is None:
+            raise ValueError(
+                "SKILL.md must start with front matter: a `---` line, `name:` and `description:`, `---`"
+            )
+        try:
+            meta = yaml.safe_load(match.group(1))
+        except yaml.YAMLError as exc:
+            raise ValueError(f"SKILL.md's front matter is not YAML: {exc}") from None
+        if not isinstance(meta, dict):
+            raise ValueError("SKILL.md's front matter must be a mapping with `name` and `description`")
+        name, description = meta.get("name"), meta.get("description")
+        if "name" in info.data and name != info.data["name"]:
+            raise ValueError(
+                f"SKILL.md's front matter names {name!r}; it must name the skill, {info.data['name']!r}"
+            )
+        if not isinstance(description, str) or not description.strip() or len(description) > 1024:
+            raise ValueError("SKILL.md's front matter needs a `description` of 1 to 1024 characters")
+        return content
+
+    @field_validator("files")
+    @classmethod
+    def _relative_paths(cls, files: dict[str, str]) -> dict[str, str]:
+        for path in files:
+            parts = path.split("/")
+            if path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in path:
+                raise ValueError(f"{path!r}: a file of the skill is a relative path inside its folder")
+            if path == SKILL_FILE:
+                raise ValueError(f"{SKILL_FILE} is the skill's `content`, not one of its `files`")
+        return files
+
+
 class AgentConfig(_Model):
     """The harness that runs the session, pointed at the gateway (docs/harnesses.md)."""
 
@@ -135,6 +235,18 @@ class AgentConfig(_Model):
         description="{url, kind, model} of the frozen model that routed side calls go to; required with "
         "side_calls: route.",
     )
+    mcp_servers: dict[str, McpServer] = Field(
+        default_factory=dict,
+        description="stdio MCP servers by name (a letter, then letters, digits and hyphens, at most 32), "
+        "started by the harness inside the sandbox. Each preset whose CLI has an MCP client writes them into "
+        "its own configuration; any other harness refuses the field (docs/harnesses.md: MCP servers and "
+        "skills).",
+    )
+    skills: list[Skill] = Field(
+        default_factory=list,
+        description="Agent Skills, written where the harness's CLI reads them; refused by a harness whose "
+        "CLI reads none.",
+    )
 
     @field_validator("side_call_backend")
     @classmethod
@@ -147,6 +259,26 @@ class AgentConfig(_Model):
                 "required when agent.side_calls is 'route': {url, kind, model} of the frozen model"
             )
         return value
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _server_names(cls, servers: dict[str, McpServer]) -> dict[str, McpServer]:
+        for name in servers:
+            if not MCP_SERVER_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r}: a server name is a letter, then letters, digits and hyphens, at most 32 "
+                    "characters (it becomes part of each tool's name, whose parts underscores separate)"
+                )
+        return servers
+
+    @field_validator("skills")
+    @classmethod
+    def _unique_skills(cls, skills: list[Skill]) -> list[Skill]:
+        names = [s.name for s in skills]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"skill {twice[0]!r} is given twice")
+        return skills
 
 
 class EvaluatorConfig(_Model):

@@ -47,12 +47,15 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _models_in(annotation: object) -> list[type[BaseModel]]:
-    """The models a field holds, directly, optionally, in a list, or in a (discriminated) union."""
+    """The models a field holds, directly, optionally, in a list, as a map's values, or in a (discriminated)
+    union."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     origin = get_origin(annotation)
     if origin is Annotated:
         return _models_in(get_args(annotation)[0])
+    if origin is dict:
+        return _models_in(get_args(annotation)[1])
     if origin in (Union, types.UnionType, list):
         return [m for a in get_args(annotation) for m in _models_in(a)]
     return []
@@ -71,8 +74,8 @@ def sections(root: type[BaseModel], title: str, prefix: str = "") -> list[Sectio
     out = [Section(title, prefix, root)]
     for name, info in root.model_fields.items():
         for sub in _models_in(info.annotation):
-            many = get_origin(info.annotation) is list
-            path = f"{prefix}{name}{'[]' if many else ''}"
+            origin = get_origin(info.annotation)
+            path = f"{prefix}{name}{'[]' if origin is list else '.<name>' if origin is dict else ''}"
             tag = _literal_tag(sub)
             out += sections(sub, f"`{path}`" + (f" ({tag})" if tag else ""), f"{path}.")
     return out
