@@ -352,3 +352,34 @@ def test_once_no_session_is_live_the_gateway_gives_its_memory_back_and_records_a
         assert [_essence(r) for r in first] == [_essence(r) for r in second]
     finally:
         server.stop()
+
+
+def test_a_session_that_came_and_went_between_two_sweeps_is_given_back_too(
+    fake_backend: FakeBackend, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Was: the sweep gave memory back only after it had seen a live session, so sessions that opened and
+    closed between two sweeps (60 s apart by default) never triggered it."""
+    fake_backend.app.reset(_script)
+    config = GatewayConfig(
+        backend_url=fake_backend.url,
+        served_model=SERVED_MODEL,
+        store_path=tmp_path / "gw.db",
+        backend=BackendOptions(retries=0, timeout_s=30.0),
+        session_idle_s=6.0,  # sweeps every 3 s: the session below lives well inside one period
+    )
+    app = create_app(config, classifier)
+    caplog.set_level(logging.DEBUG, logger="polar.gateway")
+    server = ServerThread(app.data, also=[app.control]).start()
+    try:
+        admin = {"authorization": f"Bearer {config.control_token}"}
+        released = "no live session: memory released"
+        sid = httpx.post(server.urls[1] + "/sessions", json={}, headers=admin).json()["session_id"]
+        _converse(server.url, sid, lambda i: None)
+        assert httpx.delete(f"{server.urls[1]}/sessions/{sid}", headers=admin).status_code == 200
+        assert len(app.state.proxy.sessions) == 0
+        deadline = time.monotonic() + 20
+        while not any(released in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the gateway never released its memory"
+            time.sleep(0.1)
+    finally:
+        server.stop()

@@ -76,6 +76,7 @@ class SessionRegistry:
         self._classifiers = classifiers  # builds side-call routes (polar.gateway.routing)
         self._reader = reader  # used only on the event loop thread
         self._live: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
+        self.loaded = 0  # sessions that entered memory (created, or read back from the store), ever
         self.idle_s = idle_s
         self.clock = clock  # injectable: tests move time instead of waiting
 
@@ -95,6 +96,7 @@ class SessionRegistry:
         await self._writer.write(lambda w: w.add_session(info))
         state.used = self.clock()
         self._live[sid] = state
+        self.loaded += 1
         self.evict_idle()
         return state
 
@@ -124,6 +126,7 @@ class SessionRegistry:
             if content is not None:
                 state.tool_arguments.remember_content(calls[0][0], content)
         self._live[session_id] = state
+        self.loaded += 1
         return state
 
     def release(self, state: SessionState) -> None:
@@ -171,16 +174,15 @@ async def sweep_idle(registry: SessionRegistry, writer: AsyncWriter, every_s: fl
     returns even when no call arrives to trigger it; once the last live session is gone, give the memory
     back (`release_memory`). Runs until cancelled."""
     log = logging.getLogger("polar.gateway")
-    released = True  # nothing to give back before the first session
+    given_back = registry.loaded  # sessions loaded when memory was last given back
     while True:
         await asyncio.sleep(every_s)
         registry.evict_idle()
         with contextlib.suppress(Exception):  # a store that fails here fails the next call, loudly
             await writer.evict_idle()
-        if len(registry):
-            released = False
-        elif not released:
-            released = True
+        # Counted, not seen: sessions that came and went between two sweeps used memory too.
+        if not len(registry) and registry.loaded != given_back:
+            given_back = registry.loaded
             await release_memory(registry, writer)
         log.debug("sessions in memory: %d; writer cache %d bytes", len(registry), writer.cache.nbytes)
 
