@@ -20,7 +20,7 @@ With `--render gateway` the gateway renders instead (`polar.gateway.render`): ea
 its token chain and go to vLLM's /v1/completions as ids (the relay reads them back into the chat call the
 script answers), and the last column counts the chains the gateway started.
 
-Needs npm (and pip for mini-swe-agent and Aider); first runs install the pinned CLIs into ~/.cache/polar/tools.
+Needs npm (and pip for mini-swe-agent, Aider and Hermes Agent); first runs install the pinned CLIs into ~/.cache/polar/tools.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ CLIS = [
     CLI("pi", "bash", lambda c: _compact({"command": c})),
     CLI("mini_swe_agent", "bash", lambda c: _compact({"command": c}), parallel=False, final=SUBMIT),
     CLI("aider", "", lambda c: c, parallel=False, edits=True),
+    CLI("hermes_agent", "terminal", lambda c: _compact({"command": c})),
 ]
 # Aider 0.86.2 (`whole` edit format for an unknown model): a listing without a file name is an error it sends
 # back (a reflection, at most 3 per message); the policy makes such answers, then writes steps.txt whole.
@@ -439,7 +440,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=30, help="tool calls the policy asks for")
-    parser.add_argument("--only", nargs="*", help="presets to run (default: all eight)")
+    parser.add_argument("--only", nargs="*", help="presets to run (default: all)")
     parser.add_argument(
         "--scenario", nargs="*", choices=SCENARIOS, default=["loop"], help="default: loop; all: every one"
     )
