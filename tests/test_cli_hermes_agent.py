@@ -36,6 +36,7 @@ DONE = "Done: hello.txt is written."
 SUMMARY = "Summary: three echoes and one long output so far."
 WRITE = ("write_file", json.dumps({"path": "hello.txt", "content": HELLO}))
 GOAL = "Create hello.txt"
+DASHED = "--model x -z Create the file hello.txt.\n@not-a-file"  # text for Hermes, never its flags
 # What Hermes 0.19.0 asks the gateway besides chat calls: after the first answer it prices the call, probing a
 # custom endpoint for the server kind (LM Studio, Ollama, llama.cpp, vLLM) and the model list.
 PRICING_PROBES = {"/api/v1/models", "/api/tags", "/v1/props", "/props", "/version", "/v1/models"}
@@ -78,13 +79,13 @@ def script(mode: str = "write") -> Any:
     return turn
 
 
-def check_run(run: PresetRun, *, subagents: bool = False) -> list[Any]:
+def check_run(run: PresetRun, *, subagents: bool = False, instruction: str = HELLO_TASK) -> list[Any]:
     main = check_capture(run, "hermes_agent", {}, "chat", allow_subagents=subagents)
     assert len(main) == 2  # the tool call (write or delegate) and the answer: one trace
     assert all(r.request.get("stream") is True for r in run.records)
     assert {r.model_requested for r in run.records} == {"fake-policy"}
     users = [m for m in main[0].request["messages"] if m["role"] == "user"]
-    assert [u["content"] for u in users] == [HELLO_TASK]  # the instruction, verbatim
+    assert [u["content"] for u in users] == [instruction]  # the instruction, verbatim
     asked = {s.path for s in run.seen}
     assert "/v1/chat/completions" in asked and asked <= {"/v1/chat/completions", *PRICING_PROBES}, asked
     chats = [s for s in run.seen if s.path == "/v1/chat/completions"]
@@ -92,14 +93,16 @@ def check_run(run: PresetRun, *, subagents: bool = False) -> list[Any]:
     usage = json.loads((run.artifacts / hermes_agent.USAGE).read_text())
     assert usage["completed"] is True and usage["api_calls"] == 2  # the parent's own calls
     sessions = (run.artifacts / "hermes-home" / ".hermes" / "sessions").glob("session_*.json")
-    assert any(HELLO_TASK in p.read_text() for p in sessions)  # Hermes' transcript (a subagent has its own)
+    assert any(
+        json.dumps(instruction)[1:-1] in p.read_text() for p in sessions
+    )  # Hermes' transcript (a subagent has its own)
     return main
 
 
 @pytest.mark.cli
 async def test_hermes_agent_local(tmp_path: Path) -> None:
-    run = await run_preset(tmp_path, "hermes_agent", {}, script(), expect=HELLO)
-    main = check_run(run)
+    run = await run_preset(tmp_path, "hermes_agent", {}, script(), expect=HELLO, instruction=DASHED)
+    main = check_run(run, instruction=DASHED)
     assert len(run.records) == 2  # no side call in a short session
     probes = Counter(s.path for s in run.seen if s.path in PRICING_PROBES)
     assert set(probes.values()) == {1}, probes  # once, for the price (`ollama_num_ctx: 0`: no Ollama probe)
