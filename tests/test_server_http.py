@@ -88,6 +88,9 @@ def test_submit_accepts_a_list_and_the_tasks_wrapper(server: ServerThread, http:
         (task("t", agent={"harness": "shell"}), "agent.settings", "agent.settings"),
         (task("t", builder="no_such_builder"), "builder", "no_such_builder"),
         (task("t", runtime={"backend": "docker"}), "runtime.image", "needs an image"),
+        # Was: the engines read an image starting with "-" as one of their options (docker run --privileged).
+        (task("t", runtime={"backend": "docker", "image": "--privileged"}), "runtime.image", "not starting"),
+        (task("t", runtime={"backend": "podman", "image": "x:1 --rm"}), "runtime.image", "no whitespace"),
         (task("t", callback_url="ftp://x"), "callback_url", "http(s)"),
         (task("t", num_samples=2, early_stop_min_usable=3), "early_stop_min_usable", "exceeds"),
         (task("t", colour="red"), "colour", "Extra inputs"),

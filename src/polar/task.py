@@ -57,7 +57,12 @@ class RuntimeConfig(_Model):
         "podman, apptainer: a container of `image`; local: the host's files as the node's user, for "
         "policies you trust (docs/security.md).",
     )
-    image: str | None = Field(None, description="Container image; required by docker, podman and apptainer.")
+    image: str | None = Field(
+        None,
+        max_length=1000,
+        description="Container image (no whitespace, not starting with '-'); required by docker, podman and "
+        "apptainer.",
+    )
     build: ImageBuild | None = Field(
         None, description="How `polar images build` makes `image` locally (a Dockerfile and its context)."
     )
@@ -77,6 +82,15 @@ class RuntimeConfig(_Model):
         description="gateway: only the gateway is reachable; host: the host's network; none: nothing. "
         "Enforced by bwrap, docker and podman (and local where namespaces work); apptainer: host or none.",
     )
+
+    @field_validator("image")
+    @classmethod
+    def _an_image_not_an_option(cls, v: str | None) -> str | None:
+        # The engines take the image as an argument after their options (`docker run [OPTIONS] IMAGE`,
+        # `docker pull IMAGE`): a name starting with "-" would be read as an option (`--privileged`).
+        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
+            raise ValueError("must be an image name: not empty, no whitespace, not starting with '-'")
+        return v
 
     @field_validator("read_only_paths")
     @classmethod

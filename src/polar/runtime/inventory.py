@@ -60,6 +60,8 @@ def list_images(engine: str) -> frozenset[str]:
 
 def pull_image(engine: str, ref: str, timeout_s: float = 3600.0) -> None:
     """`ENGINE pull REF`, or RuntimeFailure with the engine's last line (no registry, no such image)."""
+    if not ref or ref.startswith("-") or any(c.isspace() for c in ref):  # an option, not an image
+        raise RuntimeFailure(f"not an image reference: {ref!r}")
     try:
         done = subprocess.run(
             [engine, "pull", ref], capture_output=True, text=True, timeout=timeout_s, check=False
