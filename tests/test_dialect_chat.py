@@ -235,6 +235,17 @@ def test_max_completion_tokens_wins_over_max_tokens() -> None:
     assert req.params["max_tokens"] == 20
 
 
+def test_response_format_goes_upstream_and_text_is_left_out() -> None:
+    """A JSON response format is the server's to enforce (vLLM's structured outputs): it was dropped here,
+    so a judge or harness asking for JSON got free text; `text`, the default, adds nothing."""
+    schema = {"type": "object", "properties": {"score": {"type": "integer"}}, "required": ["score"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema, "strict": True}}
+    assert CHAT.parse(qwen_code_body(response_format=fmt), CODEC).params["response_format"] == fmt
+    as_object = CHAT.parse(qwen_code_body(response_format={"type": "json_object"}), CODEC)
+    assert as_object.params["response_format"] == {"type": "json_object"}
+    assert "response_format" not in CHAT.parse(qwen_code_body(response_format={"type": "text"}), CODEC).params
+
+
 def test_string_content_is_passed_on_without_copy() -> None:
     text = "x" * 1000
     body = {"model": "m", "messages": [{"role": "user", "content": text}]}
@@ -320,6 +331,12 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
         "tools[0].function.name",
     ),
     ("unknown tool_choice", qwen_code_body(tool_choice="sometimes"), "tool_choice"),
+    ("unknown response_format", qwen_code_body(response_format={"type": "xml"}), "response_format.type"),
+    (
+        "json_schema without its schema object",
+        qwen_code_body(response_format={"type": "json_schema"}),
+        "response_format.json_schema",
+    ),
     ("legacy functions", qwen_code_body(functions=[{"name": "f"}]), "functions"),
     ("required tool_choice without tools", qwen_code_body(tools=None, tool_choice="required"), "tool_choice"),
     (

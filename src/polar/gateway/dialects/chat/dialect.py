@@ -74,6 +74,7 @@ class ChatDialect(SSEOnly):
             ("parallel_tool_calls", req.get("parallel_tool_calls")),
             ("chat_template_kwargs", req.get("chat_template_kwargs")),
             ("reasoning_effort", upstream_effort(req.get("reasoning_effort"))),
+            ("response_format", _response_format(req.get("response_format"))),
         ):
             if value is not None:
                 params[key] = value
@@ -294,6 +295,14 @@ def _message(m: Any) -> dict[str, Any]:
         else:
             m.pop("tool_calls", None)
     return cast(dict[str, Any], m)
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    """A JSON `response_format` as sent (the server constrains its sampling to it); `text`, the default,
+    is left out so the upstream body of a harness that spells it out stays what it always was."""
+    if not isinstance(value, dict) or value.get("type") == "text":
+        return None
+    return value
 
 
 def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> Any:

@@ -110,6 +110,30 @@ class StreamOptions(TypedDict, total=False):
     include_usage: bool | None
 
 
+class TextFormat(TypedDict):
+    type: Literal["text"]
+
+
+class JSONObjectFormat(TypedDict):
+    type: Literal["json_object"]
+
+
+class JSONSchema(TypedDict):
+    name: str
+    schema: NotRequired[dict[str, Any]]
+    description: NotRequired[str]
+    strict: NotRequired[bool | None]
+
+
+class JSONSchemaFormat(TypedDict):
+    type: Literal["json_schema"]
+    json_schema: JSONSchema
+
+
+# Structured output (a judge's answer, a harness asking for JSON): forwarded, the server constrains sampling.
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")]
+
+
 class ChatCompletionRequest(TypedDict, total=False):
     model: Required[str]
     messages: Required[Annotated[list[Message], Field(min_length=1)]]
@@ -130,6 +154,7 @@ class ChatCompletionRequest(TypedDict, total=False):
     n: Annotated[int, Field(ge=1)] | None
     chat_template_kwargs: dict[str, Any] | None
     reasoning_effort: str | None
+    response_format: ResponseFormat | None
     # Legacy function calling (pre-`tools`): refused rather than silently dropped.
     functions: Any
     function_call: Any
