@@ -179,8 +179,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
 
     Tests that change its weights put the original ones back before they end. While working on these
     tests, `POLAR_TEST_VLLM_URL=http://127.0.0.1:PORT` reuses a server started by hand with
-    `tests.vllm_support.TRAINING_FLAGS`, `tests.vllm_scripted.FORCING_FLAGS` (and `FORCING_ENV`) and
-    `--served-model-name tiny` (the suite never sets it)."""
+    `tests.vllm_support.TRAINING_FLAGS`, `tests.vllm_scripted.FORCING_FLAGS` (and `FORCING_ENV`),
+    `tests.vllm_support.JUDGE_FLAGS` and `--served-model-name tiny` (the suite never sets it)."""
     from tests.vllm_support import attach_vllm, start_vllm, tools_model_dir
 
     reuse = os.environ.get("POLAR_TEST_VLLM_URL")
@@ -188,11 +188,15 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer
         yield attach_vllm(reuse, tools_model_dir())
         return
     from tests.vllm_scripted import FORCING_ENV, FORCING_FLAGS
+    from tests.vllm_support import JUDGE_FLAGS
 
-    # With the forced-token processor of tests/vllm_scripted.py loaded: requests that do not ask for it are
-    # served as without it.
+    # With the forced-token processor of tests/vllm_scripted.py loaded, and structured outputs set up for a
+    # judge: requests that ask for neither are served as without them.
     server = start_vllm(
-        tools_model_dir(), tmp_path_factory.mktemp("vllm"), extra=FORCING_FLAGS, env_extra=FORCING_ENV
+        tools_model_dir(),
+        tmp_path_factory.mktemp("vllm"),
+        extra=(*FORCING_FLAGS, *JUDGE_FLAGS),
+        env_extra=FORCING_ENV,
     )
     try:
         yield server

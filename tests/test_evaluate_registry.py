@@ -71,7 +71,14 @@ HERE = __name__
 
 
 def test_names() -> None:
-    assert evaluator_names() == ["command", "harbor", "session_completed", "swebench", "test_on_output"]
+    assert evaluator_names() == [
+        "command",
+        "harbor",
+        "judge",
+        "session_completed",
+        "swebench",
+        "test_on_output",
+    ]
 
 
 def test_each_builtin_is_registered_under_its_own_name() -> None:

@@ -37,6 +37,13 @@ TRAINING_FLAGS = (
     "hermes",
 )
 
+# For a judge served by this vLLM: structured outputs without free whitespace. vLLM 0.32's default grammar
+# (xgrammar, `any_whitespace`) lets the model write newlines between JSON tokens without end, and takes no
+# per-request switch for it; the small model spent every judge's max_tokens on them
+# (tests/test_judge_vllm.py). The switch needs the backend named (with "auto" vLLM refuses it: "only
+# supported for xgrammar and guidance backends"). Requests that ask for no structure are served as before.
+JUDGE_FLAGS = ("--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}')
+
 
 def vllm_command() -> Path:
     """The `vllm` command of the cached venv, installing it first when missing (minutes, once)."""

@@ -354,3 +354,14 @@ class Task(_Model):
         description="Anything (group_id, policy_version, rollout step, ...): copied into every session's "
         "result and trajectory metadata; group_id names the GRPO group (default: the task id).",
     )
+
+    @field_validator("metadata")
+    @classmethod
+    def _no_evaluator_route(cls, metadata: dict[str, Any]) -> dict[str, Any]:
+        # The gateway routes every call of a session carrying it to a frozen model (a judge's own session,
+        # polar.gateway.routing): a policy session must never carry it.
+        if "evaluator_route" in metadata:
+            raise ValueError(
+                "evaluator_route is set by the node for an evaluator's own session, never by a task"
+            )
+        return metadata

@@ -1,4 +1,5 @@
-"""Task-given outbound URLs (`callback_url`, `agent.side_call_backend.url`) cannot reach internal places.
+"""Task-given outbound URLs (`callback_url`, `agent.side_call_backend.url`, a judge's
+`evaluator.config.backend.url`) cannot reach internal places.
 
 Through the real rollout server over HTTP: internal and metadata URLs are refused at submit with a 400
 naming the field; link-local and metadata stay refused even when the operator allowlists everything; an
@@ -97,7 +98,12 @@ def _bodies(url: str) -> list[tuple[str, dict[str, Any]]]:
     return [
         ("callback_url", task("t", callback_url=url)),
         ("agent.side_call_backend.url", task("t", agent=_route_agent(url))),
+        ("evaluator.config.backend.url", task("t", evaluator=_judge(url))),
     ]
+
+
+def _judge(url: str) -> dict[str, Any]:
+    return {"strategy": "judge", "config": {"rubric": "r", "backend": {"url": url, "model": "judge"}}}
 
 
 @pytest.mark.parametrize("url", INTERNAL)

@@ -9,12 +9,45 @@ and zeroes non-completed sessions (see `polar.rollout.rewards`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from polar.runtime.base import ExecResult, Runtime
 from polar.task import Task
 from polar.trajectory.models import Trajectory
+
+
+@dataclass(frozen=True)
+class ModelSession:
+    """A gateway session an evaluator calls a frozen model through: `base_url` is the gateway's model API
+    (".../v1", reachable from the node), `session_id` its API key."""
+
+    session_id: str
+    base_url: str
+
+
+class EvaluatorModels(Protocol):
+    """Frozen models an evaluator calls (a judge). Each call goes through a gateway session of its own,
+    opened on the control plane, so it is recorded like a policy call (replayable, shown with the session it
+    judged) but tagged `tag` and never trainable; the route lives in that session, never in a policy one."""
+
+    @property
+    def state_path(self) -> Path | None:
+        """The node's store file: where evaluators keep what must outlive a run (a judge's cache)."""
+        ...
+
+    async def open_session(
+        self, tag: str, backend: Mapping[str, str], judged: str, metadata: Mapping[str, Any]
+    ) -> ModelSession:
+        """A new session whose every call goes to `backend` ({url, kind, model}), linked to the session
+        `judged`; ValueError when the backend cannot be routed to."""
+        ...
+
+    async def close_session(self, session_id: str) -> None:
+        """Refuse the session's key from now on."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -26,6 +59,7 @@ class EvalContext:
     agent: ExecResult | None  # the harness process's result (None if it never ran)
     trajectory: Trajectory
     config: dict[str, Any] = field(default_factory=dict)  # the task's evaluator.config
+    models: EvaluatorModels | None = None  # frozen models through the gateway (the node's; None elsewhere)
 
 
 @dataclass(frozen=True)

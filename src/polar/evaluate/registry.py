@@ -25,6 +25,7 @@ EVALUATORS = plugins.Registry(
         "test_on_output": "polar.evaluate.test_on_output:TestOnOutput",
         "swebench": "polar.evaluate.swebench:SWEBenchEvaluator",
         "harbor": "polar.evaluate.harbor:HarborEvaluator",
+        "judge": "polar.evaluate.judge:Judge",
     },
 )
 

@@ -16,15 +16,15 @@ from polar.jsontypes import JSON
 @dataclass(frozen=True, slots=True)
 class Placed:
     """Where a call goes: the backend, the exact body sent to it, the harness's tags, the quirks applied,
-    flags its record gets for what the gateway changed on the way (`polar.gateway.fit`), and whether it was
-    routed to a frozen side-call model instead of the policy (`polar.gateway.routing`)."""
+    flags its record gets for what the gateway changed on the way (`polar.gateway.fit`), and, when a frozen
+    model serves it instead of the policy (`polar.gateway.routing`), the flag its record gets for that."""
 
     backend: Backend
     upstream: dict[str, Any]
     tags: tuple[str, ...]
     quirks: tuple[str, ...]
     flags: tuple[str, ...] = ()
-    routed: bool = False
+    routed: str = ""  # "routed:side_call", "routed:judge"; empty: the policy serves it
 
 
 @dataclass

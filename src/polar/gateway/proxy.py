@@ -51,7 +51,7 @@ from polar.gateway.quirks import apply_quirks
 from polar.gateway.recorder import Recorder
 from polar.gateway.relay import Flight, RelayResponse, relay
 from polar.gateway.render.chain import Chain
-from polar.gateway.routing import SIDE_CALL, SideRoute, provisional_record
+from polar.gateway.routing import SIDE_CALL, Classify, SideRoute, provisional_record
 from polar.gateway.sessions import SessionRegistry, SessionState
 from polar.gateway.signatures import ReasoningCodec
 from polar.limits import DEFAULT_BODY_TIMEOUT_S
@@ -127,7 +127,7 @@ class Proxy:
 
     @staticmethod
     def _side_tags(
-        route: SideRoute,
+        classify: Classify,
         state: SessionState,
         seq: int,
         dialect: Dialect,
@@ -137,7 +137,7 @@ class Proxy:
     ) -> tuple[str, ...]:
         try:
             return tuple(
-                route.classify(provisional_record(state.session_id, seq, dialect.name, body, upstream, req))
+                classify(provisional_record(state.session_id, seq, dialect.name, body, upstream, req))
             )
         except Exception as exc:  # the preset's bug, not the policy's: an infrastructure failure
             log.exception("side-call classifier failed for session %s call %d", state.session_id, seq)
@@ -327,16 +327,22 @@ class Proxy:
 
     async def _place(self, call: Call, req: CanonicalRequest) -> Placed:
         """The backend that serves this call, its upstream body, and the harness's tags for it: the policy,
-        unless the session routes side calls and its classifier tags this one (then the frozen model)."""
-        upstream = self.backend.build_body(req, self.served_model)
+        unless the session routes side calls and its classifier tags this one, or is an evaluator's own
+        session (then the frozen model). The model a call names never chooses: only the session does."""
         route = call.state.route
-        if route is None:  # only sessions that route side calls pay for classification
-            return Placed(self.backend, upstream, (), ())
-        tags = self._side_tags(route, call.state, call.seq, call.dialect, call.body, upstream, req)
-        if SIDE_CALL not in tags:
-            return Placed(self.backend, upstream, tags, ())
+        if route is None:  # only sessions that route calls pay for classification
+            return Placed(self.backend, self.backend.build_body(req, self.served_model), (), ())
+        if route.classify is None:  # an evaluator's session: every call
+            tags: tuple[str, ...] = (route.tag,)
+        else:
+            upstream = self.backend.build_body(req, self.served_model)
+            tags = self._side_tags(
+                route.classify, call.state, call.seq, call.dialect, call.body, upstream, req
+            )
+            if SIDE_CALL not in tags:
+                return Placed(self.backend, upstream, tags, ())
         backend = await self.side_backend(route)
-        return Placed(backend, backend.build_body(req, route.model), tags, (), routed=True)
+        return Placed(backend, backend.build_body(req, route.model), tags, (), routed=route.flag)
 
 
 if TYPE_CHECKING:  # mypy checks that the proxy is what a scrape reads and what dialect routes use

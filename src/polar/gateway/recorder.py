@@ -18,7 +18,6 @@ from polar.gateway.canonical import Completion, StreamChunk
 from polar.gateway.errors import GatewayError
 from polar.gateway.gate import Gate
 from polar.gateway.metrics import GatewayMetrics
-from polar.gateway.routing import FLAG_ROUTED
 from polar.limits import nesting_message, nesting_path
 from polar.store.records import FLAG_NOT_TRAINABLE, CompletionRecord, FailureRecord
 from polar.store.writer import AsyncWriter
@@ -33,7 +32,7 @@ def request_summary(body: Any, reason: str) -> dict[str, Any]:
 
 
 def completion_record(call: Call, placed: Placed, comp: Completion, upstream_ms: float) -> CompletionRecord:
-    """The record of a completed call. A call routed to a frozen side-call model is never trainable,
+    """The record of a completed call. A call routed to a frozen model (side call, judge) is never trainable,
     whatever its server returned; a policy call whose server reports no weights version gets the gate's."""
     req = call.req
     assert req is not None
@@ -44,7 +43,7 @@ def completion_record(call: Call, placed: Placed, comp: Completion, upstream_ms:
     )
     policy_version = comp.policy_version
     if placed.routed:
-        flags = tuple(dict.fromkeys((*flags, FLAG_NOT_TRAINABLE, FLAG_ROUTED)))
+        flags = tuple(dict.fromkeys((*flags, FLAG_NOT_TRAINABLE, placed.routed)))
     elif policy_version is None:
         policy_version = call.policy_version
     overhead_ms = (time.perf_counter() - call.started) * 1000.0 - upstream_ms

@@ -15,7 +15,7 @@ from typing import Any
 
 from tenacity import retry_if_exception_type
 
-from polar.evaluate.base import AgentFault, EvalContext, EvalResult
+from polar.evaluate.base import AgentFault, EvalContext, EvalResult, EvaluatorModels
 from polar.gateway.proxy import Proxy
 from polar.harness.base import HarnessContext
 from polar.harness.install import tools_home
@@ -61,6 +61,7 @@ class StageEnv:
     sandbox_paths: tuple[Path, ...] = ()  # read-only in every sandbox (NodeConfig.sandbox_paths)
     keep: Keep = "nothing"  # what of the agent's session directory survives teardown (logs, transcripts)
     count_evaluation: Callable[[str], None] = _uncounted  # the node's metrics (`evaluate`)
+    models: EvaluatorModels | None = None  # frozen models for evaluators, through this gateway (a judge)
 
 
 def _tail(text: str, n: int = 400) -> str:
@@ -360,7 +361,10 @@ async def build_trajectory(s: NodeSession, env: StageEnv) -> Trajectory:
 
 
 async def evaluate(
-    s: NodeSession, trajectory: Trajectory, count: Callable[[str], None] = _uncounted
+    s: NodeSession,
+    trajectory: Trajectory,
+    count: Callable[[str], None] = _uncounted,
+    models: EvaluatorModels | None = None,
 ) -> EvalResult:
     """The evaluator's verdict within the task's evaluator timeout (which includes waiting for its
     fresh runtime, normally ready long before). `count` is told the outcome (`EVAL_OUTCOMES`; a cancelled
@@ -369,7 +373,7 @@ async def evaluate(
     timeout = s.spec.task.evaluator.timeout_seconds
     try:
         async with asyncio.timeout(timeout):
-            result = await _judge(s, trajectory)
+            result = await _judge(s, trajectory, models)
     except TimeoutError:
         count("timeout")
         raise SessionEnd(ERROR, f"evaluator timed out after {timeout:g} s") from None
@@ -380,7 +384,7 @@ async def evaluate(
     return result
 
 
-async def _judge(s: NodeSession, trajectory: Trajectory) -> EvalResult:
+async def _judge(s: NodeSession, trajectory: Trajectory, models: EvaluatorModels | None) -> EvalResult:
     assert s.runtime is not None
     fresh = None
     if s.fresh is not None:
@@ -398,6 +402,7 @@ async def _judge(s: NodeSession, trajectory: Trajectory) -> EvalResult:
         agent=s.agent,
         trajectory=trajectory,
         config=dict(s.spec.task.evaluator.config),
+        models=models,
     )
     try:
         return await s.evaluator.evaluate(ctx)
@@ -425,7 +430,7 @@ async def post_stage(s: NodeSession, env: StageEnv) -> Trajectory:
     trajectory = await build_trajectory(s, env)
     s.trajectory = trajectory
     completed = s.outcome == SessionStatus.COMPLETED
-    result = await evaluate(s, trajectory, env.count_evaluation) if completed else None
+    result = await evaluate(s, trajectory, env.count_evaluation, env.models) if completed else None
     if result is not None:
         s.metadata["evaluation"] = {"passed": result.passed, "details": result.details}
     return assign_rewards(trajectory, s.outcome.value, result, reason=s.reason)

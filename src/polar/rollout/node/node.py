@@ -47,6 +47,7 @@ from polar.rollout.node.lifecycle import (
     stop_runtime,
 )
 from polar.rollout.node.metrics import NodeMetrics
+from polar.rollout.node.models import GatewayModels
 from polar.rollout.node.pools import ReadyBuffer, StagePool
 from polar.rollout.node.reporter import Reporter
 from polar.rollout.node.session import NodeSession, SessionEnd
@@ -161,6 +162,7 @@ class Node:
             post_run_timeout_s=self.config.post_run_timeout_s,
             keep=self.config.keep,
             count_evaluation=self.metrics.evaluated,
+            models=GatewayModels(self.asgi.gateway.state.proxy, self.url, gw.store_path),
         )
         if self.config.server_url is not None:
             registration = NodeRegistration(

@@ -2,7 +2,7 @@
 
 The task itself is checked by `polar.rollout.resolve`, as the nodes check it at admission (server and nodes
 are expected to share an installation, as `polar run` and one-image clusters do); here only what the server
-alone decides: its outbound policy for callback and side-call URLs.
+alone decides: its outbound policy for callback, side-call and evaluator backend (judge) URLs.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def check_task(task: Task, prefix: str = "") -> None:
 
 
 async def check_outbound(tasks: Sequence[tuple[Task, str]], policy: OutboundPolicy) -> None:
-    """The tasks' callback and side-call URLs against the server's outbound policy (`polar.netguard`),
+    """The tasks' callback, side-call and judge URLs against the server's outbound policy (`polar.netguard`),
     resolved now: SubmitError names the first refused field and says why. Each distinct URL is resolved
     once per submission (a batch usually shares one callback URL)."""
     fields: list[tuple[str, str]] = []
@@ -41,6 +41,9 @@ async def check_outbound(tasks: Sequence[tuple[Task, str]], policy: OutboundPoli
             fields.append((f"{prefix}agent.side_call_backend.url", side.url))
         if task.callback_url is not None:
             fields.append((f"{prefix}callback_url", task.callback_url))
+        backend = task.evaluator.config.get("backend")  # a frozen model an evaluator calls (a judge)
+        if isinstance(backend, dict) and isinstance(backend.get("url"), str):
+            fields.append((f"{prefix}evaluator.config.backend.url", backend["url"]))
     urls = list(dict.fromkeys(url for _, url in fields))
     outcomes = await asyncio.gather(*(policy.vet(url) for url in urls), return_exceptions=True)
     refused = dict(zip(urls, outcomes, strict=True))
