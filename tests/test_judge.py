@@ -336,3 +336,39 @@ def test_a_task_cannot_give_its_sessions_an_evaluator_route() -> None:
     with pytest.raises(ValidationError) as info:
         Task.model_validate({"task_id": "t", "instruction": "i", "metadata": {EVALUATOR_ROUTE_KEY: route}})
     assert "evaluator_route is set by the node" in str(info.value)
+
+
+async def test_the_dashboard_shows_a_sessions_judge_calls(tmp_path: Path) -> None:
+    """Through a real rollout server and node: the session page's evaluation tab shows the judge session it
+    names, with what the judge was asked and its answer, fetched from the node like any records."""
+    import httpx
+
+    from tests.node_support import eventually
+    from tests.server_support import AUTH, start_server
+
+    server = start_server(tmp_path / "server.db")
+    try:
+        with fake_policy() as (policy, _), scripted_judge() as (url, _judge):
+            async with (
+                running_node(policy, tmp_path, server_url=server.url, heartbeat_s=0.05),
+                httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=30) as http,
+            ):
+                task = shell_task(
+                    f"{PY} {write_caller(tmp_path)}",
+                    task_id="judged",
+                    evaluator={"strategy": "judge", "config": judge_config(url)},
+                )
+                r = await http.post("/rollout/task/submit", json=task.model_dump(mode="json"))
+                assert r.status_code == 201, r.text
+
+                async def finished() -> Any:
+                    (session,) = (await http.get("/rollout/task/judged")).json()["sessions"]
+                    return session if session["status"] == "COMPLETED" else None
+
+                session = await eventually(finished, "the session to be judged")
+                page = (await http.get(f"/ui/sessions/{session['session_id']}?tab=evaluation")).text
+    finally:
+        server.stop()
+    assert "judge session <code>judge-" in page
+    assert "routed:judge" in page and "what the judge was asked" in page
+    assert RUBRIC in page and "&#34;score&#34;: 7" in page

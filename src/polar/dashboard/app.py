@@ -269,15 +269,7 @@ class Dashboard:
             trajectory = await self._trajectory(detail, node, ctx["notes"])
         records: list[dict[str, Any]] = []
         if tab in ("completions", "tokens", "conversation"):
-            if self.local_records is not None:
-                records = await asyncio.to_thread(self.local_records, sid)
-            elif node is None:
-                ctx["notes"].append("the session never reached a node: there are no gateway records")
-            else:
-                fetched = await self.reader.completions(node.url, sid)
-                records = fetched.data or []
-                if fetched.error:
-                    ctx["notes"].append(f"records from node {node.node_id}: {fetched.error}")
+            records = await self._records(sid, node, ctx["notes"])
         traces = (trajectory or {}).get("traces") or []
         side = side_call_ids(records)
         ctx.update(trajectory=trajectory, traces=traces, records=records, side_ids=side)
@@ -295,8 +287,25 @@ class Dashboard:
         elif tab == "raw":
             ctx["raw"] = views.pretty(detail.result) if detail.result else None
         elif tab == "evaluation":
-            ctx["evaluation"] = views.pretty(result.get("metadata", {}).get("evaluation"))
+            evaluation = result.get("metadata", {}).get("evaluation")
+            ctx["evaluation"] = views.pretty(evaluation)
+            ctx["judges"] = [
+                views.JudgeSession(judge, cached, await self._records(judge, node, ctx["notes"]))
+                for judge, cached in views.judge_sessions(evaluation)
+            ]
         return self.render(request, "session.html", **ctx)
+
+    async def _records(self, sid: str, node: NodeRow | None, notes: list[str]) -> list[dict[str, Any]]:
+        """A gateway session's records: from the run's folder, or from the node that ran it."""
+        if self.local_records is not None:
+            return await asyncio.to_thread(self.local_records, sid)
+        if node is None:
+            notes.append("the session never reached a node: there are no gateway records")
+            return []
+        fetched = await self.reader.completions(node.url, sid)
+        if fetched.error:
+            notes.append(f"records of {sid} from node {node.node_id}: {fetched.error}")
+        return list(fetched.data or [])
 
     async def _trajectory(
         self, detail: queries.SessionDetail, node: NodeRow | None, notes: list[str]

@@ -119,3 +119,32 @@ def conversation(trace: dict[str, Any]) -> list[Message]:
     """A trace's messages in order: the first call's prompt, then everything after it."""
     msgs = list(trace.get("prompt_messages") or []) + list(trace.get("response_messages") or [])
     return [message(m) for m in msgs if isinstance(m, dict)]
+
+
+@dataclass(frozen=True)
+class JudgeSession:
+    """A judge session an evaluation names (`details.judge`), and its records once fetched."""
+
+    session_id: str
+    cached: bool  # the verdict came from the cache: the session judged an identical outcome earlier
+    records: list[dict[str, Any]]
+
+
+def judge_sessions(evaluation: JSON) -> list[tuple[str, bool]]:
+    """(judge session id, cached) of every judgement in an evaluation's details, combined ones included
+    (`{"judge": {"session_id": ...}}` at any depth), in order, each once."""
+    found: dict[str, bool] = {}
+
+    def walk(value: JSON) -> None:
+        if isinstance(value, dict):
+            judge = value.get("judge")
+            if isinstance(judge, dict) and isinstance(judge.get("session_id"), str):
+                found.setdefault(judge["session_id"], bool(judge.get("cached")))
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    walk(evaluation)
+    return list(found.items())
