@@ -95,17 +95,20 @@ async def run_preset(
     backend_status: int | None = None,
     image: str | None = None,
     backend_faults: dict[str, Any] | None = None,
+    agent: dict[str, Any] | None = None,
+    runtime: dict[str, Any] | None = None,
 ) -> PresetRun:
     """Run `harness` with `settings` on a node; the evaluator runs `check` and compares its output with
     `expect` exactly (None: the session only has to complete). `backend_status` makes the policy's server
     fail every call with that HTTP status; `image` is the container image of a docker/podman backend;
-    `backend_faults` are the fake's other settings (`FakeInferenceServer.set`, e.g. `max_model_len`)."""
+    `backend_faults` are the fake's other settings (`FakeInferenceServer.set`, e.g. `max_model_len`);
+    `agent` and `runtime` are more fields of the task's (`mcp_servers`, `skills`; `read_only_paths`)."""
     task = shell_task(
         "unused",
         instruction=instruction,
         timeout_seconds=timeout_s,
-        agent={"harness": harness, "settings": dict(settings)},
-        runtime={"backend": backend, "network": "gateway", "image": image},
+        agent={"harness": harness, "settings": dict(settings), **(agent or {})},
+        runtime={"backend": backend, "network": "gateway", "image": image, **(runtime or {})},
         evaluator=(
             {"strategy": "session_completed"}
             if expect is None
@@ -304,9 +307,11 @@ async def run_cli(
     reasoning: str | None = None,
     backend_status: int | None = None,
     image: str | None = None,
+    agent: dict[str, Any] | None = None,
 ) -> PresetRun:
     """`run_preset` with INSTRUCTION (a dash and an @ in it) and the policy scripted to call `tool`; the
-    evaluator checks hello.txt's exact bytes (their Python repr) against `expect`."""
+    evaluator checks hello.txt's exact bytes (their Python repr) against `expect`; `agent`: more fields of
+    the task's agent."""
     return await run_preset(
         tmp_path,
         harness,
@@ -320,6 +325,7 @@ async def run_cli(
         check="python3 -c \"print(repr(open('hello.txt').read()))\"",
         backend_status=backend_status,
         image=image,
+        agent=agent,
     )
 
 

@@ -8,6 +8,7 @@ need no CLI: settings, command, environment, and `classify` on requests Claude C
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -27,10 +28,12 @@ from polar.store.records import CompletionRecord
 from polar.store.sqlite import SQLiteStore
 from polar.task import UploadAction
 from polar.trajectory import audit, build
+from tests import extension_support as ext
+from tests import mcp_weather
 from tests.conftest import FakeBackend, Gateway
 from tests.fakes.fake_vllm import Reply
 from tests.node_support import fake_policy, running_node, shell_task, spec
-from tests.preset_run_support import harness_image
+from tests.preset_run_support import harness_image, run_preset
 
 DATA = Path(__file__).parent / "data"
 HELLO = "hello from claude code"
@@ -434,3 +437,21 @@ async def test_claude_code_connects_to_nothing_but_the_gateway(
     targets = {m["addr"] for m in _INET_CONNECT.finditer(log.read_text())}
     assert targets == {f'sin_port=htons({port}), sin_addr=inet_addr("127.0.0.1")'}
     assert len(gateway.completions(sid)) == 2
+
+
+@pytest.mark.cli
+async def test_claude_code_runs_the_tasks_mcp_server_and_reads_its_skill(tmp_path: Path) -> None:
+    """`agent.mcp_servers` (`--mcp-config`, the server's tools allowed) and `agent.skills` (in the Skill
+    tool's listing): the policy calls `mcp__weather__forecast` and the forecast comes back in the next
+    request. The server starts 5 s late; 2.1.197 under `-p` sent its first two calls without its tools
+    (measured) unless told to wait (MCP_CONNECTION_NONBLOCKING=0): here the first already has them."""
+    await asyncio.to_thread(mcp_weather.install)
+    run = await run_preset(
+        tmp_path,
+        "claude_code",
+        {},
+        ext.weather_script("mcp__weather__forecast"),
+        expect=None,
+        agent=ext.agent_fields(delay_s=5),
+    )
+    ext.check_weather_run(run, "claude_code", "anthropic", "mcp__weather__forecast")

@@ -20,6 +20,7 @@ from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
 from polar.trajectory import Trajectory, audit
+from tests import extension_support as ext
 from tests import mcp_weather
 from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import (
@@ -469,3 +470,31 @@ async def test_setup_that_cannot_write_fails_naming_the_file(tmp_path: Path) -> 
         assert meta["transcripts"] == 0
     finally:
         await runtime.stop()
+
+
+# -- the task's MCP servers and skills ---------------------------------------------------------------------
+
+
+@pytest.mark.cli
+@needs_npm
+@pytest.mark.parametrize("backend", ["local", pytest.param("bwrap", marks=needs_bwrap)])
+async def test_codex_runs_the_tasks_mcp_server_and_reads_its_skill(tmp_path: Path, backend: str) -> None:
+    """`agent.mcp_servers` and `agent.skills`: the policy calls `mcp__weather__forecast` (Codex offers the
+    server's tools as the namespace `mcp__weather`, flattened upstream) and the forecast comes back in the
+    next request. The server starts 5 s late; without `required` Codex 0.171.0 sent its first two calls
+    without its tools (measured), here the first already has them. In bwrap the server only starts where
+    a file of the host's /tmp is not visible, so it ran inside the sandbox."""
+    await asyncio.to_thread(mcp_weather.install)
+    hidden = tmp_path / "host-only"
+    hidden.write_text("a server that sees this runs outside the sandbox")
+    run = await run_preset(
+        tmp_path,
+        "codex",
+        {},
+        ext.weather_script("mcp__weather__forecast"),
+        expect=None,
+        backend=backend,
+        agent=ext.agent_fields(delay_s=5, unseen=hidden if backend == "bwrap" else None),
+        runtime={"read_only_paths": [str(ext.SCRIPT.parent)]} if backend == "bwrap" else None,
+    )
+    ext.check_weather_run(run, "codex", "responses", "mcp__weather__forecast")

@@ -7,6 +7,7 @@ and in `bwrap` with only the gateway reachable (the proof that it needs no other
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -19,6 +20,8 @@ from polar.harness.presets import gemini_cli
 from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import RuntimeFailure
 from polar.store.records import CompletionRecord
+from tests import extension_support as ext
+from tests import mcp_weather
 from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import (
     SIDE_ANSWER,
@@ -190,3 +193,19 @@ async def test_setup_and_post_run_failures_are_clear(tmp_path: Path) -> None:
         assert meta["transcript_files"] == 0 and "missing" in meta["collect_error"]
     finally:
         await runtime.stop()
+
+
+async def test_gemini_cli_runs_the_tasks_mcp_server_and_reads_its_skill(tmp_path: Path) -> None:
+    """`agent.mcp_servers` and `agent.skills`: the policy calls `mcp_weather_forecast` (0.61.0's name for the
+    server's tool) and the forecast comes back in the next request. 0.61.0 waits for its servers before the
+    first call (the server starts 3 s late here) and lists the skill in its system instruction."""
+    await asyncio.to_thread(mcp_weather.install)
+    run = await run_preset(
+        tmp_path,
+        "gemini_cli",
+        {},
+        ext.weather_script("mcp_weather_forecast"),
+        expect=None,
+        agent=ext.agent_fields(delay_s=3),
+    )
+    ext.check_weather_run(run, "gemini_cli", "gemini", "mcp_weather_forecast")

@@ -7,6 +7,7 @@ gateway, the runtime (local, and bwrap with only the gateway reachable), the CLI
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from pathlib import Path
@@ -19,6 +20,8 @@ from polar.harness.presets import opencode
 from polar.harness.registry import get_harness
 from polar.runtime import LocalRuntime, RuntimeSpec, make_runtime
 from polar.store.records import CompletionRecord
+from tests import extension_support as ext
+from tests import mcp_weather
 from tests.conftest import FakeBackend, Gateway
 from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import PresetRun, check_capture, run_preset, traced_connections
@@ -239,3 +242,21 @@ async def test_post_run_reads_events_without_logs(tmp_path: Path) -> None:
         assert meta == {"opencode_session": "ses_2", "steps": 0, "tool_calls": 0, "errors": ['"boom"']}
     finally:
         await runtime.stop()
+
+
+@pytest.mark.cli
+@needs_npm
+async def test_opencode_runs_the_tasks_mcp_server_and_reads_its_skill(tmp_path: Path) -> None:
+    """`agent.mcp_servers` and `agent.skills`: the policy calls `weather_forecast` (1.18.33's name for the
+    server's tool) and the forecast comes back in the next request; the skill is listed in its skill tool's
+    description."""
+    await asyncio.to_thread(mcp_weather.install)
+    run = await run_preset(
+        tmp_path,
+        "opencode",
+        {},
+        ext.weather_script("weather_forecast"),
+        expect=None,
+        agent=ext.agent_fields(),
+    )
+    ext.check_weather_run(run, "opencode", "chat", "weather_forecast")

@@ -3,6 +3,7 @@ of its four selectable dialects, in the local runtime and in bubblewrap with no 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from polar.rollout.protocol import SessionStatus
 from polar.runtime import RuntimeSpec, make_runtime
 from polar.runtime.base import RuntimeFailure
 from polar.store.records import CompletionRecord
+from tests import extension_support as ext
 from tests.preset_run_support import (
     check_run,
     jsonl_lines,
@@ -260,3 +262,14 @@ async def test_gemini_calls_without_ids_get_the_policys_arguments_back(tmp_path:
     call = run.records[-1].upstream_request["messages"][-2]["tool_calls"][0]["function"]
     assert call["arguments"] == spaced
     assert len(traj.traces) == 1 and not traj.traces[0].metadata["drift_turns"]
+
+
+@pytest.mark.cli
+@needs_npm
+async def test_pi_reads_the_tasks_skill(tmp_path: Path) -> None:
+    """`agent.skills` in Pi's agent dir: the skill's description is in the system prompt of Pi's first call.
+    (Pi has no MCP client: `agent.mcp_servers` is refused, tests/test_harness_extensions.py.)"""
+    run = await run_cli(tmp_path, "pi", TOOL, ARGS, EXPECT, agent=ext.agent_fields(mcp=False))
+    check_run(run, dialect="chat", tool=TOOL, paths=ROUTES["chat"])
+    system = run.records[0].upstream_request["messages"][0]
+    assert system["role"] == "system" and ext.SKILL_MARK in json.dumps(system["content"])

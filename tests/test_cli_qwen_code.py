@@ -9,6 +9,7 @@ the main-loop marker hold for both.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +24,8 @@ from polar.rollout.protocol import SessionStatus
 from polar.store.records import FLAG_MAX_TOKENS_CLAMPED, CompletionRecord
 from polar.trajectory import audit, build
 from polar.trajectory.retries import DEAD_BRANCH, RETRY, tag_retries
+from tests import extension_support as ext
+from tests import mcp_weather
 from tests.fakes.chatml import FakeTokenizer
 from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import (
@@ -319,3 +322,27 @@ def test_command_env_and_settings_file() -> None:
     merged = cli_common.deep_merge(qwen_code.cli_settings(), harness.config)
     assert merged["general"] == {"enableAutoUpdate": False, "vimMode": True}
     assert json.loads(json.dumps(merged))["memory"] == {"enableManagedAutoMemory": False}
+
+
+# 0.24.4 defers MCP tools (`shouldDefer`, and no preload: tools.toolSearch.threshold is 0 by default): the
+# model calls one through the `tool_call` bridge, by the name a reminder gives it.
+BRIDGED = '{"name":"mcp__weather__forecast","arguments":{"city":"Oslo"}}'
+
+
+async def test_qwen_code_runs_the_tasks_mcp_server_and_reads_its_skill(tmp_path: Path) -> None:
+    """`agent.mcp_servers` and `agent.skills`: a reminder in the first request names the deferred
+    `mcp__weather__forecast`, the policy calls it through `tool_call` (no `tool_search` needed) and the
+    forecast comes back in the next request. 0.24.4 waits for its servers (the server starts 3 s late)."""
+    await asyncio.to_thread(mcp_weather.install)
+    run = await run_preset(
+        tmp_path,
+        "qwen_code",
+        {},
+        ext.weather_script("tool_call", BRIDGED),
+        expect=None,
+        agent=ext.agent_fields(delay_s=3),
+    )
+    main = ext.check_weather_run(
+        run, "qwen_code", "chat", "tool_call", arguments=BRIDGED, named="mcp__weather__forecast"
+    )
+    assert "mcp__weather__forecast" in json.dumps(main[0].upstream_request["messages"])

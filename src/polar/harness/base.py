@@ -4,7 +4,9 @@ A harness preset knows how to point one agent program at the gateway and run it 
 the program's own configuration into the session's home (never the user's), `command` is the headless
 command line for an instruction, `env` the variables it runs with (the gateway URL and the session key in
 every dialect's spelling), and `post_run` collects its logs into the session's artifacts. `classify` tags
-side calls (title generation, memory extraction, a small/fast model) on the records.
+side calls (title generation, memory extraction, a small/fast model) on the records. A preset whose
+program has an MCP client or reads Agent Skills says so in `extensions` and writes the task's
+`agent.mcp_servers` and `agent.skills` (in `ctx`) into the program's own configuration at setup.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Protocol
 
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
+from polar.task import McpServer, Skill
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,30 @@ class HarnessContext:
     artifacts: str  # directory (inside the runtime) for logs and transcripts
     settings: dict[str, Any] = field(default_factory=dict)  # the task's agent.settings
     env: dict[str, str] = field(default_factory=dict)  # the task's agent.env
+    mcp_servers: dict[str, McpServer] = field(default_factory=dict)  # the task's agent.mcp_servers
+    skills: list[Skill] = field(default_factory=list)  # the task's agent.skills
+
+
+@dataclass(frozen=True)
+class Extensions:
+    """What a harness does with a task's `agent.mcp_servers` and `agent.skills`: its class attribute
+    `extensions` (a preset module's `EXTENSIONS`, which docs/harnesses.md's table shows). None where its
+    program has no such thing: a task giving one is then refused when it is submitted, never ignored."""
+
+    # Where the preset writes the servers (its program's config file, a flag).
+    mcp: str | None = None
+    # How the program names server S's tool T to the model, as a template: "mcp__{server}__{tool}".
+    tool_name: str | None = None
+    # Where the preset writes the skills: "<config dir>/skills/<name>/SKILL.md".
+    skills: str | None = None
+    # Why what is None is not there, for the refusal and the docs.
+    missing: str = ""
+
+
+def extensions_of(harness: object) -> Extensions:
+    """The harness's `extensions`; none for a harness that declares none (a third-party class, say)."""
+    value = getattr(harness, "extensions", None)
+    return value if isinstance(value, Extensions) else Extensions()
 
 
 def gateway_env(ctx: HarnessContext) -> dict[str, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import polar
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.shell import instruction_path, write_instruction
 from polar.jsontypes import JSON
 from polar.runtime.base import Runtime, RuntimeFailure
@@ -73,6 +73,7 @@ def summarize(lines: list[str]) -> dict[str, Any]:
 
 class BuiltinHarness:
     name = "builtin"
+    extensions = Extensions(missing="polar's builtin agent has its four tools only")
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})

@@ -16,7 +16,7 @@ import re
 import shlex
 from typing import Any
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.runtime.base import Runtime, RuntimeFailure
 from polar.store.records import CompletionRecord
 
@@ -59,6 +59,7 @@ class ShellHarness:
     copied into the artifacts after the run (nothing by default)."""
 
     name = "shell"
+    extensions = Extensions(missing="the shell preset configures nothing of the program it runs")
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})

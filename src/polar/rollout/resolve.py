@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from polar.evaluate.registry import evaluator_names, fresh_runtime_wanted, get_evaluator
+from polar.harness.extensions import Refused, check
 from polar.harness.registry import get_harness, harness_names
 from polar.runtime.factory import IMAGE_BACKENDS
 from polar.task import Task
@@ -52,6 +53,10 @@ def resolve_task(task: Task) -> Resolved:
     except Exception as exc:
         field = "agent.settings" if agent.harness in harness_names() else "agent.harness"
         raise TaskProblem(field, str(exc)) from None
+    try:
+        check(agent.harness, harness, agent.mcp_servers, agent.skills)
+    except Refused as exc:
+        raise TaskProblem(exc.field, exc.message) from None
     ev = task.evaluator
     try:
         evaluator = get_evaluator(ev.strategy, dict(ev.config))

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from polar import hints, plugins, yamlpos
 from polar.jsontypes import JSON
+from polar.rollout.skillpaths import SkillPathError, inline_skill_paths
 from polar.rollout.uploads import confine_upload
 from polar.task import Task, UploadAction
 
@@ -50,8 +51,8 @@ def locator(doc: yamlpos.Document, prefix: tuple[Any, ...]) -> Callable[[tuple[A
 def trust_imports(task: Task, base: Path, locate: Callable[[tuple[Any, ...]], str]) -> None:
     """Resolve and trust the import paths `task` names, relative to `base`; `locate(loc)` is the
     `file:line: field` prefix of an error at that location."""
-    for loc, get in CODE_FIELDS:
-        name = get(task)
+    named = [(("evaluators", key, "strategy"), ev.strategy) for key, ev in task.evaluators.items()]
+    for loc, name in [*((loc, get(task)) for loc, get in CODE_FIELDS), *named]:
         if plugins.is_import_path(name):
             try:
                 plugins.trust_file_import(name, base)
@@ -130,6 +131,13 @@ def parse_tasks(
     ]
     tasks: list[Task] = []
     for item, locate in [*generated, *written]:
+        if base is not None:
+            try:
+                item = inline_skill_paths(item, base)
+            except SkillPathError as exc:
+                raise TaskFileError(
+                    f"{locate(('agent', 'skills', exc.index, 'path'))}: {exc.reason}"
+                ) from None
         try:
             task = Task.model_validate(item)
         except ValidationError as exc:

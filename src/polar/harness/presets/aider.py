@@ -64,7 +64,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import (
     collect,
     deep_merge,
@@ -101,6 +101,8 @@ LIMITS = (
     "command; suggested shell commands are never run (`yes-always` declines them; suggestions off)"
 )
 
+EXTENSIONS = Extensions(missing="Aider 0.86.2 has no MCP client and reads no skills")
+
 CONF = ".aider.conf.yml"
 MODEL_SETTINGS = ".aider.model.settings.yml"
 MODEL_METADATA = ".aider.model.metadata.json"
@@ -126,6 +128,7 @@ def _flag(name: str, value: JSON) -> bool:
 
 class AiderHarness:
     name = "aider"
+    extensions = EXTENSIONS
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})

@@ -13,6 +13,8 @@ Settings: `allowed_tools` (tool names the run may use without asking; `-p` denie
 `skip_permissions` (`--dangerously-skip-permissions` instead: every tool, no checks; as root 2.1.197
 refuses the flag unless `IS_SANDBOX=1`, which the preset then sets, so use it in a sandboxed runtime),
 `small_model` (see above), `binary` (a preinstalled `claude` to run instead of installing the pinned one).
+A task's `agent.mcp_servers` go in `<config>/mcp.json`, loaded alone (`--mcp-config`, `--strict-mcp-config`)
+with their tools allowed; its `agent.skills` in `<config>/skills`, with the Skill tool allowed.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import texts, under, write_json
+from polar.harness.extensions import stdio_entries, write_skills
 from polar.harness.install import npm_bin_async
 from polar.jsontypes import JSON
 from polar.runtime.base import Runtime
@@ -42,11 +45,26 @@ LIMITS = (
     "--dangerously-skip-permissions otherwise); tool search "
     "(ENABLE_TOOL_SEARCH, off by default for non-Anthropic hosts) works but each ToolSearch changes `tools`, "
     "splitting the main loop into a new trace; the title side call (only with non-essential traffic on) "
-    "asks for JSON output the gateway does not constrain"
+    "asks for JSON output the gateway does not constrain; with a task's MCP servers it waits up to 60 s for "
+    "them before its first call (MCP_CONNECTION_NONBLOCKING=0) and goes on without one that does not start"
+)
+
+EXTENSIONS = Extensions(
+    mcp="<config>/mcp.json, `--mcp-config` with `--strict-mcp-config` (no other server is loaded); each "
+    "server's tools allowed (`mcp__<server>`)",
+    tool_name="mcp__{server}__{tool}",
+    skills="<config>/skills/<name>/SKILL.md (CLAUDE_CONFIG_DIR's), the Skill tool allowed",
 )
 
 DEFAULT_TOOLS = ("Bash", "Edit", "Write", "Read")
 CONFIG_DIR = ".claude"  # under ctx.home
+MCP_CONFIG = "mcp.json"  # under the config dir: the task's servers, given with --mcp-config
+# 2.1.197 under `-p` connects MCP servers in the background and sends its first calls without their tools,
+# adding them mid-session (measured: a server taking 4 s to start was missing from the first two calls), so
+# a session's tools would depend on how fast its server started. These make it wait for them first, up to
+# MCP_CONNECT_TIMEOUT_MS (its default, 5 s, is short for a Python server in a sandbox on a busy node).
+MCP_WAIT = {"MCP_CONNECTION_NONBLOCKING": "0", "MCP_CONNECT_TIMEOUT_MS": "60000"}
+SKILL_TOOL = "Skill"  # 2.1.197's tool that loads a skill by name
 PROJECTS = "claude-projects"  # under ctx.artifacts: Claude Code's own session transcripts
 DEBUG_LOG = "claude-debug.log"  # under ctx.artifacts
 
@@ -84,6 +102,7 @@ class ClaudeCodeHarness:
     """Runs `claude -p` headless; see the module docstring."""
 
     name = "claude_code"
+    extensions = EXTENSIONS
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})
@@ -126,6 +145,7 @@ class ClaudeCodeHarness:
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
             **({"IS_SANDBOX": "1"} if self.skip_permissions else {}),
+            **(MCP_WAIT if ctx.mcp_servers else {}),
         }
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
@@ -143,10 +163,23 @@ class ClaudeCodeHarness:
             "permissions": (
                 {"defaultMode": "bypassPermissions"}
                 if self.skip_permissions
-                else {"allow": self.allowed_tools}
+                else {"allow": self.allowed(ctx)}
             ),
         }
         await write_json(runtime, f"{self.config_dir(ctx)}/settings.json", settings)
+        if ctx.mcp_servers:
+            await write_json(runtime, self.mcp_config(ctx), mcp_config(ctx))
+        await write_skills(runtime, f"{self.config_dir(ctx)}/skills", ctx.skills)
+
+    def allowed(self, ctx: HarnessContext) -> list[str]:
+        """`allowed_tools`, every tool of the task's MCP servers (the rule `mcp__<server>`) and, with
+        skills, the Skill tool: under `-p` a tool not allowed is denied, so a server or skill the task gives
+        would be there and unusable."""
+        extra = [f"mcp__{name}" for name in ctx.mcp_servers] + ([SKILL_TOOL] if ctx.skills else [])
+        return [*self.allowed_tools, *(t for t in extra if t not in self.allowed_tools)]
+
+    def mcp_config(self, ctx: HarnessContext) -> str:
+        return f"{self.config_dir(ctx)}/{MCP_CONFIG}"
 
     def command(self, ctx: HarnessContext) -> list[str]:
         # `--allowedTools` takes a variadic list: `--` ends it and lets an instruction that starts with
@@ -154,11 +187,15 @@ class ClaudeCodeHarness:
         if self.skip_permissions:
             permissions = ["--dangerously-skip-permissions"]
         else:
-            permissions = ["--allowedTools", ",".join(self.allowed_tools)]
+            permissions = ["--allowedTools", ",".join(self.allowed(ctx))]
+        # `--mcp-config` is variadic too; `--strict-mcp-config` (a flag) ends it, and keeps out any server
+        # the task's repository (.mcp.json) or the user's config names.
+        servers = ["--mcp-config", self.mcp_config(ctx), "--strict-mcp-config"] if ctx.mcp_servers else []
         return [
             self._program or BINARY,
             "-p",
             *permissions,
+            *servers,
             "--debug-file",
             under(ctx.artifacts, DEBUG_LOG),
             "--",
@@ -204,6 +241,11 @@ class ClaudeCodeHarness:
         if small is not None and small != self._model and record.model_requested == small:
             return ("side_call", "small_model")
         return ()
+
+
+def mcp_config(ctx: HarnessContext) -> dict[str, Any]:
+    """The `--mcp-config` file: the task's servers as stdio entries of `mcpServers`."""
+    return {"mcpServers": {n: {"type": "stdio", **e} for n, e in stdio_entries(ctx.mcp_servers).items()}}
 
 
 PRESET = ClaudeCodeHarness

@@ -13,6 +13,8 @@ summary), `max_retries` (the provider's `request_max_retries` and `stream_max_re
 failed call 5 times by default), `config` (a mapping merged into config.toml, as Gemini CLI's and Qwen Code's
 `config`: MCP servers, feature flags; its `model` is the name Codex asks for and looks up in its own
 catalog, which decides features such as tool search; the provider is the preset's and cannot be replaced).
+A task's `agent.mcp_servers` become `[mcp_servers.<name>]` tables (`required`: Codex waits for them) and its
+`agent.skills` folders of `$CODEX_HOME/skills`; `config` is merged over them as over the rest.
 
     agent:
       harness: codex
@@ -33,7 +35,7 @@ from typing import Any
 
 import tomli_w
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import (
     absolute_binary,
     deep_merge,
@@ -47,6 +49,7 @@ from polar.harness.cli_common import (
     under,
     write_file,
 )
+from polar.harness.extensions import write_skills
 from polar.harness.install import npm_prefix
 from polar.harness.shell import write_instruction
 from polar.runtime.base import Runtime
@@ -65,8 +68,20 @@ LIMITS = (
     "sub-agents (the `multi_agent_v1` namespace tools, called upstream as `multi_agent_v1__spawn_agent` "
     "& co) run in the same session and are tagged `side_call`, `subagent`; a sub-agent cannot spawn its own; "
     "tool search over deferred MCP tools (a catalog model such as gpt-5.5 in settings.config) answers as "
-    "`tool_search_call`, the loaded tools reach the policy in the tool message"
+    "`tool_search_call`, the loaded tools reach the policy in the tool message; a task's MCP server that "
+    "cannot start ends the run before any call (it is `required`); its servers get only HOME, PATH and a "
+    "few more of the environment, plus their `env`"
 )
+
+EXTENSIONS = Extensions(
+    mcp="config.toml `[mcp_servers.<name>]` (command, args, env), under settings.config's",
+    tool_name="mcp__{server}__{tool}",
+    skills="$CODEX_HOME/skills/<name>/SKILL.md",
+)
+
+# How long Codex waits for a task's MCP server to start (0.171.0's default, 10 s, is short for a Python
+# server in a sandbox on a busy node).
+MCP_STARTUP_S = 60
 
 PROVIDER = "polar"
 KEY_VARIABLE = "POLAR_SESSION_ID"  # set by gateway_env; Codex reads the provider's key from `env_key`
@@ -121,7 +136,29 @@ def config_toml(
         "features": {"plugins": False},
         "otel": {"exporter": "none"},
     }
+    if ctx.mcp_servers:
+        config["mcp_servers"] = mcp_servers(ctx)
     return tomli_w.dumps(deep_merge(config, overlay or {}))
+
+
+def mcp_servers(ctx: HarnessContext) -> dict[str, dict[str, Any]]:
+    """The task's servers as 0.171.0's `[mcp_servers.<name>]` tables (stdio: `command`, `args`, `env`).
+    Each is `required`: 0.171.0 otherwise sends its first calls before a server is up and adds the
+    server's tools mid-session (measured: a server taking 4 s to start was missing from the first two
+    calls), so a session's tools would depend on how fast its server started; required, Codex waits for it
+    (up to `startup_timeout_sec`) and exits with an error when it cannot start."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, server in ctx.mcp_servers.items():
+        table: dict[str, Any] = {
+            "command": server.command,
+            "args": list(server.args),
+            "required": True,
+            "startup_timeout_sec": MCP_STARTUP_S,
+        }
+        if server.env:
+            table["env"] = dict(server.env)
+        out[name] = table
+    return out
 
 
 # The npm package's launcher (`bin/codex.js`, a node script) picks the platform package's static binary and
@@ -149,6 +186,7 @@ def launcher_env(prefix: Path) -> dict[str, str]:
 
 class CodexHarness:
     name = "codex"
+    extensions = EXTENSIONS
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})
@@ -182,6 +220,7 @@ class CodexHarness:
             f"{self.codex_home(ctx)}/config.toml",
             config_toml(ctx, self.context_window, self.reasoning_effort, self.max_retries, self.config),
         )
+        await write_skills(runtime, f"{self.codex_home(ctx)}/skills", ctx.skills)
         await write_instruction(runtime, ctx)
 
     def command(self, ctx: HarnessContext) -> str:

@@ -3,8 +3,9 @@
     agent: {harness: gemini_cli, settings: {extra_args: [], config: {model: {maxSessionTurns: 40}}}}
 
 Setup writes `$HOME/.gemini/settings.json` in the session's home; `config` is deep-merged over what the preset
-writes (the CLI's own settings schema). The CLI's session transcripts and logs (`.gemini/tmp`) are copied into
-the artifacts after the run.
+writes (the CLI's own settings schema), as over a task's `agent.mcp_servers` (its `mcpServers`); a task's
+`agent.skills` go in `~/.gemini/skills`. The CLI's session transcripts and logs (`.gemini/tmp`) are copied
+into the artifacts after the run.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import (
     collect,
     deep_merge,
@@ -22,6 +23,7 @@ from polar.harness.cli_common import (
     under,
     write_json,
 )
+from polar.harness.extensions import stdio_entries, write_skills
 from polar.jsontypes import JSON
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
@@ -38,6 +40,11 @@ LIMITS = (
     "utility side calls are routed to the served model and tagged (observed: the tool-output summarizer); "
     "subagents are tagged `subagent`; after an answer with no text 0.61.0 resends the request with a nudge "
     "appended, up to 3 times"
+)
+EXTENSIONS = Extensions(
+    mcp="~/.gemini/settings.json `mcpServers` (command, args, env); --yolo runs their tools unasked",
+    tool_name="mcp_{server}_{tool}",
+    skills="~/.gemini/skills/<name>/SKILL.md (listed in the system instruction, loaded with activate_skill)",
 )
 
 # 0.61.0: the main loop's system instruction starts so; a call with tools and another system text is a
@@ -80,8 +87,14 @@ def cli_settings(model: str) -> dict[str, Any]:
     }
 
 
+def mcp_settings(ctx: HarnessContext) -> dict[str, Any]:
+    """The task's MCP servers as settings.json's `mcpServers` (nothing when it gives none)."""
+    return {"mcpServers": stdio_entries(ctx.mcp_servers)} if ctx.mcp_servers else {}
+
+
 class GeminiCliHarness:
     name = "gemini_cli"
+    extensions = EXTENSIONS
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         self.extra_args, self.config = extra_args_and_config(self.name, settings)
@@ -89,8 +102,9 @@ class GeminiCliHarness:
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         self.binary = Path(await node_cli(runtime, self.name, PACKAGE, VERSION, BINARY))
-        config = deep_merge(cli_settings(ctx.model), self.config)
+        config = deep_merge(cli_settings(ctx.model) | mcp_settings(ctx), self.config)
         await write_json(runtime, under(ctx.home, ".gemini/settings.json"), config)
+        await write_skills(runtime, under(ctx.home, ".gemini/skills"), ctx.skills)
 
     def command(self, ctx: HarnessContext) -> list[str]:
         # Always `-m`: without it 0.61.0 first asks a router model which model to use (an extra call).

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import count, one_of, pip_cli_env, refuse_unknown, under
 from polar.harness.install import pip_prefix
 from polar.runtime.base import Runtime, RuntimeFailure
@@ -44,6 +44,8 @@ CONFIGURES = (
 )
 LIMITS = "never streams (LiteLLM completion without stream); text mode sends no tools; no side calls"
 
+EXTENSIONS = Extensions(missing="mini-swe-agent 2.4.6 has one bash tool: no MCP client, no skills")
+
 MODES = {
     "tool_calls": ("mini.yaml", "litellm"),
     "text": ("mini_textbased.yaml", "litellm_textbased"),
@@ -56,6 +58,7 @@ CONFIG_DIR = ".config/mini-swe-agent"  # under the session's home (MSWEA_GLOBAL_
 
 class MiniSweAgentHarness:
     name = "mini_swe_agent"
+    extensions = EXTENSIONS
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})

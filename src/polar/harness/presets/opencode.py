@@ -5,7 +5,8 @@
 Settings: `dialect` picks the AI SDK provider package OpenCode talks through (Chat by default; OpenAI
 Responses; Anthropic Messages); `title` names the session so OpenCode skips its title-generation call;
 `context_window` and `max_output_tokens` (together) bound what OpenCode asks for (it sends
-`max_tokens: 32000` by default, too much for a small policy's context).
+`max_tokens: 32000` by default, too much for a small policy's context). A task's `agent.mcp_servers` are
+local servers in the config (`mcp`), its `agent.skills` folders of `~/.config/opencode/skills`.
 
 Facts this preset relies on, measured on opencode-ai 1.18.33:
 - The three provider packages are bundled in the binary; only packages it does not bundle are fetched.
@@ -25,8 +26,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import positive_int, refuse_unknown, stdin_from_instruction, under
+from polar.harness.extensions import write_skills
 from polar.harness.install import npm_bin_async, npm_prefix
 from polar.harness.shell import write_instruction
 from polar.runtime.base import Runtime, RuntimeFailure
@@ -44,6 +46,11 @@ CONFIGURES = (
 LIMITS = (
     "one title-generation side call per run (skipped with settings.title); sends max_tokens 32000 unless "
     "context_window/max_output_tokens are set"
+)
+EXTENSIONS = Extensions(
+    mcp="opencode.json `mcp.<name>` (type local, command, environment)",
+    tool_name="{server}_{tool}",
+    skills="~/.config/opencode/skills/<name>/SKILL.md (listed in the skill tool's description)",
 )
 
 PROVIDER = "polar"
@@ -68,6 +75,7 @@ SWITCHES = {
 
 class OpenCodeHarness:
     name = "opencode"
+    extensions = EXTENSIONS
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})
@@ -102,6 +110,7 @@ class OpenCodeHarness:
         if self.limit is not None:
             model["limit"] = dict(self.limit)
         ref = f"{PROVIDER}/{ctx.model}"
+        mcp = {"mcp": mcp_config(ctx)} if ctx.mcp_servers else {}
         return {
             "$schema": "https://opencode.ai/config.json",
             "provider": {
@@ -117,6 +126,7 @@ class OpenCodeHarness:
             "enabled_providers": [PROVIDER],  # no other provider is loaded, even if its key is in the env
             "autoupdate": False,
             "share": "disabled",
+            **mcp,
         }
 
     def config_dir(self, ctx: HarnessContext) -> str:
@@ -137,6 +147,7 @@ class OpenCodeHarness:
         result = await runtime.exec(argv, stdin=body, timeout_s=60)
         if result.exit_code != 0:
             raise RuntimeFailure(f"could not write OpenCode's config in {conf}: {result.stderr.strip()}")
+        await write_skills(runtime, f"{conf}/skills", ctx.skills)
 
     def command(self, ctx: HarnessContext) -> str:
         binary = str(self.binary) if self.binary is not None else BINARY
@@ -176,6 +187,14 @@ class OpenCodeHarness:
         if TITLE_PROMPT in system:
             return ("side_call", "title")
         return ("side_call", "compaction") if COMPACT_PROMPT in system else ("side_call",)
+
+
+def mcp_config(ctx: HarnessContext) -> dict[str, Any]:
+    """The task's servers as 1.18.33's local MCP servers (`command` is the program and its arguments)."""
+    return {
+        name: {"type": "local", "command": [s.command, *s.args], "environment": dict(s.env), "enabled": True}
+        for name, s in ctx.mcp_servers.items()
+    }
 
 
 def summarize(lines: list[str]) -> dict[str, Any]:

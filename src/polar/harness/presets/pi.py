@@ -11,13 +11,14 @@ Settings: `dialect`, `binary` (an installed `pi` instead of the pinned npm packa
 `max_retries` (Pi's own retries of a failed call, 3 by default with 2 s, 4 s, 8 s back-off),
 `thinking` (one of Pi's levels: marks the model as reasoning and passes `--thinking`; each dialect then asks
 in its own way: `reasoning_effort`, `reasoning.effort`, `thinking.budget_tokens`, `thinkingConfig`).
+A task's `agent.skills` go in `~/.pi/agent/skills`; Pi has no MCP client, so `agent.mcp_servers` is refused.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import (
     absolute_binary,
     node_cli,
@@ -30,6 +31,7 @@ from polar.harness.cli_common import (
     under,
     write_json,
 )
+from polar.harness.extensions import write_skills
 from polar.harness.shell import write_instruction
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
@@ -43,6 +45,10 @@ CONFIGURES = (
     "the served model); settings.json with install telemetry off; PI_OFFLINE=1 (no update checks)"
 )
 LIMITS = "a node script: a container image needs Node.js; Pi has no subagents"
+EXTENSIONS = Extensions(
+    skills="~/.pi/agent/skills/<name>/SKILL.md (listed in the system prompt, read with its read tool)",
+    missing="Pi 0.73.1 has no MCP client, by design: its README's 'No MCP'",
+)
 
 PROVIDER = "polar"
 KEY_VARIABLE = (
@@ -65,6 +71,7 @@ _SETTINGS = ("dialect", "binary", "context_window", "max_tokens", "thinking", "m
 
 class PiHarness:
     name = "pi"
+    extensions = EXTENSIONS
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         settings = dict(settings or {})
@@ -110,6 +117,7 @@ class PiHarness:
         if self.max_retries is not None:
             settings["retry"] = {"enabled": self.max_retries > 0, "maxRetries": self.max_retries}
         await write_json(runtime, f"{base}/settings.json", settings)
+        await write_skills(runtime, f"{base}/skills", ctx.skills)
         await write_instruction(runtime, ctx)
 
     def command(self, ctx: HarnessContext) -> str:

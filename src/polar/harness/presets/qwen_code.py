@@ -4,8 +4,9 @@
 
 Qwen Code reads its provider from OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL (set by `gateway_env`), and
 every background agent (memory extraction, dream, title, recap) uses the main model unless `fastModel` is set,
-which the preset leaves empty. Setup writes `$HOME/.qwen/settings.json` in the session's home; `config` is
-deep-merged over it. The CLI's chat transcripts and debug logs are copied into the artifacts after the run.
+which the preset leaves empty. Setup writes `$HOME/.qwen/settings.json` in the session's home (a task's
+`agent.mcp_servers` as its `mcpServers`; its `agent.skills` in `~/.qwen/skills`); `config` is deep-merged
+over it. The CLI's chat transcripts and debug logs are copied into the artifacts after the run.
 
 Qwen re-serializes tool-call arguments compactly and sends tool results as arrays of text parts when it
 replays history, so its history is not the model's text token for token: trajectories rely on the server's
@@ -18,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from polar.harness.base import HarnessContext, gateway_env
+from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import (
     collect,
     deep_merge,
@@ -28,6 +29,7 @@ from polar.harness.cli_common import (
     under,
     write_json,
 )
+from polar.harness.extensions import stdio_entries, write_skills
 from polar.jsontypes import JSON
 from polar.runtime.base import Runtime
 from polar.store.records import CompletionRecord
@@ -46,7 +48,14 @@ LIMITS = (
     "default) side_call; after finish_reason=length it resends the same prompt with max_tokens=64000 (0.24.4 "
     "asks 32000 first; cut by the gateway to what the server's context holds, flagged max_tokens_clamped; the "
     "cut answer is tagged dead_branch, builder_options.dead_branches masks or drops it), then adds 'Output "
-    "token limit hit' recovery turns"
+    "token limit hit' recovery turns; MCP tools are deferred: the model calls them through `tool_call` by the "
+    "name a reminder lists"
+)
+EXTENSIONS = Extensions(
+    mcp="~/.qwen/settings.json `mcpServers` (command, args, env); 0.24.4 defers their tools: a reminder "
+    "names them and the model calls them through `tool_call`",
+    tool_name="mcp__{server}__{tool}",
+    skills="~/.qwen/skills/<name>/SKILL.md",
 )
 
 # The main loop's system prompt opens "You are Qwen Code, <role> developed by Alibaba Group, ...": 0.15.10's role
@@ -115,8 +124,14 @@ def _is_fork(body: dict[str, Any]) -> bool:
     )
 
 
+def mcp_settings(ctx: HarnessContext) -> dict[str, Any]:
+    """The task's MCP servers as settings.json's `mcpServers` (nothing when it gives none)."""
+    return {"mcpServers": stdio_entries(ctx.mcp_servers)} if ctx.mcp_servers else {}
+
+
 class QwenCodeHarness:
     name = "qwen_code"
+    extensions = EXTENSIONS
 
     def __init__(self, settings: dict[str, Any] | None = None) -> None:
         self.extra_args, self.config = extra_args_and_config(self.name, settings)
@@ -124,8 +139,9 @@ class QwenCodeHarness:
 
     async def setup(self, runtime: Runtime, ctx: HarnessContext) -> None:
         self.binary = Path(await node_cli(runtime, self.name, PACKAGE, VERSION, BINARY))
-        config = deep_merge(cli_settings(), self.config)
+        config = deep_merge(cli_settings() | mcp_settings(ctx), self.config)
         await write_json(runtime, under(ctx.home, ".qwen/settings.json"), config)
+        await write_skills(runtime, under(ctx.home, ".qwen/skills"), ctx.skills)
 
     def command(self, ctx: HarnessContext) -> list[str]:
         if self.binary is None:

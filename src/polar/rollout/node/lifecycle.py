@@ -193,6 +193,8 @@ def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:
         artifacts=artifacts,
         settings=dict(task.agent.settings),
         env=dict(task.agent.env),
+        mcp_servers=dict(task.agent.mcp_servers),
+        skills=list(task.agent.skills),
     )
 
 
