@@ -372,3 +372,18 @@ async def test_the_dashboard_shows_a_sessions_judge_calls(tmp_path: Path) -> Non
     assert "judge session <code>judge-" in page
     assert "routed:judge" in page and "what the judge was asked" in page
     assert RUBRIC in page and "&#34;score&#34;: 7" in page
+
+
+def test_a_judged_task_keeps_the_agent_off_the_hosts_network(tmp_path: Path) -> None:
+    """With `network: host` the agent could call the judge's server itself (it takes any caller)."""
+    from polar.rollout.taskfile import TaskFileError, parse_tasks
+
+    text = (
+        "task_id: t\ninstruction: i\nruntime: {backend: local, network: host}\n"
+        "evaluator:\n  strategy: judge\n  config: {rubric: r, backend: {url: 'http://j:8000', model: m}}\n"
+    )
+    with pytest.raises(TaskFileError) as info:
+        parse_tasks(text, "tasks.yaml", tmp_path, resolve_imports=True)
+    assert str(info.value).startswith(
+        "tasks.yaml:3: runtime.network: host would let the agent reach the judge's server directly"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -300,7 +301,8 @@ class EvaluatorConfig(_Model):
 
     strategy: str = Field(
         "session_completed",
-        description='session_completed, command, test_on_output, or "package.module:Class".',
+        description="session_completed, command, test_on_output, swebench, harbor, judge (docs/rewards.md), "
+        'or "package.module:Class".',
     )
     config: dict[str, Any] = Field(default_factory=dict, description="The evaluator's own settings.")
     fresh_runtime: bool | None = Field(
@@ -311,6 +313,45 @@ class EvaluatorConfig(_Model):
     timeout_seconds: float = Field(
         600.0, gt=0, description="Limit of the evaluation; past it the session is an ERROR (masked)."
     )
+
+
+EVALUATOR_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+class NamedEvaluator(EvaluatorConfig):
+    """One of several evaluators whose rewards make one (`reward`): the fields of `evaluator`, each with its
+    own timeout (the evaluation as a whole gets their sum)."""
+
+
+class RewardConfig(_Model):
+    """How the rewards of `evaluators` make the session's one: each evaluator's reward is thresholded
+    (`thresholds`), then weighted (`weights`), then combined. Names in both maps are checked against
+    `evaluators` when the task is checked (at load, submit and admission)."""
+
+    combine: Literal["sum", "min", "product"] = Field(
+        "sum",
+        description="sum: the weighted rewards added up; min: the lowest (every evaluator must pay: tests "
+        "pass AND the judge approves); product: the weighted rewards multiplied.",
+    )
+    weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="By evaluator name (default 1): each reward is multiplied by its weight before it is "
+        "combined. Finite and at least 0.",
+    )
+    thresholds: dict[str, float] = Field(
+        default_factory=dict,
+        description="By evaluator name: its reward counts as 1 at or above the threshold and 0 below it (a "
+        "judge's score of at least 0.5 as a pass).",
+    )
+
+    @field_validator("weights", "thresholds")
+    @classmethod
+    def _finite(cls, values: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        for name, value in values.items():
+            if not math.isfinite(value) or (info.field_name == "weights" and value < 0):
+                what = "a finite number of at least 0" if info.field_name == "weights" else "a finite number"
+                raise ValueError(f"{name}: {value!r} is not {what}")
+        return values
 
 
 class Task(_Model):
@@ -339,6 +380,15 @@ class Task(_Model):
         "dead_branches (train | mask | drop: answers a harness retried and never used).",
     )
     evaluator: EvaluatorConfig = Field(default_factory=EvaluatorConfig, description="See evaluator.")
+    evaluators: dict[str, NamedEvaluator] = Field(
+        default_factory=dict,
+        description="Instead of `evaluator`: several, by name (a lower-case letter, then lower-case letters, "
+        "digits and _, at most 32), run in this order, their rewards combined as `reward` says; each "
+        "entry has the fields of `evaluator` (docs/rewards.md).",
+    )
+    reward: RewardConfig | None = Field(
+        None, description="How the rewards of `evaluators` make one (default: their sum). See reward."
+    )
     callback_url: str | None = Field(
         None,
         description="http(s) URL the rollout server POSTs each result and the task-done event to (retried).",
@@ -354,6 +404,24 @@ class Task(_Model):
         description="Anything (group_id, policy_version, rollout step, ...): copied into every session's "
         "result and trajectory metadata; group_id names the GRPO group (default: the task id).",
     )
+
+    @field_validator("evaluators")
+    @classmethod
+    def _evaluator_names(cls, evaluators: dict[str, NamedEvaluator]) -> dict[str, NamedEvaluator]:
+        for name in evaluators:
+            if not EVALUATOR_NAME.fullmatch(name):
+                raise ValueError(
+                    f"{name!r}: an evaluator's name is a lower-case letter, then lower-case letters, digits "
+                    "and _ (at most 32)"
+                )
+        return evaluators
+
+    def evaluation_timeout(self) -> float:
+        """How long the whole evaluation may take: `evaluator.timeout_seconds`, or the sum of the
+        `evaluators`' (each also has its own)."""
+        if self.evaluators:
+            return sum(e.timeout_seconds for e in self.evaluators.values())
+        return self.evaluator.timeout_seconds
 
     @field_validator("metadata")
     @classmethod

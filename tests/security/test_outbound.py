@@ -99,6 +99,7 @@ def _bodies(url: str) -> list[tuple[str, dict[str, Any]]]:
         ("callback_url", task("t", callback_url=url)),
         ("agent.side_call_backend.url", task("t", agent=_route_agent(url))),
         ("evaluator.config.backend.url", task("t", evaluator=_judge(url))),
+        ("evaluators.quality.config.backend.url", task("t", evaluators={"quality": _judge(url)})),
     ]
 
 

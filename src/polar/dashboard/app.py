@@ -80,6 +80,7 @@ class Dashboard:
         self.env = Environment(loader=PackageLoader("polar.dashboard"), autoescape=select_autoescape())
         self.env.filters["ago"] = _ago
         self.env.filters["num"] = _num
+        self.env.filters["evaluators"] = views.evaluator_label
         self._reader: NodeReader | None = None
         static = StaticFiles(directory=Path(__file__).parent / "static")
         app = Starlette(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from polar.dashboard.views import evaluator_label
 from polar.rollout.protocol import SessionStatus
 from polar.task import Task
 
@@ -111,7 +112,7 @@ def recent_tasks(store: ServerStore, flt: TaskFilter, limit: int = 200) -> list[
             state=state,
             reason=reason,
             harness=task.agent.harness,
-            evaluator=task.evaluator.strategy,
+            evaluator=evaluator_label(task),
             num_samples=task.num_samples,
             submitted_at=submitted_at,
             finished_at=finished_at,

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from polar.jsontypes import JSON
+from polar.task import Task
 
 # (timings key, label) in stage order: what `polar.rollout.node.session.Session.timings` reports.
 STAGES = [
@@ -148,3 +149,11 @@ def judge_sessions(evaluation: JSON) -> list[tuple[str, bool]]:
 
     walk(evaluation)
     return list(found.items())
+
+
+def evaluator_label(task: Task) -> str:
+    """What scores the task, in a few words: its strategy, or its evaluators and how they combine."""
+    if not task.evaluators:
+        return task.evaluator.strategy
+    how = task.reward.combine if task.reward is not None else "sum"
+    return f"{how}({', '.join(f'{name}: {ev.strategy}' for name, ev in task.evaluators.items())})"

@@ -71,6 +71,7 @@ def fence(text: str) -> str:
 class Judge:
     name = "judge"
     needs_fresh_runtime = False
+    calls_models = True  # a task running it may not give the agent the host's network (the judge's)
 
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.config = parse_config(self.name, JudgeConfig, config)

@@ -15,6 +15,8 @@ from typing import Any, cast
 
 from polar import plugins
 from polar.evaluate.base import Evaluator
+from polar.evaluate.combine import Combined, Part
+from polar.task import EvaluatorConfig, RewardConfig, Task
 
 # A new evaluator is one file and its line here (its class's `name` is the key).
 EVALUATORS = plugins.Registry(
@@ -87,3 +89,68 @@ def fresh_runtime_wanted(evaluator: Evaluator, requested: bool | None) -> bool:
             f"evaluator {evaluator.name!r} needs a fresh runtime, but evaluator.fresh_runtime is false"
         )
     return requested
+
+
+class FieldProblem(ValueError):
+    """What is wrong with a task's evaluators, and the field (a dotted path in the task) that holds it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
+
+
+def _one(ev: EvaluatorConfig, where: str) -> tuple[Evaluator, bool]:
+    try:
+        evaluator = get_evaluator(ev.strategy, dict(ev.config))
+    except Exception as exc:
+        field = f"{where}.config" if ev.strategy in evaluator_names() else f"{where}.strategy"
+        raise FieldProblem(field, str(exc).replace("evaluator.config", f"{where}.config")) from None
+    try:
+        fresh = fresh_runtime_wanted(evaluator, ev.fresh_runtime)
+    except ValueError as exc:
+        raise FieldProblem(f"{where}.fresh_runtime", str(exc).replace("evaluator.", f"{where}.")) from None
+    return evaluator, fresh
+
+
+def build_evaluator(task: Task) -> tuple[Evaluator, bool]:
+    """The task's evaluator (its `evaluator`, or its `evaluators` combined as `reward` says) and whether
+    the node prepares a fresh runtime for it; `FieldProblem` naming the field otherwise."""
+    evaluator, fresh = _build(task)
+    inner = [p.evaluator for p in evaluator.parts] if isinstance(evaluator, Combined) else [evaluator]
+    if task.runtime.network == "host" and any(getattr(e, "calls_models", False) for e in inner):
+        # The agent would share the host's network with the judge's server, which takes any caller.
+        raise FieldProblem(
+            "runtime.network",
+            "host would let the agent reach the judge's server directly; a judged task runs with gateway "
+            "(the default) or none",
+        )
+    return evaluator, fresh
+
+
+def _build(task: Task) -> tuple[Evaluator, bool]:
+    if not task.evaluators:
+        if task.reward is not None:
+            raise FieldProblem("reward", "combines the rewards of `evaluators`: name them there")
+        return _one(task.evaluator, "evaluator")
+    if task.evaluator != EvaluatorConfig():
+        raise FieldProblem("evaluators", "give evaluator or evaluators, not both")
+    reward = task.reward or RewardConfig()
+    names = ", ".join(task.evaluators)
+    for kind, given in (("weights", reward.weights), ("thresholds", reward.thresholds)):
+        for name in given:
+            if name not in task.evaluators:
+                raise FieldProblem(
+                    f"reward.{kind}.{name}", f"no evaluator is named {name!r} (evaluators: {names})"
+                )
+    parts = []
+    for name, ev in task.evaluators.items():
+        evaluator, fresh = _one(ev, f"evaluators.{name}")
+        weight, threshold = reward.weights.get(name, 1.0), reward.thresholds.get(name)
+        parts.append(Part(name, evaluator, dict(ev.config), fresh, ev.timeout_seconds, weight, threshold))
+    wanting = [p.name for p in parts if p.fresh]
+    if len(wanting) > 1:
+        raise FieldProblem(
+            f"evaluators.{wanting[1]}.fresh_runtime",
+            f"only one evaluator gets the fresh runtime, and {wanting[0]!r} has it (both would change it)",
+        )
+    return Combined(parts, reward.combine), bool(wanting)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from polar.evaluate.registry import evaluator_names, fresh_runtime_wanted, get_evaluator
+from polar.evaluate.registry import FieldProblem, build_evaluator
 from polar.harness.extensions import Refused, check
 from polar.harness.registry import get_harness, harness_names
 from polar.runtime.factory import IMAGE_BACKENDS
@@ -57,16 +57,10 @@ def resolve_task(task: Task) -> Resolved:
         check(agent.harness, harness, agent.mcp_servers, agent.skills)
     except Refused as exc:
         raise TaskProblem(exc.field, exc.message) from None
-    ev = task.evaluator
     try:
-        evaluator = get_evaluator(ev.strategy, dict(ev.config))
-    except Exception as exc:
-        field = "evaluator.config" if ev.strategy in evaluator_names() else "evaluator.strategy"
-        raise TaskProblem(field, str(exc)) from None
-    try:
-        fresh = fresh_runtime_wanted(evaluator, ev.fresh_runtime)
-    except ValueError as exc:
-        raise TaskProblem("evaluator.fresh_runtime", str(exc)) from None
+        evaluator, fresh = build_evaluator(task)  # `evaluator`, or `evaluators` combined as `reward` says
+    except FieldProblem as exc:
+        raise TaskProblem(exc.field, exc.message) from None
     try:
         get_builder(task.builder)
     except Exception as exc:

@@ -51,8 +51,8 @@ def locator(doc: yamlpos.Document, prefix: tuple[Any, ...]) -> Callable[[tuple[A
 def trust_imports(task: Task, base: Path, locate: Callable[[tuple[Any, ...]], str]) -> None:
     """Resolve and trust the import paths `task` names, relative to `base`; `locate(loc)` is the
     `file:line: field` prefix of an error at that location."""
-    for loc, get in CODE_FIELDS:
-        name = get(task)
+    named = [(("evaluators", key, "strategy"), ev.strategy) for key, ev in task.evaluators.items()]
+    for loc, name in [*((loc, get(task)) for loc, get in CODE_FIELDS), *named]:
         if plugins.is_import_path(name):
             try:
                 plugins.trust_file_import(name, base)

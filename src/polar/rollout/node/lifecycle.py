@@ -238,7 +238,7 @@ async def init_stage(s: NodeSession, env: StageEnv) -> None:
 
 async def fresh_runtime(task: Task, session_id: str, env: StageEnv) -> Runtime:
     """The evaluator's clean runtime, made from the task like the agent's (prepared while the agent runs)."""
-    deadline = Deadline(task.evaluator.timeout_seconds)
+    deadline = Deadline(task.evaluation_timeout())
     deadline.start()
     async with asyncio.timeout(deadline.remaining()):
         return await start_runtime(task, session_id, env, deadline)
@@ -372,7 +372,7 @@ async def evaluate(
     fresh runtime, normally ready long before). `count` is told the outcome (`EVAL_OUTCOMES`; a cancelled
     evaluation has none)."""
     s.enter(SessionStatus.EVALUATING)
-    timeout = s.spec.task.evaluator.timeout_seconds
+    timeout = s.spec.task.evaluation_timeout()
     try:
         async with asyncio.timeout(timeout):
             result = await _judge(s, trajectory, models)

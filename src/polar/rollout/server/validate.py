@@ -41,9 +41,14 @@ async def check_outbound(tasks: Sequence[tuple[Task, str]], policy: OutboundPoli
             fields.append((f"{prefix}agent.side_call_backend.url", side.url))
         if task.callback_url is not None:
             fields.append((f"{prefix}callback_url", task.callback_url))
-        backend = task.evaluator.config.get("backend")  # a frozen model an evaluator calls (a judge)
-        if isinstance(backend, dict) and isinstance(backend.get("url"), str):
-            fields.append((f"{prefix}evaluator.config.backend.url", backend["url"]))
+        evaluators = {
+            "evaluator": task.evaluator,
+            **{f"evaluators.{k}": v for k, v in task.evaluators.items()},
+        }
+        for where, ev in evaluators.items():
+            backend = ev.config.get("backend")  # a frozen model the evaluator calls (a judge)
+            if isinstance(backend, dict) and isinstance(backend.get("url"), str):
+                fields.append((f"{prefix}{where}.config.backend.url", backend["url"]))
     urls = list(dict.fromkeys(url for _, url in fields))
     outcomes = await asyncio.gather(*(policy.vet(url) for url in urls), return_exceptions=True)
     refused = dict(zip(urls, outcomes, strict=True))
