@@ -1,6 +1,7 @@
-"""A stdio MCP server with two tools, on the official `mcp` SDK (2.x): the server Codex starts in the
-tool-search test (`tests/test_cli_codex.py`) and bench/harnesses.py's discovery scenario, and the Codex
-`config` setting that gives it to Codex with its tools deferred behind `tool_search`.
+"""A stdio MCP server with two tools, on the official `mcp` SDK (2.x): the server every preset with an MCP
+client starts as a task's `agent.mcp_servers` in its CLI test (`tests/extension_support.py`), the one Codex
+starts in the tool-search test (`tests/test_cli_codex.py`) and bench/harnesses.py's discovery scenario, and
+the Codex `config` setting that gives it to Codex with its tools deferred behind `tool_search`.
 
 Run as a script by any Python that has polar: it puts the SDK, installed once into polar's tool cache, on its
 own path. Codex starts MCP servers with the session's HOME, so the config names the cache (POLAR_HOME)."""
