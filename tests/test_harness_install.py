@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polar.harness.install import InstallError, npm_bin, npm_prefix, pip_prefix
+from polar.harness.install import InstallError, find_python, npm_bin, npm_prefix, pip_prefix, python_prefix
 
 
 def test_npm_install_is_cached_and_race_free(tmp_path: Path) -> None:
@@ -56,3 +57,19 @@ def test_failures_are_clear_and_leave_nothing(tmp_path: Path) -> None:
     npm_prefix("semver", "7.6.3", root=tmp_path)
     with pytest.raises(InstallError, match="no binary named 'nope'"):
         npm_bin("semver", "7.6.3", "nope", root=tmp_path)
+
+
+def test_find_python_takes_only_the_version_asked_for() -> None:
+    minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert find_python(minor, sys.executable) == Path(sys.executable)
+    tried = re.escape(f"(tried {sys.executable})")
+    with pytest.raises(InstallError, match=rf"no Python 3\.99 found on this node {tried}"):
+        find_python("3.99", sys.executable)
+    with pytest.raises(InstallError, match=r"no Python 3\.99 found"):  # PATH, pyenv and uv have none
+        find_python("3.99")
+
+
+def test_a_python_copy_that_fails_leaves_nothing(tmp_path: Path) -> None:
+    with pytest.raises(InstallError, match=r"installing six==1\.16\.0 failed"):
+        python_prefix("six", "1.16.0", Path("/bin/false"), root=tmp_path)
+    assert [p.name for p in (tmp_path / "python").iterdir() if not p.name.endswith(".lock")] == []
