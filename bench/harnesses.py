@@ -20,7 +20,8 @@ With `--render gateway` the gateway renders instead (`polar.gateway.render`): ea
 its token chain and go to vLLM's /v1/completions as ids (the relay reads them back into the chat call the
 script answers), and the last column counts the chains the gateway started.
 
-Needs npm (and pip for mini-swe-agent, Aider and Hermes Agent); first runs install the pinned CLIs into ~/.cache/polar/tools.
+Needs npm (and pip for mini-swe-agent, Aider, Hermes Agent and OpenHands, which also needs a Python 3.12);
+first runs install the pinned CLIs into ~/.cache/polar/tools.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ CLIS = [
     CLI("mini_swe_agent", "bash", lambda c: _compact({"command": c}), parallel=False, final=SUBMIT),
     CLI("aider", "", lambda c: c, parallel=False, edits=True),
     CLI("hermes_agent", "terminal", lambda c: _compact({"command": c})),
+    # OpenHands 1.16.0 refuses a tool call without `security_risk` (its CLI always sets its security analyzer).
+    CLI("openhands", "terminal", lambda c: _compact({"command": c, "security_risk": "LOW"})),
 ]
 # Aider 0.86.2 (`whole` edit format for an unknown model): a listing without a file name is an error it sends
 # back (a reflection, at most 3 per message); the policy makes such answers, then writes steps.txt whole.
@@ -136,6 +139,8 @@ COMPACTING = {
     # OpenCode 1.18.33: once a call's tokens reach context - output limit.
     "opencode": Twist(settings=(("context_window", 43000), ("max_output_tokens", 4000))),
     "pi": Twist(settings=(("context_window", 8000),)),
+    # OpenHands 1.16.0: its condenser summarises once its view holds more events than condenser_max_size.
+    "openhands": Twist(settings=(("condenser_max_size", 16),)),
 }  # fmt: skip
 # The deferred tool each CLI's tool search loads: (the search tool, its arguments).
 DISCOVERING = {
@@ -166,6 +171,8 @@ SUBAGENT = {
     "claude_code": ("Agent", _compact({"description": "look around", "prompt": SUBAGENT_TASK,
                                        "subagent_type": "Explore"})),
     "codex": ("multi_agent_v1__spawn_agent", _compact({"message": SUBAGENT_TASK})),
+    "openhands": ("task", _compact({"prompt": SUBAGENT_TASK, "description": "look around",
+                                    "security_risk": "LOW"})),
 }  # fmt: skip
 # The same triggers on the real vLLM, whose Qwen3 tokens are ~4.4 bytes each: the windows scaled to stay just
 # above each CLI's prompt. Claude Code is left out: its window cannot go below 100000 tokens, three times the
@@ -189,8 +196,8 @@ CLAUDE_MAIN = (
 
 
 def is_subagent(cli: CLI, messages: list[dict[str, Any]]) -> bool:
-    """Whether a call is the subagent's: Claude Code's has its own system prompt; Codex's shares the main
-    one, and its first user message is the task it was spawned with."""
+    """Whether a call is the subagent's: Claude Code's has its own system prompt; Codex's and OpenHands'
+    share the main one, and their first user message is the task they were spawned with."""
     if cli.harness == "claude_code":
         return CLAUDE_MAIN not in str(messages[0].get("content"))
     return any(m.get("role") == "user" and SUBAGENT_TASK in str(m.get("content")) for m in messages)

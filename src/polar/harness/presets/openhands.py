@@ -212,8 +212,9 @@ class OpenHandsHarness:
         made = int(result.stdout.strip() or 0) if result.exit_code == 0 else 0
         if made == 0:
             raise RuntimeFailure(
-                "openhands harness: OpenHands made no conversation (it exits 0 when it cannot load "
-                f"{PERSISTENCE}/agent_settings.json: is a field of settings.llm one its LLM refuses?)"
+                "openhands harness: OpenHands made no conversation: it never started the agent (it exits 0 "
+                f"without one when it cannot load {PERSISTENCE}/agent_settings.json, e.g. a settings.llm "
+                "field its LLM refuses; its own output says why)"
             )
         return {"conversations": made}
 
