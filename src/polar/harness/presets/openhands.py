@@ -30,8 +30,9 @@ measured against the fake policy:
   `--override-with-envs` the LLM_* variables are ignored, so neither the node's nor those of a `.env` in the
   workdir (loaded at start, never over a variable already set) move the model elsewhere.
 - The CLI picks the tools (terminal, file_editor, task_tracker, task; finish and think come with the
-  agent; no browser) and always sets its LLM security analyzer: every tool but finish and think requires a
-  `security_risk` argument, and a call without one comes back as an error observation.
+  agent; no browser) and always sets its LLM security analyzer: every tool but finish and think requires
+  a `security_risk` argument, and a call without one comes back as an error observation. It reads the
+  workdir's own skills and hooks (AGENTS.md, .openhands/) as it always does.
 - Sent with every call: `reasoning_effort: high` (the SDK's default; `llm: {reasoning_effort: null}` drops
   it) and `prompt_cache_key` (the conversation's id); never streamed.
 - Public skills: each start git-clones github.com/OpenHands/extensions into ~/.openhands/cache (no switch;
