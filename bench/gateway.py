@@ -1,13 +1,25 @@
-"""Gateway overhead: direct calls to a fast fake backend vs the same calls through the gateway.
+"""Gateway overhead, side by side: the backend called directly, through `polar gateway`, through LiteLLM.
 
-Three processes on this machine: the fake vLLM (tests/fakes), `polar gateway` with capture on (SQLite, group
-commit, durable before answer), and this load generator (aiohttp, closed loop). For each dialect, streaming
-and not, at concurrency 1 and 64, it prints throughput, p50 and p99, and the p50 the gateway adds over a
-direct call. It then replays a 200-call session whose history grows every turn and reports bytes stored per
-call.
+Processes on this machine: the fake vLLM (tests/fakes, a raw ASGI app far faster than what it serves),
+`polar gateway` with capture on (every record committed to SQLite before the answer; started by
+bench/soak.py's `--serve`: the shipped command with a short `session_idle_s`), LiteLLM's proxy in its own
+venv with its closest capture (bench/litellm_proxy.py says what it records; left out with one line when it
+cannot be installed), and `wrk` as the client (bench/wrk.py: C, a small fraction of the servers' CPU).
+All three serve the same realistic bodies (7 kB: a 1.6 kB system prompt, six tools, a tool round trip;
+~1,800 prompt tokens) for Chat (streamed and not) and Anthropic -> the backend's Chat route.
 
-    .venv/bin/python bench/gateway.py            # full run (about two minutes)
-    .venv/bin/python bench/gateway.py --quick    # fewer calls
+Servers are started once and warmed (1 s of load per path); then rounds: each (path, concurrency) cell is
+run for each side in turn, the order rotating, and the table gives medians over rounds of calls/s, the
+ratio to direct at the same concurrency and mode, the server process's CPU per call (/proc, its threads
+and children), wrk's latency p50/p99 and wrk's own CPU per call. "direct" is wrk calling the fake itself
+(its CPU column: the fake's). Memory: RSS at start, idle after 4 sessions (bench/soak.py's baseline), the
+peak during a burst of soak's 60k-token sessions on polar and LiteLLM at once, and after each went idle
+(its evictions plus `--after-s`). Last, the growing-session storage figure (`--storage-only`: just that).
+
+    .venv/bin/python bench/gateway.py                 # ~15 minutes: 5 rounds of 4 s, a 1,000-session burst
+    .venv/bin/python bench/gateway.py --quick         # ~4 minutes: 2 rounds of 2 s, 100 sessions
+    .venv/bin/python bench/gateway.py --storage-only  # the store's growth per call of a growing session
+    .venv/bin/python bench/gateway.py --no-litellm --burst 0 --paths chat responses gemini
 """
 
 from __future__ import annotations
@@ -15,20 +27,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import httpx
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.processes import start  # noqa: E402
+from bench import litellm_proxy, wrk  # noqa: E402
+from bench.processes import rss_mib, start  # noqa: E402
+from bench.sides import (  # noqa: E402
+    PATHS,
+    Side,
+    base,
+    load_average,
+    measure,
+    memory_baseline,
+    memory_burst,
+    print_memory,
+    print_table,
+    rounds,
+)
 
 from polar.serving import free_port  # noqa: E402
 
@@ -175,21 +202,6 @@ async def load(url: str, body: bytes, headers: dict[str, str], concurrency: int,
     return latencies
 
 
-def measure(
-    url: str, body: dict[str, Any], headers: dict[str, str], concurrency: int, calls: int
-) -> dict[str, float]:
-    raw = orjson.dumps(body)
-    asyncio.run(load(url, raw, headers, concurrency, min(100, calls)))  # warm-up
-    lat = asyncio.run(load(url, raw, headers, concurrency, calls))
-    wall = -lat.pop()
-    lat.sort()
-    return {
-        "rps": len(lat) / wall,
-        "p50": statistics.median(lat) * 1000,
-        "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
-    }
-
-
 def growing_session(gw: str, key: str, calls: int) -> tuple[int, int]:
     """A chat session whose history grows by a tool round trip each call; returns (calls, request bytes)."""
     import httpx
@@ -222,105 +234,158 @@ def growing_session(gw: str, key: str, calls: int) -> tuple[int, int]:
     return calls, sent
 
 
-def settled_size(db: Path) -> int:
-    """The database's size with its WAL checkpointed into it (a WAL file keeps its high-water size, so
-    file sizes alone would count reused WAL space as growth)."""
-    import sqlite3
+def stopped_size(db: Path) -> int:
+    """The store's bytes once its gateway stopped (its last connection checkpoints the WAL into the
+    database and removes it; a WAL file keeps its high-water size, so reading sizes while the gateway runs
+    would count reused WAL space as growth, and opening the store from here while it runs is not safe:
+    see the report of issue 30 point 5)."""
+    return sum(f.stat().st_size for f in db.parent.glob(db.name + "*"))
 
-    with sqlite3.connect(db) as conn:
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return db.stat().st_size
+
+# ---- the run ----
+
+
+def timed_start(make: Callable[[], subprocess.Popen[bytes]]) -> tuple[subprocess.Popen[bytes], float]:
+    """A server started and answering its health check, and the seconds that took."""
+    t = time.perf_counter()
+    proc = make()
+    return proc, time.perf_counter() - t
+
+
+def start_sides(opts: argparse.Namespace, tmp: Path, procs: list[subprocess.Popen[bytes]]) -> list[Side]:
+    bport, gport, cport, lport = free_port(), free_port(), free_port(), free_port()
+    backend, gw, control = (f"http://127.0.0.1:{p}" for p in (bport, gport, cport))
+    fake, _ = timed_start(
+        lambda: start([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend)
+    )
+    procs.append(fake)
+    sides = [Side("direct", backend, fake.pid, "direct")]
+    if opts.storage_only:
+        return sides
+
+    token = secrets.token_urlsafe(32)
+    argv = [sys.executable, str(ROOT / "bench" / "soak.py"), "--idle-s", str(opts.idle_s)]
+    argv += [f"--gateway-arg={a}" for a in opts.gateway_arg]
+    argv += ["--serve", backend, str(gport), str(cport), str(tmp / "bench.db")]
+    polar, took = timed_start(lambda: start(argv, gw, {"POLAR_TOKEN": token}, log=tmp / "polar.log"))
+    procs.append(polar)
+    admin = {"authorization": f"Bearer {token}"}
+    key = httpx.post(control + "/sessions", json={"task_id": "bench"}, headers=admin).json()["session_id"]
+    sides.append(Side("polar", gw, polar.pid, key, control, token))
+    sides[-1].started_s, sides[-1].started_mib = took, rss_mib(polar.pid)
+
+    exe = None if opts.no_litellm or opts.storage_only else litellm_proxy.install()
+    if exe is not None:
+        lkey = "sk-bench-" + secrets.token_hex(8)
+        proxy, took = timed_start(lambda: litellm_proxy.serve(exe, backend, lport, lkey, tmp))
+        procs.append(proxy)
+        lside = Side("LiteLLM", f"http://127.0.0.1:{lport}", proxy.pid, lkey, capture=tmp / "litellm.jsonl")
+        lside.started_s, lside.started_mib = took, rss_mib(proxy.pid)
+        sides.append(lside)
+    return sides
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 2 s, a burst of 100 sessions")
     ap.add_argument("--storage-only", action="store_true", help="only the growing-session storage figure")
+    ap.add_argument("--no-litellm", action="store_true", help="direct and polar only")
+    ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=["chat", "chat-stream", "anthropic"])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--rounds", type=int, help="interleaved rounds (default 5; --quick 2)")
+    ap.add_argument("--seconds", type=float, help="wrk seconds per point (default 4; --quick 2)")
+    ap.add_argument(
+        "--burst", type=int, help="sessions in the memory burst (default 1000; --quick 100; 0: none)"
+    )
+    ap.add_argument(
+        "--tokens", type=int, default=60_000, help="prompt tokens of a burst session's first call"
+    )
+    ap.add_argument("--idle-s", type=float, default=20.0, help="the gateway's session_idle_s (bench/soak.py)")
+    ap.add_argument("--after-s", type=float, default=60.0, help="seconds idle after the burst's evictions")
+    ap.add_argument("--gateway-arg", action="append", default=[], metavar="ARG", help="for `polar gateway`")
     opts = ap.parse_args()
-    n1, n64 = (150, 1500) if opts.quick else (400, 4000)
+    opts.rounds = opts.rounds or (2 if opts.quick else 5)
+    opts.seconds = opts.seconds or (2.0 if opts.quick else 4.0)
+    opts.burst = (100 if opts.quick else 1000) if opts.burst is None else opts.burst
+    # Each path is compared with the backend's own chat call in the same mode: measure those too.
+    opts.paths = list(dict.fromkeys([base(p) for p in opts.paths] + opts.paths))
+    wrk.find_wrk()
 
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
-    bport, gport, cport = free_port(), free_port(), free_port()
-    backend = f"http://127.0.0.1:{bport}"
-    gw = f"http://127.0.0.1:{gport}"
-    control = f"http://127.0.0.1:{cport}"  # the gateway's control listener (sessions, records)
-    token = secrets.token_urlsafe(32)
-    admin = {"authorization": f"Bearer {token}"}
-    procs = [
-        start([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend),
-        start(
-            [
-                sys.executable,
-                "-m",
-                "polar",
-                "gateway",
-                "--backend",
-                backend,
-                "--model",
-                "m",
-                "--port",
-                str(gport),
-                "--control-port",
-                str(cport),
-                "--store",
-                str(tmp / "bench.db"),
-                "--log-level",
-                "warning",
-            ],
-            gw,
-            env={"POLAR_TOKEN": token},
-        ),
-    ]
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        import httpx
-
-        key = httpx.post(control + "/sessions", json={"task_id": "bench"}, headers=admin).json()["session_id"]
-        auth = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-        rows: list[tuple[str, str, int, dict[str, float]]] = []
-        direct: dict[tuple[bool, int], dict[str, float]] = {}
-        for stream in () if opts.storage_only else (False, True):
-            for c, n in ((1, n1), (64, n64)):
-                chat_body = bodies(False)["chat"][1]  # the backend is always called without streaming
-                direct[(stream, c)] = measure(backend + "/v1/chat/completions", chat_body, auth, c, n)
-                rows.append(("direct (fake vLLM)", "-", c, direct[(stream, c)]))
-                for dialect, (path, body) in bodies(stream).items():
-                    rows.append(
-                        (dialect, "stream" if stream else "json", c, measure(gw + path, body, auth, c, n))
-                    )
-        print()
+        sides = start_sides(opts, tmp, procs)
         print(
-            f"{'path':<20} {'mode':<7} {'conc':>4} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8}"
+            f"load before: {load_average()}; sides: {', '.join(s.name for s in sides)}; files in {tmp}",
+            flush=True,
         )
-        for name, mode, c, m in rows:
-            base = direct[(mode == "stream", c)]
-            added = "" if name.startswith("direct") else f"{m['p50'] - base['p50']:+.2f}"
-            print(
-                f"{name:<20} {mode:<7} {c:>4} {m['rps']:>9.0f} {m['p50']:>8.2f} {m['p99']:>8.2f} {added:>8}"
+        if not opts.storage_only:
+            for side in sides:  # warm-up: first-call imports, pools, caches
+                for path in opts.paths:
+                    measure(side, path, 16, 1.0, bodies)
+                side.points.clear()
+            measured = sides[1:]
+            if opts.burst:
+                asyncio.run(memory_baseline(measured, opts))
+            rounds(sides, opts, bodies)
+            print_table(sides, opts)
+            time.sleep(1)  # LiteLLM writes its records after answering
+            counts = ", ".join(
+                f"{s.name} {s.records():,} records for {s.answered:,} answered calls" for s in measured
             )
-
-        key2 = httpx.post(control + "/sessions", json={"task_id": "growth"}, headers=admin).json()[
-            "session_id"
-        ]
-        db = tmp / "bench.db"
-        before = settled_size(db)
-        calls, sent = growing_session(gw, key2, 200)
-        recs = httpx.get(f"{control}/sessions/{key2}/completions", timeout=120, headers=admin).json()[
-            "completions"
-        ]
-        prompt_ids = sum(len(r["prompt_ids"]) for r in recs)
-        after = settled_size(db)
-        print()
-        print(
-            f"growing session: {calls} calls, last prompt {len(recs[-1]['prompt_ids'])} ids, "
-            f"{sent / 2**20:.1f} MiB of requests and {prompt_ids * 4 / 2**20:.1f} MiB of prompt ids sent; "
-            f"store grew {(after - before) / 2**20:.2f} MiB = {(after - before) / calls / 1024:.1f} KiB per call "
-            f"({db.name})"
-        )
+            print(f"\ncapture on the measured key: {counts} (records >= calls: none lost)")
+            if opts.burst:
+                wait = asyncio.run(memory_burst(measured, opts))
+                print_memory(measured, opts, wait)
+            print(f"load after: {load_average()}")
+        storage(sides[0].url, tmp)
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(10)
+
+
+def storage(backend: str, tmp: Path) -> None:
+    """A 200-call session whose history grows every call, on a gateway of its own: what its store grows by
+    per call (the store's size after a stop with no call, then after a stop with the session's calls)."""
+    db = tmp / "growth.db"
+    sizes = []
+    for calls in (0, 200):
+        gport, cport = free_port(), free_port()
+        gw, control = f"http://127.0.0.1:{gport}", f"http://127.0.0.1:{cport}"
+        token = secrets.token_urlsafe(32)
+        argv = [sys.executable, "-m", "polar", "gateway", "--backend", backend, "--model", "m"]
+        argv += [
+            "--port",
+            str(gport),
+            "--control-port",
+            str(cport),
+            "--store",
+            str(db),
+            "--log-level",
+            "warning",
+        ]
+        proc = start(argv, gw, {"POLAR_TOKEN": token})
+        try:
+            if calls:
+                admin = {"authorization": f"Bearer {token}"}
+                key = httpx.post(control + "/sessions", json={"task_id": "growth"}, headers=admin).json()
+                sid = key["session_id"]
+                _, sent = growing_session(gw, sid, calls)
+                got = httpx.get(f"{control}/sessions/{sid}/completions", timeout=120, headers=admin)
+                recs = got.raise_for_status().json()["completions"]
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        sizes.append(stopped_size(db))
+    prompt_ids = sum(len(r["prompt_ids"]) for r in recs)
+    grew = sizes[1] - sizes[0]
+    print(
+        f"\ngrowing session: {calls} calls, last prompt {len(recs[-1]['prompt_ids'])} ids, "
+        f"{sent / 2**20:.1f} MiB of requests and {prompt_ids * 4 / 2**20:.1f} MiB of prompt ids sent; "
+        f"store grew {grew / 2**20:.2f} MiB = {grew / calls / 1024:.1f} KiB per call ({db.name})"
+    )
 
 
 if __name__ == "__main__":
