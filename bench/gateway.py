@@ -17,7 +17,7 @@ peak during a burst of soak's 60k-token sessions on polar and LiteLLM at once, a
 (its evictions plus `--after-s`). Last, the growing-session storage figure (`--storage-only`: just that).
 
     .venv/bin/python bench/gateway.py                 # ~15 minutes: 5 rounds of 4 s, a 1,000-session burst
-    .venv/bin/python bench/gateway.py --quick         # ~4 minutes: 2 rounds of 2 s, 100 sessions
+    .venv/bin/python bench/gateway.py --quick         # ~5 minutes: 2 rounds of 2 s, 100 sessions
     .venv/bin/python bench/gateway.py --storage-only  # the store's growth per call of a growing session
     .venv/bin/python bench/gateway.py --no-litellm --burst 0 --paths chat responses gemini
 """

@@ -29,7 +29,9 @@ PATHS = {  # name: (dialect, stream)
     "anthropic": ("anthropic", False),
     "anthropic-stream": ("anthropic", True),
     "responses": ("responses", False),
+    "responses-stream": ("responses", True),
     "gemini": ("gemini", False),
+    "gemini-stream": ("gemini", True),
 }
 LITELLM_PATHS = {"chat", "chat-stream", "anthropic", "anthropic-stream"}  # the routes checked with it
 

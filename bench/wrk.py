@@ -1,5 +1,7 @@
 """Load from `wrk` (C, epoll, one thread): a closed loop of POSTs whose own CPU is a small fraction of the
-servers' it measures, where a Python client (bench/gateway.py's aiohttp loop) cost as much as the gateway.
+servers' it measures. bench/gateway.py's aiohttp loop, calling the fake backend with the 7 kB chat body,
+spent 0.17 ms of CPU per call at concurrency 1 and 0.12 ms at 16 and held the direct path to 2,700 and
+3,900 calls/s; wrk spends 0.036 and 0.019 ms and measures 4,200 and 6,900 (2026-12-04, machine quiet).
 
 Each of `concurrency` connections sends the body, reads the whole answer (for a stream: until its last
 chunk, so the latency is the stream's total time, not its time to first token) and sends the next. wrk's
