@@ -27,7 +27,7 @@ import httpx
 from jsonschema import Draft202012Validator, validators
 from pydantic import Field, field_validator
 
-from polar.evaluate.base import EvalContext, ModelSession
+from polar.evaluate.base import EvalContext, EvaluatorModels, ModelSession
 from polar.evaluate.judge_cache import JudgeCache, content_key
 from polar.evaluate.support import EvaluatorError, StrictConfig, tail
 
@@ -220,20 +220,32 @@ async def judge(
     schema: Mapping[str, Any],
     metadata: Mapping[str, Any],
 ) -> Judgement:
-    """The verdict for `messages` (from the cache, or asked through a judge session opened for it);
-    `EvaluatorError` when there is none."""
+    """The verdict for `messages` about the session of `ctx`; `EvaluatorError` when there is none."""
+    return await ask_judge(settings, ctx.models, ctx.session_id, messages, schema, metadata)
+
+
+async def ask_judge(
+    settings: JudgeSettings,
+    models: EvaluatorModels | None,
+    judged: str,
+    messages: list[dict[str, Any]],
+    schema: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+) -> Judgement:
+    """The verdict for `messages` (from the cache, or asked through a judge session opened for it and linked
+    to the session `judged`); `EvaluatorError` when there is none."""
     key = cache_key(settings, messages, schema)
-    state = ctx.models.state_path if ctx.models is not None else None
+    state = models.state_path if models is not None else None
     cache = JudgeCache(state) if settings.cache and state is not None else None
     if cache is not None:
         hit = await cache.get(key)
         if hit is not None and isinstance(hit.get("verdict"), dict):
             return Judgement(hit["verdict"], str(hit.get("session_id")), int(hit.get("seq", 0)), 0, True, key)
-    if ctx.models is None:
+    if models is None:
         raise EvaluatorError("judge: no gateway to call the judge through (judges run on a node)")
     backend = settings.backend.model_dump()
     try:
-        session = await ctx.models.open_session(JUDGE_TAG, backend, ctx.session_id, metadata)
+        session = await models.open_session(JUDGE_TAG, backend, judged, metadata)
     except ValueError as exc:
         raise EvaluatorError(f"judge: cannot open a judge session: {exc}") from None
     problems: list[str] = []
@@ -254,7 +266,7 @@ async def judge(
                     f"attempt(s) (judge session {session.session_id}): {'; '.join(problems)}"
                 )
     finally:
-        await ctx.models.close_session(session.session_id)
+        await models.close_session(session.session_id)
     if cache is not None:
         await cache.put(key, {"verdict": verdict, "session_id": session.session_id, "seq": judgement.seq})
     return judgement
