@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -303,6 +304,9 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=20.0, help="the gateway's session_idle_s (bench/soak.py)")
     ap.add_argument("--after-s", type=float, default=60.0, help="seconds idle after the burst's evictions")
     ap.add_argument("--gateway-arg", action="append", default=[], metavar="ARG", help="for `polar gateway`")
+    ap.add_argument(
+        "--keep", action="store_true", help="keep the stores, capture and logs (GBs after a full run)"
+    )
     opts = ap.parse_args()
     opts.rounds = opts.rounds or (2 if opts.quick else 5)
     opts.seconds = opts.seconds or (2.0 if opts.quick else 4.0)
@@ -316,7 +320,8 @@ def main() -> None:
     try:
         sides = start_sides(opts, tmp, procs)
         print(
-            f"load before: {load_average()}; sides: {', '.join(s.name for s in sides)}; files in {tmp}",
+            f"load before: {load_average()}; sides: {', '.join(s.name for s in sides)}"
+            + (f"; files in {tmp}" if opts.keep else ""),
             flush=True,
         )
         if not opts.storage_only:
@@ -344,6 +349,8 @@ def main() -> None:
             p.terminate()
         for p in procs:
             p.wait(10)
+        if not opts.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def storage(backend: str, tmp: Path) -> None:
