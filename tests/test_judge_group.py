@@ -25,7 +25,7 @@ from polar.rollout.node.models import JUDGED_SESSION, GatewayModels
 from polar.store.sqlite import SQLiteStore
 from tests.fakes.fake_vllm import Reply
 from tests.judge_support import judge_config, scripted_judge
-from tests.node_support import fake_policy, running_node
+from tests.node_support import control_client, fake_policy, running_node
 
 BLOCK = re.compile(r'<outcome id="(\d+)">\n(.*?)\n</outcome>', re.S)
 
@@ -56,7 +56,7 @@ def config(url: str, **over: Any) -> GroupJudgeConfig:
 
 
 def group(*texts: str) -> list[Outcome]:
-    return [Outcome(f"s-{i}", text) for i, text in enumerate(texts)]
+    return [Outcome(session_id=f"s-{i}", text=text) for i, text in enumerate(texts)]
 
 
 async def run_group(
@@ -146,8 +146,8 @@ def test_a_group_that_cannot_be_judged_is_refused() -> None:
     cfg = config("http://judge:8000")
     for outcomes, problem in [
         ([], "no outcomes"),
-        ([Outcome("a", "x"), Outcome("a", "y")], "twice"),
-        ([Outcome(f"s{i}", "x") for i in range(65)], "more than 64"),
+        ([Outcome(session_id="a", text="x"), Outcome(session_id="a", text="y")], "twice"),
+        ([Outcome(session_id=f"s{i}", text="x") for i in range(65)], "more than 64"),
     ]:
         with pytest.raises(EvaluatorError, match=problem):
             asyncio.run(judge_group(cfg, None, None, outcomes, {}))
@@ -183,3 +183,53 @@ async def test_the_calls_are_judge_records_linked_to_the_whole_group(tmp_path: P
             again = await judge_group(config(url, repeats=2), models, "Name the capital.", outcomes, {})
     assert again.scores == verdict.scores and judge.requests == []
     assert all(d["judge"]["cached"] for d in again.details)
+
+
+async def test_a_node_judges_a_group_on_its_control_listener(tmp_path: Path) -> None:
+    """`POST /node/judge_group`, what the server's group phase will call: a verdict, a failure to mask the
+    group with, a config mistake naming its field, and nothing without the control token."""
+    import httpx
+
+    outcomes = [o.model_dump() for o in group("good: a", "bad: b")]
+
+    def broken_on_reverse(body: dict[str, Any]) -> Reply:
+        if shown(body)[0].startswith("bad"):
+            return Reply(content="no JSON")
+        return first_biased(body)
+
+    with fake_policy() as (policy, _), scripted_judge(first_biased) as (url, _judge):
+        async with running_node(policy, tmp_path) as node, control_client(node, timeout=30) as client:
+            body = {
+                "config": judge_config(url, repeats=2),
+                "instruction": "x",
+                "task_id": "t",
+                "outcomes": outcomes,
+            }
+            r = await client.post("/node/judge_group", json=body)
+            assert r.status_code == 200, r.text
+            got = r.json()
+            assert got["scores"] == {"s-0": 8.5, "s-1": 2.5} and got["rewards"] == {"s-0": 0.85, "s-1": 0.25}
+            assert len(got["orderings"]) == 2 and len(got["details"]) == 2
+            r = await client.post(
+                "/node/judge_group", json={**body, "config": {**body["config"], "repeat": 2}}
+            )
+            assert r.status_code == 422 and "evaluator.config.repeat" in r.json()["error"]["message"]
+            r = await client.post("/node/judge_group", json={**body, "outcomes": []})
+            assert r.status_code == 422 and r.json()["error"]["field"] == "outcomes"
+            async with httpx.AsyncClient(base_url=node.control_url) as anonymous:
+                assert (await anonymous.post("/node/judge_group", json=body)).status_code == 401
+            async with httpx.AsyncClient(
+                base_url=node.url, headers=client.headers
+            ) as data:  # what sandboxes reach
+                assert (await data.post("/node/judge_group", json=body)).status_code in (404, 405)
+            with SQLiteStore(tmp_path / "node.db") as store:
+                sid = got["details"][0]["judge"]["session_id"]
+                info = store.session(sid)
+                assert info is not None and info.metadata["judged_task_id"] == "t"
+                assert info.metadata[JUDGED_SESSIONS] == ["s-0", "s-1"]
+    (tmp_path / "2").mkdir()  # a node of its own, with an empty judge cache
+    with fake_policy() as (policy, _), scripted_judge(broken_on_reverse) as (url, _judge):
+        async with running_node(policy, tmp_path / "2") as node, control_client(node, timeout=30) as client:
+            body = {"config": judge_config(url, attempts=1), "outcomes": outcomes}
+            r = await client.post("/node/judge_group", json=body)
+    assert r.status_code == 200 and "fewer than 2 orderings remain" in r.json()["failed"]

@@ -27,7 +27,7 @@ from pydantic import Field
 from polar.evaluate.base import EvaluatorModels
 from polar.evaluate.judge import JudgeConfig, fence
 from polar.evaluate.judging import ask_judge
-from polar.evaluate.support import EvaluatorError
+from polar.evaluate.support import EvaluatorError, StrictConfig
 
 JUDGED_SESSIONS = "judged_sessions"  # in a group judge session's metadata: every session of the group
 MAX_GROUP = 64  # outcomes in one call; a larger group would not fit a judge's context anyway
@@ -50,10 +50,19 @@ class GroupJudgeConfig(JudgeConfig):
     seed: int = 0  # the group's shuffle
 
 
-@dataclass(frozen=True)
-class Outcome:
-    session_id: str
+class Outcome(StrictConfig):
+    session_id: str = Field(min_length=1)
     text: str  # rendered on the node during evaluation (`polar.evaluate.outcome.render`)
+
+
+class GroupRequest(StrictConfig):
+    """What a node is asked to judge (`POST /node/judge_group`): the task's `judge_group` config, its
+    instruction (None: not shown), and the group's outcomes."""
+
+    config: dict[str, Any]
+    instruction: str | None = None
+    task_id: str | None = None
+    outcomes: list[Outcome] = Field(min_length=1, max_length=MAX_GROUP)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ gateway's control routes for the rollout server (control listener, token require
     DELETE /node/sessions/{id}   cancels (kills the process tree); answers the state once it ended
     GET    /node/status          NodeStatus
     POST   /node/drain           DrainRequest (optional) -> 202 NodeStatus: the node drains, then leaves
+    POST   /node/judge_group     GroupRequest -> 200 {"scores", "rewards", "orderings", "details"}, or 200
+                                 {"failed": reason} when the group has no judgement (fail-closed: every
+                                 session of it is to be masked); 422 invalid (names the field). The judge
+                                 calls are records in this node's gateway (`polar.evaluate.group_judging`)
 
 Every control route needs the deployment's control token; a harness's session key opens none of them, and
 the control listener is never reachable from a session's sandbox.
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 
 MAX_SPEC_BYTES = 8 << 20
 MAX_DRAIN_BYTES = 64 << 10
+MAX_GROUP_BYTES = 64 << 20  # up to 64 outcomes of a few parts each, clipped (`judge`'s max_chars)
 
 
 def _json(body: JSON, status: int = 200) -> Response:
@@ -73,6 +78,7 @@ class NodeApp:
             Route("/node/sessions/{session_id}", self.cancel_session, methods=["DELETE"]),
             Route("/node/status", self.status, methods=["GET"]),
             Route("/node/drain", self.drain, methods=["POST"]),
+            Route("/node/judge_group", self.judge_group, methods=["POST"]),
         ]
         token = node.config.gateway.control_token
         self.control = control_app(self.gateway.state, token, [*node_routes, *control_routes])
@@ -145,6 +151,40 @@ class NodeApp:
             return _validation_error(exc)
         self.node.start_drain(req.reason, req.timeout_s)
         return _json(self.node.status(), 202)
+
+    async def judge_group(self, request: Request) -> Response:
+        """A group's outcomes judged together through this node's gateway (the server's group phase)."""
+        from polar.evaluate.group_judging import GroupJudgeConfig, GroupRequest, judge_group
+        from polar.evaluate.support import EvaluatorError, parse_config
+        from polar.rollout.node.models import GatewayModels
+
+        try:
+            body = await read_body(request, MAX_GROUP_BYTES, self.node.config.gateway.body_timeout_s)
+        except BodyError as exc:
+            return _error(exc.status, f"group request: {exc.message}")
+        try:
+            req = GroupRequest.model_validate_json(body)
+        except ValidationError as exc:
+            return _validation_error(exc)
+        try:
+            config = parse_config("judge_group", GroupJudgeConfig, req.config)
+        except ValueError as exc:
+            return _error(422, str(exc), "config")
+        gw = self.node.config.gateway
+        models = GatewayModels(self.gateway.state.proxy, self.node.url, gw.store_path)
+        meta = {"judged_task_id": req.task_id}
+        try:
+            verdict = await judge_group(config, models, req.instruction, req.outcomes, meta)
+        except EvaluatorError as exc:
+            return _json({"failed": str(exc)})
+        return _json(
+            {
+                "scores": verdict.scores,
+                "rewards": verdict.rewards(config.scale),
+                "orderings": verdict.orderings,
+                "details": verdict.details,
+            }
+        )
 
 
 def create_node_app(node: Node) -> NodeApp:
