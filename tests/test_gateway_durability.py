@@ -117,3 +117,54 @@ def test_kill_9_under_load_loses_no_acknowledged_record(tmp_path: Path) -> None:
     for key in keys:
         assert stored[key] >= len(acked[key]), (key, stored[key], len(acked[key]))
     assert sum(len(v) for v in acked.values()) >= 200
+
+
+def test_a_reader_in_another_process_does_not_cost_the_gateway_its_records(tmp_path: Path) -> None:
+    """Was: every new connection in the gateway first opened and closed the database file itself (to make it
+    0600), and closing any descriptor of a file drops all of the process's POSIX locks on it, SQLite's
+    included. The next process to open and close the store (sqlite3, the dashboard, `polar traces`) then
+    found no other user, deleted the WAL the gateway was still committing into, and calls answered after
+    that were gone after a kill -9 (measured: 4 answered, 0 stored)."""
+    import sqlite3
+
+    bport, port, cport = free_port(), free_port(), free_port()
+    token = new_token()
+    env = {**os.environ, "POLAR_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    backend = subprocess.Popen([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], env=env)
+    store = tmp_path / "gw.db"
+    argv = [sys.executable, "-m", "polar", "gateway", "--backend", f"http://127.0.0.1:{bport}"]
+    argv += ["--model", "m", "--port", str(port), "--control-port", str(cport), "--store", str(store)]
+    gateway = subprocess.Popen([*argv, "--log-level", "warning"], env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_up(f"http://127.0.0.1:{bport}", backend)
+        _wait_up(url, gateway)
+        control = f"http://127.0.0.1:{cport}"
+        key = httpx.post(f"{control}/sessions", headers=bearer(token), json={}).json()["session_id"]
+        body = CALLS["/v1/chat/completions"]
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(key)).status_code == 200
+        # The gateway opens more connections (control reads), then another process reads and closes.
+        assert httpx.get(f"{control}/sessions/{key}/completions", headers=bearer(token)).status_code == 200
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"import sqlite3; sqlite3.connect({str(store)!r}).execute('SELECT 1').fetchall()",
+            ],
+            check=True,
+        )
+        with sqlite3.connect(store) as outside:  # and a reader in this (another) process too
+            outside.execute("SELECT COUNT(*) FROM completions").fetchall()
+        outside.close()
+        for _ in range(4):
+            assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(key)).status_code == 200
+        assert httpx.get(f"{control}/sessions/{key}/completions", headers=bearer(token)).status_code == 200
+        gateway.send_signal(signal.SIGKILL)
+        gateway.wait(10)
+    finally:
+        for proc in (gateway, backend):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    with SQLiteStore(store) as s:
+        assert len(s.completions(key)) == 5

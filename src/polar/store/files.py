@@ -33,20 +33,28 @@ def private_dirs(path: Path) -> None:
 def private_database(path: str | Path) -> None:
     """Make the SQLite database at `path` 0600 before SQLite opens it: created so when missing, tightened
     (with its side files) when an earlier version left it readable to others. A directory that does not
-    exist is not created, nor is any other problem raised here: SQLite's own error names the path."""
+    exist is not created, nor is any other problem raised here: SQLite's own error names the path.
+
+    An existing database is never opened here, only changed by path: closing any descriptor of a file drops
+    every POSIX lock this process holds on it, SQLite's included, and a process whose connections hold no
+    lock lets the next reader elsewhere think it is the last user and delete the WAL still being written
+    (tests/test_gateway_durability.py)."""
     name = str(path)
     if name in ("", ":memory:") or name.startswith("file:"):
         return
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        mode = os.stat(name).st_mode
+    except FileNotFoundError:
+        try:  # a new file: no connection of this process can hold a lock on it yet
+            os.close(os.open(name, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        except OSError:
+            return
     except OSError:
         return
-    try:
-        if os.fstat(fd).st_mode & 0o077:
+    else:
+        if mode & 0o077:
             with contextlib.suppress(OSError):  # not ours (a store shared on purpose): left as it is
-                os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+                os.chmod(name, 0o600)
     for suffix in SIDE_FILES:
         with contextlib.suppress(OSError):
             side = name + suffix
