@@ -26,7 +26,10 @@ failure, a runtime without git or bash, or a missing `swebench` package are not 
 
 Instances use SWE-bench 5.x's fields (`image`, `log_parser`, `eval_type`, `eval_script` besides
 `instance_id`, `repo`, `version`, `base_commit`, `test_patch`, `FAIL_TO_PASS`, `PASS_TO_PASS`), as
-`polar.rollout.datasets` writes them into `evaluator.config.instance`.
+`polar.rollout.datasets` writes them into `evaluator.config.instance` for every published shape
+(`polar.rollout.published`). Two more fields serve the shapes whose publishers grade otherwise: `test_files`
+(paths left out of the diff besides the test_patch's) and `grading`: `swesmith` or `r2egym` read the same log
+with their publisher's rule (`polar.evaluate.published_grading`; R2E-Gym's `expected_output`).
 """
 
 from __future__ import annotations
@@ -36,11 +39,11 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from polar.evaluate import review
+from polar.evaluate import published_grading, review
 from polar.evaluate.base import EvalContext, EvalResult
 from polar.evaluate.command import agent_diff
 from polar.evaluate.support import (
@@ -75,6 +78,9 @@ class SWEInstance(BaseModel):
     eval_type: str = "pass_and_fail"
     eval_script: str = Field(min_length=1)
     image: str = ""
+    test_files: list[str] = Field(default_factory=list)
+    grading: Literal["swebench", "swesmith", "r2egym"] = "swebench"
+    expected_output: dict[str, str] | None = None
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -124,7 +130,7 @@ class SWEBenchEvaluator:
                 "evaluator 'swebench' needs the swebench package on the node: pip install 'polar-rl[swe]'"
             ) from None
         cfg, inst = self.config, self.config.instance
-        protected = patched_files(inst.test_patch)
+        protected = list(dict.fromkeys([*patched_files(inst.test_patch), *inst.test_files]))
         diff = await agent_diff(ctx.runtime, inst.base_commit, protected, cfg.git_timeout_seconds)
         details: dict[str, Any] = {"instance_id": inst.instance_id, "diff_bytes": len(diff)}
         if not diff.strip():
@@ -167,6 +173,8 @@ class SWEBenchEvaluator:
             details["eval_log"] = tail(text)
             if run.timed_out:
                 return EvalResult(reward=0.0, passed=False, details={**details, "reason": "tests timed out"})
+            if inst.grading != "swebench":
+                return self._publisher_grade(text, details)
             report = get_eval_report(spec, prediction, str(log), include_tests_status=True)[inst.instance_id]
         if report.get("infra_failure"):
             raise EvaluatorError(
@@ -186,6 +194,33 @@ class SWEBenchEvaluator:
             reason = "no test results in the evaluation log"
         else:
             reason = "resolved" if resolved else "not resolved"
+        return EvalResult(
+            reward=1.0 if resolved else 0.0, passed=resolved, details={**details, "reason": reason}
+        )
+
+    def _publisher_grade(self, log: str, details: dict[str, Any]) -> EvalResult:
+        """The verdict of SWE-smith's or R2E-Gym's own rule on the eval script's log."""
+        inst = self.config.instance
+        from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT
+
+        if log.count(START_TEST_OUTPUT) != 1 or log.count(END_TEST_OUTPUT) != 1:
+            reason = "the test markers do not appear once each (the tests printed them, or did not run)"
+            return EvalResult(reward=0.0, passed=False, details={**details, "reason": reason})
+        if inst.grading == "swesmith":
+            statuses = published_grading.swesmith_statuses(log)
+            if statuses is None:
+                return EvalResult(reward=0.0, passed=False, details={**details, "reason": "no test output"})
+            resolved, report = published_grading.swesmith_resolved(
+                statuses, inst.FAIL_TO_PASS, inst.PASS_TO_PASS
+            )
+            details["tests_status"] = report
+        else:
+            output = log.split(START_TEST_OUTPUT, 1)[1].split(END_TEST_OUTPUT, 1)[0]
+            statuses = published_grading.r2e_statuses(output)
+            resolved, differ = published_grading.r2e_matches(statuses, inst.expected_output or {})
+            details["tests_status"] = statuses
+            details["tests_differing"] = differ[:50]
+        reason = "resolved" if resolved else "not resolved"
         return EvalResult(
             reward=1.0 if resolved else 0.0, passed=resolved, details={**details, "reason": reason}
         )

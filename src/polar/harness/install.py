@@ -118,11 +118,16 @@ def npm_bin(package: str, version: str, binary: str, *, root: Path | None = None
     return path
 
 
-def pip_prefix(package: str, version: str, *, root: Path | None = None, timeout_s: float = 900) -> Path:
-    """A `--target` folder holding `package==version` and its dependencies (put it on PYTHONPATH)."""
+def pip_prefix(
+    package: str, version: str, *, root: Path | None = None, timeout_s: float = 900, deps: bool = True
+) -> Path:
+    """A `--target` folder holding `package==version` and its dependencies (put it on PYTHONPATH); with
+    `deps=False` the package alone, its imports served by the running environment's packages."""
     spec = f"{package}=={version_of(package, version)}"
     command = [sys.executable, "-m", "pip", "install", "-q", "--target", "{prefix}", spec]
-    return _install("pip", spec, _command(spec, command, timeout_s), root)
+    if not deps:
+        command.insert(4, "--no-deps")
+    return _install("pip" if deps else "pip-nodeps", spec, _command(spec, command, timeout_s), root)
 
 
 async def npm_bin_async(package: str, version: str, binary: str, *, root: Path | None = None) -> Path:

@@ -167,7 +167,7 @@ def dataset_items(
 ) -> list[tuple[dict[str, Any], Callable[[tuple[Any, ...]], str]]]:
     """The tasks a file's `dataset:` (with its `defaults:`) generates, each with the locator of its errors:
     the `dataset` line, the instance, the field (`polar.rollout.datasets`)."""
-    from polar.rollout.datasets import DatasetError, DatasetSpec, read_instances, swebench_tasks
+    from polar.rollout.datasets import DatasetError, DatasetSpec, read_rows, swebench_tasks
 
     extra = sorted(set(data) - {"dataset", "defaults", "tasks"})
     if extra:
@@ -188,7 +188,7 @@ def dataset_items(
         if spec.format == "harbor":
             generated = harbor_tasks(base, spec, defaults)
         else:
-            generated = swebench_tasks(read_instances(spec, base), spec, defaults, base)
+            generated = swebench_tasks(read_rows(spec, base), spec, defaults, base)
     except HarborError as exc:  # located in the task's own files (task.toml:line, instruction.md)
         raise TaskFileError(str(exc)) from None
     except DatasetError as exc:
