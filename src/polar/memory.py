@@ -58,9 +58,9 @@ def trim() -> bool:
 
 # A gateway call allocates a few thousand container objects (parsed bodies, records, pydantic models) that
 # die with the call; CPython's default first-generation threshold (700) runs a collection every few calls,
-# and each full collection walks everything the process imported. Measured with bench/gateway.py's chat
-# body at concurrency 16 (docs/benchmarks.md, "Garbage collection"): 0.68 -> 0.60 ms of CPU per call, p99
-# 33 -> 19 ms.
+# and each full collection walks everything the process imported. Measured with bench/gateway_cpu.py
+# (docs/benchmarks.md, "Garbage collection in the gateway"): about 9 % less CPU per call, p99 34 -> 20 ms
+# at concurrency 16.
 GC_THRESHOLDS = (50_000, 50, 100)
 
 
