@@ -98,6 +98,7 @@ SUPPORT = {  # preset -> (MCP, skills), as each pinned CLI's code and tests/test
     "gemini_cli": (True, True),
     "qwen_code": (True, True),
     "opencode": (True, True),
+    "hermes_agent": (True, True),
     "pi": (False, True),
     "aider": (False, False),
     "mini_swe_agent": (False, False),
@@ -223,6 +224,45 @@ def test_gemini_and_qwen_write_mcp_servers_into_settings(tmp_path: Path, module:
         }
     }
     assert module.mcp_settings(ctx(tmp_path, mcp_servers={})) == {}
+
+
+def test_hermes_agent_writes_servers_into_its_config_and_names_them_to_its_launcher(tmp_path: Path) -> None:
+    overlay = {"mcp_servers": {"weather": {"timeout": 30}}}
+    harness = get_harness("hermes_agent", {"config": overlay})
+    c = ctx(tmp_path)
+    assert harness.config(c)["mcp_servers"] == {  # type: ignore[attr-defined]
+        "weather": {
+            "command": "python3",
+            "args": ["weather.py", "--fast"],
+            "env": {"UNITS": "metric"},
+            "connect_timeout": 60,
+            "timeout": 30,  # settings.config merged over
+        }
+    }
+    assert harness.command(c)[-1] == "weather"  # the launcher waits for it
+    bare = ctx(tmp_path, mcp_servers={})
+    assert "mcp_servers" not in get_harness("hermes_agent").config(bare)  # type: ignore[attr-defined]
+    assert harness.command(bare)[-1].endswith("hermes-mcp-failed.txt")  # no server after it
+    assert str(extensions_of(harness).skills).startswith("$HERMES_HOME/skills/")
+    assert harness.env(c)["HERMES_HOME"] == f"{c.home}/.hermes"  # where setup writes the skills
+
+
+@pytest.mark.parametrize(
+    ("toolsets", "field", "why"),
+    [
+        (["terminal", "file"], "skills", "settings.toolsets has no `skills`"),
+        (["terminal", "skills", "no_mcp"], "mcp_servers", "settings.toolsets has `no_mcp`"),
+    ],
+)
+def test_hermes_agent_refuses_what_its_toolsets_turn_off(toolsets: list[str], field: str, why: str) -> None:
+    value: Any = (
+        {"weather": {"command": "python3"}}
+        if field == "mcp_servers"
+        else [{"name": "tide-reading", "content": SKILL}]
+    )
+    with pytest.raises(TaskProblem) as info:
+        resolve_task(task("hermes_agent", settings={"toolsets": toolsets}, **{field: value}))
+    assert info.value.field == f"agent.{field}" and why in info.value.message
 
 
 def test_opencode_writes_local_servers_into_its_config(tmp_path: Path) -> None:
