@@ -11,6 +11,7 @@ OpenHands with its SDK and LiteLLM, and the store are real.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from polar.harness.presets import openhands
 from polar.harness.registry import get_harness
 from polar.rollout.protocol import SessionStatus
 from polar.trajectory import audit, build
+from tests import extension_support as ext
+from tests import mcp_weather
 from tests.fakes.fake_vllm import Reply
 from tests.preset_run_support import (
     INSTRUCTION,
@@ -190,6 +193,30 @@ async def test_openhands_reaches_only_the_gateway(tmp_path: Path, python312: Pat
     assert ("127.0.0.1", port) in addresses
     assert all(p == 53 for _, p in others), others  # lookups only (which fail: no network but the gateway)
     assert "public-skills" in result.stdout + result.stderr  # the clone was tried, and failed at once
+
+
+@pytest.mark.cli
+async def test_openhands_runs_the_tasks_mcp_server_and_reads_its_skill(
+    tmp_path: Path, python312: Path
+) -> None:
+    """`agent.mcp_servers` and `agent.skills`: the policy calls `forecast` (one server's tools keep their
+    names) with the `security_risk` OpenHands asks of every tool not marked read-only, and the forecast
+    comes back in the next request. OpenHands lists the server's tools before its first call (the server
+    starts 3 s late here) and the skill's description is in the system prompt. The server runs with the
+    task's LD_LIBRARY_PATH, not the copied Python's."""
+    await asyncio.to_thread(mcp_weather.install)
+    fields = ext.agent_fields(delay_s=3)
+    dump = tmp_path / "mcp-env"
+    weather = fields["mcp_servers"]["weather"]
+    weather["args"][1] = f"env > {dump}; {weather['args'][1]}"
+    fields["env"] = {"LD_LIBRARY_PATH": "/opt/task-lib"}
+    arguments = '{"city":"Oslo","security_risk":"LOW"}'
+    script = ext.weather_script("forecast", arguments)
+    run = await run_preset(tmp_path, "openhands", {}, script, expect=None, agent=fields)
+    main = ext.check_weather_run(run, "openhands", "chat", "forecast", arguments=arguments)
+    assert "invoke_skill" in tool_names(main[0].request)
+    env = dict(line.split("=", 1) for line in dump.read_text().splitlines() if "=" in line)
+    assert env["LD_LIBRARY_PATH"] == "/opt/task-lib" and env["POLAR_HOME"]
 
 
 def ctx(tmp_path: Path, env: dict[str, str] | None = None) -> HarnessContext:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from polar.harness import HarnessContext, get_harness
 from polar.harness.base import extensions_of
 from polar.harness.extensions import write_skills
-from polar.harness.presets import claude_code, codex, gemini_cli, opencode, pi, qwen_code
+from polar.harness.presets import claude_code, codex, gemini_cli, opencode, openhands, pi, qwen_code
 from polar.rollout.resolve import TaskProblem, resolve_task
 from polar.rollout.taskfile import TaskFileError, load_tasks
 from polar.runtime import RuntimeSpec, make_runtime
@@ -99,6 +99,7 @@ SUPPORT = {  # preset -> (MCP, skills), as each pinned CLI's code and tests/test
     "qwen_code": (True, True),
     "opencode": (True, True),
     "hermes_agent": (True, True),
+    "openhands": (True, True),
     "pi": (False, True),
     "aider": (False, False),
     "mini_swe_agent": (False, False),
@@ -281,6 +282,20 @@ def test_opencode_writes_local_servers_into_its_config(tmp_path: Path) -> None:
     assert "mcp" not in harness.config(ctx(tmp_path, mcp_servers={}))  # type: ignore[attr-defined]
 
 
+def test_openhands_writes_its_mcp_json_with_the_tasks_env_under_each_servers(tmp_path: Path) -> None:
+    c = ctx(tmp_path, env={"UNITS": "imperial", "LD_LIBRARY_PATH": "/opt/lib"})
+    assert openhands.mcp_config(c) == {
+        "mcpServers": {
+            "weather": {
+                "command": "python3",
+                "args": ["weather.py", "--fast"],
+                "env": {"UNITS": "metric", "LD_LIBRARY_PATH": "/opt/lib"},  # the server's own wins
+            }
+        }
+    }
+    assert (openhands.PERSISTENCE, openhands.MCP_CONFIG) == (".openhands", "mcp.json")
+
+
 async def test_pi_writes_skills_into_its_agent_dir(tmp_path: Path) -> None:
     runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path / "rt"), "sess-x")
     await runtime.start()
@@ -320,6 +335,7 @@ async def test_skills_are_written_through_the_runtime(tmp_path: Path) -> None:
         (gemini_cli, "~/.gemini/skills/"),
         (qwen_code, "~/.qwen/skills/"),
         (opencode, "~/.config/opencode/skills/"),
+        (openhands, f"~/{openhands.SKILLS}/"),
         (pi, "~/.pi/agent/skills/"),
     ],
 )

@@ -33,6 +33,16 @@ measured against the fake policy:
   agent; no browser) and always sets its LLM security analyzer: every tool but finish and think requires
   a `security_risk` argument, and a call without one comes back as an error observation. It reads the
   workdir's own skills and hooks (AGENTS.md, .openhands/) as it always does.
+- A task's MCP servers go in `$OPENHANDS_PERSISTENCE_DIR/mcp.json` (`{"mcpServers": {...}}`, which the CLI
+  reads at each start, `mcp/mcp_utils.py`); the agent starts them and lists their tools while it builds
+  its tool list, before its first call (`sdk/agent/base.py`: `create_mcp_tools(config, 30)`; measured
+  with a server starting 3 s late). A server that cannot start (a command that does not exist) leaves
+  headless hanging before its first call, until the session's deadline (measured). One server's tools keep their own names; with two or more, fastmcp mounts
+  them as `<server>_<tool>`. Like every tool but finish and think, an MCP tool not marked read-only takes
+  a `security_risk` argument.
+- A task's skills go in `~/.agents/skills/<name>/` (first of the SDK's user skill folders, read with
+  `load_user_skills`): each one's name and description in the system prompt, its text through the
+  `invoke_skill` tool. The public skills are loaded apart (their failed clone is logged and skipped).
 - Sent with every call: `reasoning_effort: high` (the SDK's default; `llm: {reasoning_effort: null}` drops
   it) and `prompt_cache_key` (the conversation's id); never streamed.
 - Public skills: each start git-clones github.com/OpenHands/extensions into ~/.openhands/cache (no switch;
@@ -61,6 +71,7 @@ from typing import Any
 
 from polar.harness.base import Extensions, HarnessContext, gateway_env
 from polar.harness.cli_common import positive_int, refuse_unknown, texts, under, write_json
+from polar.harness.extensions import stdio_entries, write_skills
 from polar.harness.install import InstallError, find_python, python_binary, python_env, python_prefix
 from polar.harness.shell import instruction_path, write_instruction
 from polar.runtime.base import Runtime, RuntimeFailure
@@ -81,15 +92,19 @@ LIMITS = (
     "needs Python 3.12 on the node (settings.python, or found on PATH, pyenv, uv); each start asks pypi.org "
     "for its newest release (no switch: where only the gateway is reachable it fails at once); every tool "
     "call needs a `security_risk` argument; a condensation rewrites the history, so the call after it "
-    "starts a new trace"
+    "starts a new trace; an MCP server that cannot start makes it hang before its first call until the "
+    "session's deadline; one server's tools keep their bare names (two or more: `<server>_<tool>`)"
 )
-# OpenHands has both; this preset does not write them yet, so a task giving either is refused at submit.
 EXTENSIONS = Extensions(
-    missing="not written by this preset yet (OpenHands 1.16.0 reads MCP servers from "
-    "$OPENHANDS_PERSISTENCE_DIR/mcp.json and skills from ~/.openhands/skills)"
+    mcp="$OPENHANDS_PERSISTENCE_DIR/mcp.json `mcpServers` (command, args, the task's agent.env under the "
+    "server's env); the agent starts them and lists their tools before its first call",
+    tool_name="{tool}",
+    skills="~/.agents/skills/<name>/SKILL.md (listed in the system prompt, loaded with invoke_skill)",
 )
 
 PERSISTENCE = ".openhands"  # under the session's home
+MCP_CONFIG = "mcp.json"  # openhands_cli/locations.py MCP_CONFIG_FILE, in the persistence folder
+SKILLS = ".agents/skills"  # under the session's home: the first of the SDK's USER_SKILLS_DIRS
 CONVERSATIONS = "openhands-conversations"  # under the artifacts
 PUBLIC_SKILLS = "https://github.com/OpenHands/extensions"  # sdk/skills/skill.py PUBLIC_SKILLS_REPO
 NOWHERE = "/nonexistent/openhands-public-skills"
@@ -117,6 +132,17 @@ _GATEWAY_FIELDS = {"model", "base_url", "api_key", "usage_id"}
 _SETTINGS = ("python", "condenser_max_size", "llm")
 # Lists the conversations OpenHands made (one folder each, holding base_state.json).
 _CONVERSATIONS = 'ls -1 -- "$1"/*/base_state.json 2>/dev/null | wc -l'
+
+
+def mcp_config(ctx: HarnessContext) -> dict[str, Any]:
+    """mcp.json: the task's servers as fastmcp's `MCPConfig` (what the CLI loads). OpenHands starts a stdio
+    server with only HOME, LOGNAME, PATH, SHELL, TERM and USER of its own environment (the mcp SDK's
+    `get_default_environment`) plus the server's `env`: the task's `agent.env` goes under it, so a server
+    sees the task's variables as under the other presets (and never the copy's LD_LIBRARY_PATH)."""
+    servers = stdio_entries(ctx.mcp_servers)
+    for entry in servers.values():
+        entry["env"] = {**ctx.env, **entry["env"]}
+    return {"mcpServers": servers}
 
 
 class OpenHandsHarness:
@@ -156,7 +182,8 @@ class OpenHandsHarness:
         }
 
     def agent_settings(self, ctx: HarnessContext) -> dict[str, Any]:
-        """The SDK's serialized Agent that `--headless` loads (the CLI sets tools, skills and MCP itself)."""
+        """The SDK's serialized Agent that `--headless` loads (the CLI sets tools, skills and MCP itself,
+        from its own files)."""
         return {
             "kind": "Agent",
             "llm": self.llm(ctx, "agent"),
@@ -181,6 +208,9 @@ class OpenHandsHarness:
         await write_instruction(runtime, ctx)
         path = under(ctx.home, f"{PERSISTENCE}/agent_settings.json")
         await write_json(runtime, path, self.agent_settings(ctx))
+        if ctx.mcp_servers:
+            await write_json(runtime, under(ctx.home, f"{PERSISTENCE}/{MCP_CONFIG}"), mcp_config(ctx))
+        await write_skills(runtime, under(ctx.home, SKILLS), ctx.skills)
 
     def command(self, ctx: HarnessContext) -> list[str]:
         binary = str(python_binary(self.prefix)) if self.prefix else f"python{PYTHON}"
