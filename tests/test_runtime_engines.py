@@ -24,7 +24,13 @@ from pathlib import Path
 import pytest
 
 from polar.runtime import RuntimeFailure, RuntimeSpec, make_runtime
-from polar.runtime.docker import OWNER_LABEL, SESSION_LABEL, DockerRuntime, reap_containers
+from polar.runtime.docker import (
+    OWNER_LABEL,
+    SESSION_LABEL,
+    DockerRuntime,
+    container_owners,
+    reap_containers,
+)
 from polar.runtime.leftovers import owner_label
 from tests.container_support import IMAGE, containers_of
 
@@ -337,6 +343,9 @@ async def test_containers_of_a_node_killed_with_sigkill_are_reaped(engine: str, 
                 check=True,
             ).stdout
         )
+        # A container gone between the listing and the inspect (its node removing it) costs nothing.
+        owners = dict(await container_owners(engine, [name, "polar-gone-0000", ours.name]))
+        assert set(owners) == {name, ours.name} and owners[ours.name] == owner_label()
         removed = await reap_containers(engine)
         assert name in removed and ours.name not in removed
         assert name not in containers_of(engine, OWNER_LABEL)

@@ -124,6 +124,23 @@ async def _engine_out(argv: list[str], timeout_s: float = 60.0) -> str | None:
     return out.decode(errors="replace") if proc.returncode == 0 else None
 
 
+async def container_owners(binary: str, names: list[str]) -> list[tuple[str, str]]:
+    """(name, owner label) of each of `names` that still exists. One `inspect` for all (docker's and
+    podman's `ps` templates differ; `inspect`'s agree), or one each when that fails: a container removed
+    between the listing and the inspect (its own node stopping it) fails the whole command, which had left
+    every dead node's containers in place (seen in CI with tests running beside the reap)."""
+    fmt = f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}'
+    owners = await _engine_out([binary, "inspect", "--format", fmt, *names])
+    if owners is not None and len(lines := owners.splitlines()) == len(names):
+        return [(n, o.strip()) for n, o in zip(names, lines, strict=True)]
+    found = []
+    for name in names:
+        one = await _engine_out([binary, "inspect", "--format", fmt, name])
+        if one is not None:
+            found.append((name, one.strip()))
+    return found
+
+
 async def reap_containers(binary: str) -> list[str]:
     """Remove the containers of `binary` (docker or podman) whose owning node is dead; their names."""
     if shutil.which(binary) is None:
@@ -134,13 +151,7 @@ async def reap_containers(binary: str) -> list[str]:
     names = [n.strip() for n in (listed or "").splitlines() if n.strip()]
     if not names:
         return []
-    # One line per container, in order (docker's and podman's `ps` templates differ; `inspect`'s agree).
-    owners = await _engine_out(
-        [binary, "inspect", "--format", f'{{{{index .Config.Labels "{OWNER_LABEL}"}}}}', *names]
-    )
-    if owners is None:
-        return []
-    dead = [n for n, owner in zip(names, owners.splitlines(), strict=False) if owner_dead(owner.strip())]
+    dead = [n for n, owner in await container_owners(binary, names) if owner_dead(owner)]
     if dead:
         now = ["--time", "0"] if binary == "podman" else []  # see PodmanRuntime.remove_argv
         await _engine_out([binary, "rm", "-f", *now, *dead], timeout_s=120)
