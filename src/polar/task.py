@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from polar.runtime.base import RuntimeBackend
+from polar.runtime.inventory import image_name_problem
 
 
 class _Model(BaseModel):
@@ -87,10 +88,9 @@ class RuntimeConfig(_Model):
     @field_validator("image")
     @classmethod
     def _an_image_not_an_option(cls, v: str | None) -> str | None:
-        # The engines take the image as an argument after their options (`docker run [OPTIONS] IMAGE`,
-        # `docker pull IMAGE`): a name starting with "-" would be read as an option (`--privileged`).
-        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
-            raise ValueError("must be an image name: not empty, no whitespace, not starting with '-'")
+        problem = None if v is None else image_name_problem(v)  # `--privileged` is an option, not an image
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @field_validator("read_only_paths")

@@ -55,14 +55,8 @@ async def _backend_problems(kind: str, urls: Sequence[str], model: str | None) -
 def image_problems(tasks: Sequence[Task], taskfile: Path) -> list[str]:
     """One line per container image a task runs in that its engine does not have (or an engine that is not
     there), with the command that makes it."""
-    wanted: dict[tuple[str, str], list[str]] = {}
-    built: set[tuple[str, str]] = set()
-    for task in tasks:
-        rt = task.runtime
-        if rt.backend in ENGINES and rt.image is not None:
-            wanted.setdefault((rt.backend, rt.image), []).append(task.task_id)
-            if rt.build is not None:
-                built.add((rt.backend, rt.image))
+    wanted = container_images(tasks)
+    built = {(t.runtime.backend, t.runtime.image) for t in tasks if t.runtime.build is not None}
     problems = []
     for (engine, image), task_ids in wanted.items():
         missing = image_missing(engine, image)

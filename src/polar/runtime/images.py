@@ -49,7 +49,8 @@ class BaseImage:
         return f"rootfs-{self.suite}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.tar"
 
 
-def _run(argv: Sequence[str], what: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+def run_checked(argv: Sequence[str], what: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`argv`'s result, or RuntimeFailure naming `what`: not installed, too slow, or failed (its output's tail)."""
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError:
@@ -83,7 +84,7 @@ def build_rootfs(image: BaseImage, cache: Path, *, force: bool = False) -> tuple
             image.suite,
             partial,
         ]
-        _run(argv, "mmdebstrap", timeout_s=1800)
+        run_checked(argv, "mmdebstrap", timeout_s=1800)
         os.replace(partial, target)
     finally:
         Path(partial).unlink(missing_ok=True)
@@ -126,7 +127,7 @@ def _image_inspect(engine: str, tag: str, fmt: str) -> subprocess.CompletedProce
 
 
 def import_image(engine: str, rootfs: Path, tag: str) -> None:
-    _run([engine, "import", str(rootfs), tag], f"{engine} import", timeout_s=600)
+    run_checked([engine, "import", str(rootfs), tag], f"{engine} import", timeout_s=600)
 
 
 def ensure_base_image(

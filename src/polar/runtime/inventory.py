@@ -10,12 +10,20 @@ implied), to one key.
 
 from __future__ import annotations
 
-import subprocess
-
 from polar.runtime.base import RuntimeFailure
+from polar.runtime.images import run_checked
 
 LIST_TIMEOUT_S = 60.0
 _IMPLICIT = ("docker.io/library/", "docker.io/", "index.docker.io/library/", "index.docker.io/", "localhost/")
+
+
+def image_name_problem(ref: str) -> str | None:
+    """Why `ref` cannot be an image name, or None. The engines take the image as an argument after their
+    options (`docker run [OPTIONS] IMAGE`, `docker pull IMAGE`): a name starting with "-" would be read as
+    an option (`--privileged`)."""
+    if not ref or ref.startswith("-") or any(c.isspace() for c in ref):
+        return "must be an image name: not empty, no whitespace, not starting with '-'"
+    return None
 
 
 def normalize_ref(ref: str) -> str:
@@ -35,21 +43,8 @@ def normalize_ref(ref: str) -> str:
 def list_images(engine: str) -> frozenset[str]:
     """The normalized references of every tagged image `engine` holds (untagged layers are not named by any
     task). Raises RuntimeFailure when the engine is missing or does not answer."""
-    try:
-        done = subprocess.run(
-            [engine, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"],
-            capture_output=True,
-            text=True,
-            timeout=LIST_TIMEOUT_S,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise RuntimeFailure(f"{engine} is not installed") from None
-    except subprocess.TimeoutExpired:
-        raise RuntimeFailure(f"`{engine} image ls` did not answer within {LIST_TIMEOUT_S:g} s") from None
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise RuntimeFailure(f"`{engine} image ls` failed: {tail}")
+    argv = [engine, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"]
+    done = run_checked(argv, f"`{engine} image ls`", LIST_TIMEOUT_S)
     refs = set()
     for line in done.stdout.splitlines():
         line = line.strip()
@@ -59,17 +54,8 @@ def list_images(engine: str) -> frozenset[str]:
 
 
 def pull_image(engine: str, ref: str, timeout_s: float = 3600.0) -> None:
-    """`ENGINE pull REF`, or RuntimeFailure with the engine's last line (no registry, no such image)."""
-    if not ref or ref.startswith("-") or any(c.isspace() for c in ref):  # an option, not an image
-        raise RuntimeFailure(f"not an image reference: {ref!r}")
-    try:
-        done = subprocess.run(
-            [engine, "pull", ref], capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except FileNotFoundError:
-        raise RuntimeFailure(f"{engine} is not installed") from None
-    except subprocess.TimeoutExpired:
-        raise RuntimeFailure(f"`{engine} pull {ref}` did not finish within {timeout_s:g} s") from None
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise RuntimeFailure(f"`{engine} pull {ref}` failed: {tail}")
+    """`ENGINE pull REF`, or RuntimeFailure with the tail of its output (no registry, no such image)."""
+    problem = image_name_problem(ref)
+    if problem is not None:
+        raise RuntimeFailure(f"not an image reference: {ref!r} ({problem})")
+    run_checked([engine, "pull", ref], f"`{engine} pull {ref}`", timeout_s)
