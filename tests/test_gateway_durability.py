@@ -8,11 +8,13 @@ client saw, in every dialect. Runs the real CLI (two listeners, the control toke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -74,12 +76,14 @@ async def _load(url: str, keys: list[str], acked: dict[str, list[str]], stop: as
     await asyncio.gather(*(worker(i) for i in range(16)))
 
 
-def test_kill_9_under_load_loses_no_acknowledged_record(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _gateway(store: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, str, str]]:
+    """The fake vLLM and a `polar gateway` recording into `store`: (its process, model API URL, control URL,
+    control token); both killed after, if still running."""
     bport, port, cport = free_port(), free_port(), free_port()
     token = new_token()
     env = {**os.environ, "POLAR_TOKEN": token, "PYTHONUNBUFFERED": "1"}
     backend = subprocess.Popen([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], env=env)
-    store = tmp_path / "gw.db"
     argv = [sys.executable, "-m", "polar", "gateway", "--backend", f"http://127.0.0.1:{bport}"]
     argv += ["--model", "m", "--port", str(port), "--control-port", str(cport), "--store", str(store)]
     gateway = subprocess.Popen([*argv, "--log-level", "warning"], env=env)
@@ -87,10 +91,19 @@ def test_kill_9_under_load_loses_no_acknowledged_record(tmp_path: Path) -> None:
     try:
         _wait_up(f"http://127.0.0.1:{bport}", backend)
         _wait_up(url, gateway)
+        yield gateway, url, f"http://127.0.0.1:{cport}", token
+    finally:
+        for proc in (gateway, backend):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_kill_9_under_load_loses_no_acknowledged_record(tmp_path: Path) -> None:
+    store = tmp_path / "gw.db"
+    with _gateway(store) as (gateway, url, control, token):
         keys = [
-            httpx.post(f"http://127.0.0.1:{cport}/sessions", headers=bearer(token), json={}).json()[
-                "session_id"
-            ]
+            httpx.post(f"{control}/sessions", headers=bearer(token), json={}).json()["session_id"]
             for _ in range(4)
         ]
         acked: dict[str, list[str]] = {k: [] for k in keys}
@@ -107,11 +120,6 @@ def test_kill_9_under_load_loses_no_acknowledged_record(tmp_path: Path) -> None:
 
         asyncio.run(scenario())
         gateway.wait(10)
-    finally:
-        for proc in (gateway, backend):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     with SQLiteStore(store) as s:
         stored = {k: len(s.completions(k)) for k in keys}
     for key in keys:
@@ -127,19 +135,8 @@ def test_a_reader_in_another_process_does_not_cost_the_gateway_its_records(tmp_p
     that were gone after a kill -9 (measured: 4 answered, 0 stored)."""
     import sqlite3
 
-    bport, port, cport = free_port(), free_port(), free_port()
-    token = new_token()
-    env = {**os.environ, "POLAR_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-    backend = subprocess.Popen([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], env=env)
     store = tmp_path / "gw.db"
-    argv = [sys.executable, "-m", "polar", "gateway", "--backend", f"http://127.0.0.1:{bport}"]
-    argv += ["--model", "m", "--port", str(port), "--control-port", str(cport), "--store", str(store)]
-    gateway = subprocess.Popen([*argv, "--log-level", "warning"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_up(f"http://127.0.0.1:{bport}", backend)
-        _wait_up(url, gateway)
-        control = f"http://127.0.0.1:{cport}"
+    with _gateway(store) as (gateway, url, control, token):
         key = httpx.post(f"{control}/sessions", headers=bearer(token), json={}).json()["session_id"]
         body = CALLS["/v1/chat/completions"]
         assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=bearer(key)).status_code == 200
@@ -161,10 +158,5 @@ def test_a_reader_in_another_process_does_not_cost_the_gateway_its_records(tmp_p
         assert httpx.get(f"{control}/sessions/{key}/completions", headers=bearer(token)).status_code == 200
         gateway.send_signal(signal.SIGKILL)
         gateway.wait(10)
-    finally:
-        for proc in (gateway, backend):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
     with SQLiteStore(store) as s:
         assert len(s.completions(key)) == 5
