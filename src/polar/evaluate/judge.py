@@ -29,7 +29,7 @@ from polar.evaluate.base import EvalContext, EvalResult
 from polar.evaluate.command import agent_diff
 from polar.evaluate.judging import JudgeSettings, judge, verdict_schema
 from polar.evaluate.outcome import Part, clip, final_answer, read_file, render, transcript
-from polar.evaluate.support import parse_config, stop_leftovers
+from polar.evaluate.support import inside_workdir, parse_config, stop_leftovers
 
 SYSTEM = """You grade the outcome of a task an AI agent worked on, against a rubric.
 
@@ -57,10 +57,7 @@ class JudgeConfig(JudgeSettings):
     @field_validator("files")
     @classmethod
     def _inside_workdir(cls, paths: list[str]) -> list[str]:
-        for path in paths:
-            if not path or path.startswith("/") or ".." in path.split("/"):
-                raise ValueError(f"{path!r} must be a path inside the workdir (relative, no '..')")
-        return paths
+        return inside_workdir(paths)
 
 
 def fence(text: str) -> str:

@@ -39,6 +39,14 @@ def parse_config(evaluator: str, model: type[C], config: Mapping[str, Any] | Non
         raise ValueError(f"evaluator {evaluator!r}: {where}: {message}") from None
 
 
+def inside_workdir(paths: list[str]) -> list[str]:
+    """`paths` when each is relative to the workdir and climbs out of it nowhere (a config field's check)."""
+    for path in paths:
+        if not path or path.startswith("/") or ".." in path.split("/"):
+            raise ValueError(f"{path!r} must be a path inside the workdir (relative, no '..')")
+    return paths
+
+
 def tail(text: str, n: int = OUTPUT_TAIL) -> str:
     return text if len(text) <= n else "…" + text[-n:]
 

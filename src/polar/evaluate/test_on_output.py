@@ -28,6 +28,7 @@ from polar.evaluate.runner import isolated_env
 from polar.evaluate.support import (
     EvaluatorError,
     StrictConfig,
+    inside_workdir,
     parse_config,
     require_environment,
     stop_leftovers,
@@ -79,10 +80,7 @@ class TestOnOutputConfig(StrictConfig):
     @field_validator("remove_first")
     @classmethod
     def _inside_workdir(cls, v: list[str]) -> list[str]:
-        for path in v:
-            if not path or path.startswith("/") or ".." in path.split("/"):
-                raise ValueError(f"{path!r} must be a path inside the workdir (relative, no '..')")
-        return v
+        return inside_workdir(v)
 
     @model_validator(mode="after")
     def _regex_compiles(self) -> TestOnOutputConfig:
