@@ -75,6 +75,7 @@ def test_names() -> None:
         "command",
         "harbor",
         "judge",
+        "judge_group",
         "session_completed",
         "swebench",
         "test_on_output",

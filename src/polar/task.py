@@ -301,7 +301,8 @@ class EvaluatorConfig(_Model):
 
     strategy: str = Field(
         "session_completed",
-        description="session_completed, command, test_on_output, swebench, harbor, judge (docs/rewards.md), "
+        description="session_completed, command, test_on_output, swebench, harbor, judge, judge_group "
+        "(docs/rewards.md), "
         'or "package.module:Class".',
     )
     config: dict[str, Any] = Field(default_factory=dict, description="The evaluator's own settings.")

@@ -145,7 +145,12 @@ TRAJECTORY_NODE: tuple[Key, ...] = (
 # What the reward rules add to `Trajectory.metadata` (`polar.rollout.rewards.assign_rewards`).
 TRAJECTORY_REWARDS: tuple[Key, ...] = (
     Key("reward", "float | null", "the session's outcome reward (0.0 when masked)"),
-    Key("masked", "bool", "true: every trace is fully masked (loss_mask all 0); trainers must skip it"),
+    Key(
+        "masked",
+        "bool",
+        "true: trainers must skip it; every trace is fully masked (loss_mask all 0), except while a "
+        "`judge_group` reward is pending (`reward_pending`)",
+    ),
     Key(
         "reward_reason",
         "str",
@@ -153,6 +158,13 @@ TRAJECTORY_REWARDS: tuple[Key, ...] = (
         always=False,
     ),
     Key("evaluation", "object", "`{passed, details}` when the evaluator ran", always=False),
+    Key(
+        "reward_pending",
+        "str",
+        "`judge_group`: the reward waits for the group's judgement (masked meanwhile; seen only on the "
+        "node: the server releases results settled, docs/rewards.md)",
+        always=False,
+    ),
 )
 
 # `Trajectory.metadata.side_calls` (`polar.rollout.node.side_calls.apply_policy`).

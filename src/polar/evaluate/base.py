@@ -62,6 +62,12 @@ class EvalContext:
     models: EvaluatorModels | None = None  # frozen models through the gateway (the node's; None elsewhere)
 
 
+# In `EvalResult.details`: the reward is not known yet, it comes when the session's group is judged together
+# (`judge_group`: {"outcome": the rendered outcome, "part": its name among `evaluators`, or None}). The node
+# masks such a trajectory (`reward_pending`) and the server settles it (`polar.rollout.server.grouping`).
+GROUP_PENDING = "group_pending"
+
+
 @dataclass(frozen=True)
 class EvalResult:
     reward: float | None  # outcome reward, broadcast to every trace; None: see trace_rewards

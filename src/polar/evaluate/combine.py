@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from polar.evaluate.base import AgentFault, EvalContext, EvalResult, Evaluator
+from polar.evaluate.base import GROUP_PENDING, AgentFault, EvalContext, EvalResult, Evaluator
 from polar.evaluate.support import EvaluatorError
 
 COMBINE: dict[str, Callable[[list[float]], float]] = {
@@ -92,32 +92,65 @@ class Combined:
 
     async def evaluate(self, ctx: EvalContext) -> EvalResult:
         n = len(ctx.trajectory.traces)
-        values: list[list[float] | float] = []
-        verdicts: list[bool | None] = []
         report: dict[str, Any] = {}
+        pending: dict[str, Any] | None = None
         for part in self.parts:
             result = await self._run(part, ctx)
+            if GROUP_PENDING in result.details:  # judge_group: counted when the group is judged (`settle`)
+                pending = {**result.details[GROUP_PENDING], "part": part.name}
+                shown = {k: v for k, v in result.details.items() if k != GROUP_PENDING}
+                report[part.name] = {"pending": True, **self._terms(part), "details": shown}
+                continue
             value = self._values(part, result, n)
             passed = result.passed
             if part.threshold is not None and result.trace_rewards is None:
                 passed = float(result.reward or 0.0) >= part.threshold  # a thresholded score is a verdict
-            values.append(value)
-            verdicts.append(passed)
             report[part.name] = {
                 "reward": result.reward,
                 **({"trace_rewards": result.trace_rewards} if result.trace_rewards is not None else {}),
                 "counted": value,
-                "weight": part.weight,
-                **({"threshold": part.threshold} if part.threshold is not None else {}),
+                **self._terms(part),
                 "passed": passed,
                 "details": result.details,
             }
-        fold = COMBINE[self.combine]
-        verdict = None if any(v is None for v in verdicts) else all(verdicts)
-        details = {"combine": self.combine, "parts": report}
-        scalars = [v for v in values if not isinstance(v, list)]
-        if len(scalars) == len(values):
-            return EvalResult(reward=fold(scalars), passed=verdict, details=details)
-        columns = zip(*([v] * n if not isinstance(v, list) else v for v in values), strict=True)
-        rewards = [fold(list(column)) for column in columns]
-        return EvalResult(reward=None, trace_rewards=rewards, passed=verdict, details=details)
+        if pending is not None:
+            details = {"combine": self.combine, "parts": report, GROUP_PENDING: pending}
+            return EvalResult(reward=None, details=details)
+        return folded(self.combine, report, n)
+
+    @staticmethod
+    def _terms(part: Part) -> dict[str, Any]:
+        return {
+            "weight": part.weight,
+            **({"threshold": part.threshold} if part.threshold is not None else {}),
+        }
+
+
+def folded(combine: str, report: dict[str, Any], n: int) -> EvalResult:
+    """The parts' counted values (`report`, in the task's order) combined into one result."""
+    values: list[list[float] | float] = [entry["counted"] for entry in report.values()]
+    verdicts: list[bool | None] = [entry["passed"] for entry in report.values()]
+    fold = COMBINE[combine]
+    verdict = None if any(v is None for v in verdicts) else all(verdicts)
+    details = {"combine": combine, "parts": report}
+    scalars = [v for v in values if not isinstance(v, list)]
+    if len(scalars) == len(values):
+        return EvalResult(reward=fold(scalars), passed=verdict, details=details)
+    columns = zip(*([v] * n if not isinstance(v, list) else v for v in values), strict=True)
+    rewards = [fold(list(column)) for column in columns]
+    return EvalResult(reward=None, trace_rewards=rewards, passed=verdict, details=details)
+
+
+def settle(details: dict[str, Any], reward: float, n: int) -> EvalResult:
+    """A combination whose `judge_group` part was pending (`evaluate`), once its group gave that part
+    `reward`: counted as the others were (thresholded, weighted), then all combined again from the values
+    the node kept in `details`."""
+    name = details[GROUP_PENDING]["part"]
+    report = {k: dict(v) for k, v in details["parts"].items()}
+    entry = report[name]
+    entry.pop("pending", None)
+    threshold = entry.get("threshold")
+    passed = None if threshold is None else reward >= threshold
+    counted = float(reward) if threshold is None else (1.0 if passed else 0.0)
+    report[name] = {**entry, "reward": reward, "counted": entry["weight"] * counted, "passed": passed}
+    return folded(details["combine"], report, n)

@@ -65,6 +65,24 @@ def fence(text: str) -> str:
     return text.replace("</outcome", "<\\/outcome")
 
 
+async def outcome_parts(cfg: JudgeConfig, ctx: EvalContext) -> list[Part]:
+    """The parts of the outcome the config asks for, in a fixed order (`judge_group` reads the same)."""
+    rt = ctx.runtime
+    parts: list[Part] = []
+    if cfg.answer:
+        parts.append(clip("final answer", final_answer(ctx.trajectory), cfg.max_chars))
+    if cfg.diff or cfg.files:
+        await stop_leftovers(rt)  # nothing the agent left running rewrites what is read next
+    if cfg.diff:
+        patch = await agent_diff(rt, cfg.base_ref, (), cfg.read_timeout_seconds)
+        parts.append(clip("diff", patch.decode("utf-8", errors="replace"), cfg.max_chars))
+    for path in cfg.files:
+        parts.append(await read_file(rt, path, cfg.max_chars, cfg.read_timeout_seconds))
+    if cfg.transcript:
+        parts.append(clip("transcript", transcript(ctx.trajectory), cfg.max_chars))
+    return parts
+
+
 class Judge:
     name = "judge"
     needs_fresh_runtime = False
@@ -74,21 +92,7 @@ class Judge:
         self.config = parse_config(self.name, JudgeConfig, config)
 
     async def outcome(self, ctx: EvalContext) -> list[Part]:
-        """The parts of the outcome the config asks for, in a fixed order."""
-        cfg, rt = self.config, ctx.runtime
-        parts: list[Part] = []
-        if cfg.answer:
-            parts.append(clip("final answer", final_answer(ctx.trajectory), cfg.max_chars))
-        if cfg.diff or cfg.files:
-            await stop_leftovers(rt)  # nothing the agent left running rewrites what is read next
-        if cfg.diff:
-            patch = await agent_diff(rt, cfg.base_ref, (), cfg.read_timeout_seconds)
-            parts.append(clip("diff", patch.decode("utf-8", errors="replace"), cfg.max_chars))
-        for path in cfg.files:
-            parts.append(await read_file(rt, path, cfg.max_chars, cfg.read_timeout_seconds))
-        if cfg.transcript:
-            parts.append(clip("transcript", transcript(ctx.trajectory), cfg.max_chars))
-        return parts
+        return await outcome_parts(self.config, ctx)
 
     def messages(self, instruction: str | None, parts: list[Part]) -> list[dict[str, Any]]:
         cfg = self.config

@@ -28,6 +28,7 @@ EVALUATORS = plugins.Registry(
         "swebench": "polar.evaluate.swebench:SWEBenchEvaluator",
         "harbor": "polar.evaluate.harbor:HarborEvaluator",
         "judge": "polar.evaluate.judge:Judge",
+        "judge_group": "polar.evaluate.judge_group:GroupJudge",
     },
 )
 
@@ -116,6 +117,11 @@ def build_evaluator(task: Task) -> tuple[Evaluator, bool]:
     """The task's evaluator (its `evaluator`, or its `evaluators` combined as `reward` says) and whether
     the node prepares a fresh runtime for it; `FieldProblem` naming the field otherwise."""
     evaluator, fresh = _build(task)
+    from polar.evaluate.judge_group import group_problem
+
+    problem = group_problem(task)
+    if problem is not None:
+        raise FieldProblem(*problem)
     inner = [p.evaluator for p in evaluator.parts] if isinstance(evaluator, Combined) else [evaluator]
     if task.runtime.network == "host" and any(getattr(e, "calls_models", False) for e in inner):
         # The agent would share the host's network with the judge's server, which takes any caller.

@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from polar.evaluate.base import EvalResult
+from polar.evaluate.base import GROUP_PENDING, EvalResult
 from polar.store.records import FLAG_TOOL_PARSE_ERROR
 from polar.trajectory.models import Trace, Trajectory, TrajectoryStatus
 
@@ -140,6 +140,8 @@ def assign_rewards(
     if name == "COMPLETED":
         if result is None:
             return _mask_all(trajectory, TrajectoryStatus.ERROR, "completed without an evaluation", None)
+        if GROUP_PENDING in result.details:
+            return _pending(trajectory, result)
         why = _unusable(result, len(trajectory.traces))
         if why is not None:
             return _mask_all(trajectory, TrajectoryStatus.ERROR, why, result)
@@ -167,3 +169,37 @@ def assign_rewards(
         why = f"cancelled: {why}" if reason else "cancelled"
     final = TrajectoryStatus.TIMEOUT if name == "TIMEOUT" else TrajectoryStatus.ERROR
     return _mask_all(trajectory, final, why, result)
+
+
+# In a pending trajectory's metadata: its reward comes when its group is judged (`judge_group`).
+REWARD_PENDING = "reward_pending"
+AWAITING_GROUP = "awaiting its group's judgement (judge_group)"
+_SETTLED_KEYS = (REWARD_PENDING, "reward", "masked", "reward_reason", "evaluation")
+
+
+def _pending(trajectory: Trajectory, result: EvalResult) -> Trajectory:
+    """A COMPLETED session whose reward its group decides: masked as a whole (trainers leave out masked
+    trajectories) with its traces kept as they are, so that `settle_group` can release them trainable."""
+    meta = {
+        **trajectory.metadata,
+        REWARD_PENDING: "judge_group",
+        "reward": None,
+        "masked": True,
+        "reward_reason": AWAITING_GROUP,
+        "evaluation": {"passed": result.passed, "details": result.details},
+    }
+    return trajectory.model_copy(update={"status": TrajectoryStatus.COMPLETED, "metadata": meta})
+
+
+def settle_group(trajectory: Trajectory, result: EvalResult | None, reason: str | None = None) -> Trajectory:
+    """A pending trajectory once its group is judged: rewarded by the rules above with `result`, or, with
+    None, fully masked as ERROR with `reason` (the group's judging failed). Anything else is returned as
+    it is: only what `_pending` made is settled."""
+    if trajectory.metadata.get(REWARD_PENDING) is None:
+        return trajectory
+    meta = {k: v for k, v in trajectory.metadata.items() if k not in _SETTLED_KEYS}
+    fresh = trajectory.model_copy(update={"metadata": meta})
+    if result is None:
+        why = reason or "its group was not judged"
+        return _mask_all(fresh, TrajectoryStatus.ERROR, why, None)
+    return assign_rewards(fresh, "COMPLETED", result)

@@ -5,6 +5,7 @@ ones (and is told how many), so a stalled dashboard never holds memory or slows 
 state is read from `GET /rollout/task/{id}`.
 
 Kinds: task_submitted, task_done, session_dispatched, session_stage, session_requeued, session_result,
+session_held and group_judging (a `judge_group` task's results wait for its group: `grouping`),
 node_registered, node_draining, node_left, node_lost, callback_failed (and `dropped`, to a subscriber that fell behind).
 """
 

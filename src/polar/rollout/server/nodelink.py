@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
+import orjson
 from pydantic import ValidationError
 
 from polar.auth import bearer
+from polar.jsontypes import JSONObject
 from polar.rollout.protocol import (
     NODE_ID_HEADER,
     RESULT_TOKEN_HEADER,
@@ -118,3 +120,30 @@ class NodeLink:
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
         return None if r.status_code < 300 or r.status_code == 404 else _error_text(r)
+
+    async def judge_group(
+        self, node_url: str, body: bytes, timeout_s: float
+    ) -> tuple[JSONObject | None, str | None]:
+        """Ask the node to judge a group (`POST /node/judge_group`): its answer (`{"rewards": ...}` or
+        `{"failed": why}`), else why there is none; an error starting "refused:" means the node refused the
+        request itself (a config it cannot read): another node would too."""
+        try:
+            r = await self._client.post(
+                f"{node_url}/node/judge_group",
+                content=body,
+                headers={"content-type": "application/json"},
+                timeout=timeout_s,
+            )
+        except httpx.HTTPError as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+        if r.status_code in (400, 413, 422):
+            return None, f"refused: {_error_text(r)}"
+        if r.status_code != 200:
+            return None, _error_text(r)
+        try:
+            answer = orjson.loads(r.content)
+        except orjson.JSONDecodeError:
+            return None, "an answer that is not JSON"
+        if not isinstance(answer, dict):
+            return None, "an answer that is not a JSON object"
+        return answer, None

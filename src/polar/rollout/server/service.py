@@ -20,6 +20,7 @@ import orjson
 
 from polar.jsontypes import JSON
 from polar.rollout.protocol import DrainRequest, HeartbeatReply, NodeStatus, SessionResult, SessionStatus
+from polar.rollout.server import grouping
 from polar.rollout.server.callbacks import CallbackDeliverer
 from polar.rollout.server.config import ServerConfig
 from polar.rollout.server.dispatch import Dispatcher
@@ -67,6 +68,7 @@ class RolloutService:
         self._wake = asyncio.Event()
         self._results_changed = asyncio.Event()
         self._stopping: set[str] = set()  # tasks whose open sessions are being ended by an early stop
+        self._judging: set[str] = set()  # tasks in their group phase (`grouping`)
         self.security = SecurityLog()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.Task[None] | None = None
@@ -78,8 +80,10 @@ class RolloutService:
         active = self.store.active_task_ids()
         if active:
             log.info("resuming %d unfinished task(s)", len(active))
-        for task_id in active:  # a task whose last session ended just before a crash
+        for task_id in active:  # a task whose last session ended just before a crash, or mid-phase
             self._after_session(task_id)
+        for task_id in set(self.store.held_task_ids()) - set(active):  # cancelled as the server stopped
+            self._release_unjudged(task_id, "the task ended before its group was judged")
 
     async def aclose(self) -> None:
         pending = [t for t in (self._loop, *self._tasks) if t is not None]
@@ -136,6 +140,7 @@ class RolloutService:
         if not self.store.finish_task(task_id, "CANCELLED", reason):
             return False
         self._end_open(task_id, SessionStatus.CANCELLED, reason)
+        self._release_unjudged(task_id, f"cancelled before its group was judged: {reason}")
         self._task_ended(task_id, "CANCELLED", reason)
         return True
 
@@ -192,8 +197,58 @@ class RolloutService:
                 finally:
                     self._stopping.discard(task_id)
                 open_ = 0
-        if open_ == 0 and self.store.finish_task(task_id, "DONE", reason):
+        if open_ == 0 and self.store.holds(task_id):
+            if task_id not in self._judging:
+                self._judging.add(task_id)
+                self._spawn(self._group_phase(task_id, reason))
+        elif open_ == 0 and self.store.finish_task(task_id, "DONE", reason):
             self._task_ended(task_id, "DONE", reason)
+
+    async def _group_phase(self, task_id: str, reason: str | None) -> None:
+        """Judge the task's group, release its held results, finish the task (`grouping`)."""
+        try:
+            task = self.store.task(task_id)
+            assert task is not None
+            held = self.store.held(task_id)
+            self.events.publish("group_judging", task_id=task_id, sessions=len(grouping.outcomes(held)))
+            try:
+                answer = await grouping.judge(self.link, self.store.nodes, task.task, held)
+            except Exception as exc:  # a bug here must not hold the group forever: release it masked
+                log.exception("group phase of task %s failed", task_id)
+                answer = grouping.GroupAnswer(failed=f"judge_group: group phase failed: {exc}")
+            self._release(task, [grouping.settled(r, answer) for r in held])
+            if self.store.finish_task(task_id, "DONE", reason):
+                self._task_ended(task_id, "DONE", reason)
+        finally:
+            self._judging.discard(task_id)
+
+    def _release_unjudged(self, task_id: str, why: str) -> None:
+        """Release what a task holds without judging it (the task ended another way): masked."""
+        task = self.store.task(task_id)
+        if task is not None and self.store.holds(task_id):
+            failed = grouping.GroupAnswer(failed=why)
+            self._release(task, [grouping.settled(r, failed) for r in self.store.held(task_id)])
+
+    def _release(self, task: TaskRow, results: list[SessionResult]) -> None:
+        payloads = [_json({"event": "session_result", "result": r.model_dump(mode="json")}) for r in results]
+        released = set(self.store.release_held(results, task.task.callback_url, payloads))
+        for r in results:
+            if r.session_id in released:
+                self._published(r)
+        self._notify_results()
+        if task.task.callback_url:
+            self.deliverer.wake()
+
+    def _published(self, result: SessionResult) -> None:
+        self.events.publish(
+            "session_result",
+            task_id=result.task_id,
+            session_id=result.session_id,
+            node_id=result.node_id,
+            status=result.status.value,
+            reward=result.reward,
+            reason=result.reason,
+        )
 
     # -- results ----------------------------------------------------------------------------------------
     @staticmethod
@@ -216,21 +271,23 @@ class RolloutService:
         )
 
     def _finish(self, task: TaskRow, result: SessionResult) -> bool:
+        """Record a terminal result and release it, or hold it while its task's group is to be judged."""
         payload = _json({"event": "session_result", "result": result.model_dump(mode="json")})
-        seq = self.store.finish(result, task.task.callback_url, payload)
+        hold = task.state == "ACTIVE" and grouping.relative(task.task)
+        seq = self.store.finish(result, task.task.callback_url, payload, hold=hold)
         if seq is None:
             return False
         self.dispatcher.forget(result.session_id)
-        self.events.publish(
-            "session_result",
-            task_id=result.task_id,
-            session_id=result.session_id,
-            node_id=result.node_id,
-            status=result.status.value,
-            reward=result.reward,
-            reason=result.reason,
-        )
-        self._notify_results()
+        if hold:
+            self.events.publish(
+                "session_held",
+                task_id=result.task_id,
+                session_id=result.session_id,
+                status=result.status.value,
+            )
+        else:
+            self._published(result)
+            self._notify_results()
         if task.task.callback_url:
             self.deliverer.wake()
         self._after_session(result.task_id)

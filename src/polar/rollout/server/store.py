@@ -431,14 +431,18 @@ class ServerStore:
                 (status.value, session_id, *OPEN),
             )
 
-    def finish(self, result: SessionResult, callback_url: str | None, payload: bytes | None) -> int | None:
+    def finish(
+        self, result: SessionResult, callback_url: str | None, payload: bytes | None, *, hold: bool = False
+    ) -> int | None:
         """Record a terminal result (first one wins) and queue its trainer callback in the same transaction.
 
-        Returns the session's finish sequence number, or None if it was already terminal."""
+        With `hold` the result is kept but not released (no finish sequence number, so no reader sees it,
+        and no callback) until `release_held`: its group is judged first (`grouping`).
+        Returns the session's finish sequence number (0 when held), or None if it was already terminal."""
         now = time.time()
         marks = ", ".join("?" * len(OPEN))
         with self._tx() as c:
-            seq = c.execute("SELECT COALESCE(MAX(finish_seq), 0) + 1 FROM sessions").fetchone()[0]
+            seq = None if hold else self._next_finish(c)
             cur = c.execute(
                 "UPDATE sessions SET status = ?, finished_at = ?, finish_seq = ?, reason = ?, reward = ?, "
                 "result = ?, node_id = COALESCE(?, node_id) "
@@ -457,9 +461,67 @@ class ServerStore:
             )
             if cur.rowcount != 1:
                 return None
+            if seq is None:
+                return 0
             if callback_url and payload is not None:
                 self._queue_callback(c, result.task_id, result.session_id, callback_url, payload, now)
             return int(seq)
+
+    @staticmethod
+    def _next_finish(c: sqlite3.Connection) -> int:
+        return int(c.execute("SELECT COALESCE(MAX(finish_seq), 0) + 1 FROM sessions").fetchone()[0])
+
+    def held(self, task_id: str) -> list[SessionResult]:
+        """The task's results kept back by `finish(hold=True)`, in sample order."""
+        rows = self._all(
+            "SELECT result FROM sessions WHERE task_id = ? AND finish_seq IS NULL AND result IS NOT NULL "
+            "ORDER BY sample_index",
+            (task_id,),
+        )
+        return [SessionResult.model_validate_json(bytes(r[0])) for r in rows]
+
+    def holds(self, task_id: str) -> bool:
+        rows = self._all(
+            "SELECT 1 FROM sessions WHERE task_id = ? AND finish_seq IS NULL AND result IS NOT NULL LIMIT 1",
+            (task_id,),
+        )
+        return bool(rows)
+
+    def held_task_ids(self) -> list[str]:
+        """Tasks with results kept back (a server that stopped during a group phase resumes them)."""
+        rows = self._all(
+            "SELECT DISTINCT task_id FROM sessions WHERE finish_seq IS NULL AND result IS NOT NULL"
+        )
+        return [r[0] for r in rows]
+
+    def release_held(
+        self, results: Sequence[SessionResult], callback_url: str | None, payloads: Sequence[bytes]
+    ) -> list[str]:
+        """Release held results, settled, in one transaction: each replaces the kept one, gets its finish
+        sequence number and its callback. The sessions released (one already released is skipped)."""
+        now, released = time.time(), []
+        with self._tx() as c:
+            seq = self._next_finish(c)
+            for result, payload in zip(results, payloads, strict=True):
+                cur = c.execute(
+                    "UPDATE sessions SET status = ?, reason = ?, reward = ?, result = ?, finish_seq = ? "
+                    "WHERE session_id = ? AND finish_seq IS NULL AND result IS NOT NULL",
+                    (
+                        result.status.value,
+                        result.reason,
+                        result.reward,
+                        result.model_dump_json().encode(),
+                        seq,
+                        result.session_id,
+                    ),
+                )
+                if cur.rowcount != 1:
+                    continue
+                if callback_url:
+                    self._queue_callback(c, result.task_id, result.session_id, callback_url, payload, now)
+                released.append(result.session_id)
+                seq += 1
+        return released
 
     def results(self, task_ids: list[str], after: int = 0, limit: int = 1000) -> list[tuple[int, bytes]]:
         """Terminal results of these tasks with finish_seq > after, in finish order: (finish_seq, json)."""
