@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from polar.dashboard.views import judge_sessions as judge_sessions_of
 from polar.evaluate.base import GROUP_PENDING, EvalResult
 from polar.evaluate.judge_group import pending, settle
 from polar.evaluate.registry import FieldProblem, build_evaluator
@@ -238,7 +239,11 @@ async def test_the_server_holds_the_group_then_releases_it_judged(tmp_path: Path
         assert not traj.metadata["masked"] and all(sum(t.loss_mask) > 0 for t in traj.traces)
         group = one["metadata"]["evaluation"]["details"]["group"]
         assert group["orderings"] == 2 and sorted(group["group"]) == sorted(sids)
-    judge_sessions = set(got[0]["metadata"]["evaluation"]["details"]["group"]["judge_sessions"])
+    judges = got[0]["metadata"]["evaluation"]["details"]["group"]["judges"]
+    judge_sessions = {j["judge"]["session_id"] for j in judges}
+    assert [sid for sid, _ in judge_sessions_of(got[0]["metadata"]["evaluation"])] == [
+        j["judge"]["session_id"] for j in judges
+    ]  # what the dashboard's evaluation tab shows
     assert len(judge_sessions) >= 1 and judge.seen == 2
     with SQLiteStore(store_path) as store:
         for jsid in judge_sessions:

@@ -49,7 +49,7 @@ class GroupAnswer:
     rewards: dict[str, float] = field(default_factory=dict)
     scores: dict[str, float] = field(default_factory=dict)
     orderings: int = 0
-    judge_sessions: list[str] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)  # per ordering: the judge call's details
     node_id: str | None = None
     failed: str | None = None
 
@@ -94,12 +94,11 @@ def read_answer(answer: dict[str, Any], group: list[Outcome], node_id: str) -> G
     assert isinstance(rewards, dict) and isinstance(scores, dict)
     details = answer.get("details")
     calls = [d.get("judge") for d in details if isinstance(d, dict)] if isinstance(details, list) else []
-    judges = [c.get("session_id") for c in calls if isinstance(c, dict)]
     return GroupAnswer(
         rewards={s: float(rewards[s]) for s in ids},
         scores={s: float(scores.get(s, 0.0)) for s in ids},
         orderings=len(answer.get("orderings") or []),
-        judge_sessions=list(dict.fromkeys(j for j in judges if isinstance(j, str))),
+        calls=[c for c in calls if isinstance(c, dict)],
         node_id=node_id,
     )
 
@@ -154,7 +153,8 @@ def settled(result: SessionResult, answer: GroupAnswer) -> SessionResult:
         group = {
             "score": answer.scores.get(result.session_id),
             "orderings": answer.orderings,
-            "judge_sessions": answer.judge_sessions,
+            # as `judge` names its call, so the dashboard's evaluation tab shows these calls too
+            "judges": [{"judge": call} for call in answer.calls],
             "node_id": answer.node_id,
             "group": sorted(answer.rewards),
         }
