@@ -173,7 +173,8 @@ class EmbeddedServer:
     the server accepts connections; nothing exits the interpreter (uvicorn's choice for a CLI). `bind`
     alone reserves the address early (`polar serve-model` binds before loading a model). `label` names the
     listener in a `BindError` ("port", "control port"). `app` may be None until `start` (set `.app` after
-    an early `bind`)."""
+    an early `bind`). `sock`: a listening socket bound elsewhere (a gateway worker serves the sockets its
+    supervisor bound), served instead of binding `host`:`port`."""
 
     def __init__(
         self,
@@ -183,6 +184,7 @@ class EmbeddedServer:
         *,
         lifespan: Lifespan = "on",
         label: str = "port",
+        sock: socket.socket | None = None,
         **config: Any,
     ) -> None:
         self.app, self.host, self.port = app, host, port
@@ -200,7 +202,10 @@ class EmbeddedServer:
         }
         self.url = ""
         self.public_url = ""
-        self._sock: socket.socket | None = None
+        self._sock: socket.socket | None = sock
+        if sock is not None:
+            self.port = sock.getsockname()[1]
+            self.url, self.public_url = urls(self.host, self.port)
         self._life: _Lifespan | None = None
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -228,6 +233,11 @@ class EmbeddedServer:
         self._sock = sock
         self.port = sock.getsockname()[1]
         self.url, self.public_url = urls(self.host, self.port)
+
+    @property
+    def sock(self) -> socket.socket | None:
+        """The bound listening socket (after `bind`)."""
+        return self._sock
 
     def _release(self) -> None:
         if self._sock is not None:

@@ -46,6 +46,15 @@ from polar.cli.common import (
 @click.option(
     "--max-connections", default=512, show_default=True, type=int, help="Upstream connection pool size."
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Serving processes over the one store (a core each); each session is served by one of them. "
+    "Sessions created on the control listener are given their worker's own model API as base_url; calls "
+    "on the shared --port are passed to the session's worker (docs/gateway-workers.md).",
+)
 @log_level_option
 def gateway(
     backend_urls: tuple[str, ...],
@@ -65,6 +74,7 @@ def gateway(
     timeout_s: float,
     retries: int,
     max_connections: int,
+    workers: int,
     log_level: str,
     log_json: bool,
 ) -> None:
@@ -81,6 +91,7 @@ def gateway(
       polar gateway --backend http://127.0.0.1:8000 --model Qwen/Qwen3-0.6B --port 8100
       polar gateway --backend http://gpu0:8000 --backend http://gpu1:8000   # several servers, one model
       polar gateway --backend http://127.0.0.1:8000 --render gateway   # token-in: one chain per session
+      polar gateway --backend http://127.0.0.1:8000 --workers 4   # four processes, sessions spread over them
       TOKEN=$(cat ~/.config/polar/token)
       curl -s -H "Authorization: Bearer $TOKEN" -X POST localhost:8101/sessions -d '{"task_id": "t1"}'
       curl -s -H "Authorization: Bearer $TOKEN" localhost:8101/sessions/SESSION_ID/completions
@@ -108,9 +119,16 @@ def gateway(
         max_body_bytes=max_body_mb << 20,
         backend=BackendOptions(timeout_s=timeout_s, retries=retries, max_connections=max_connections),
     )
-    app = create_app(config, classifier)
     # No proxy-headers middleware: nothing sits in front of a gateway, and it costs time on every call.
     options: dict[str, Any] = {"log_level": log_level, "proxy_headers": False}
+    if workers > 1:
+        from polar.gateway.workers import serve_workers
+        from polar.memory import tune_gc
+
+        logging.getLogger("polar.gateway").info("store: %s", store_path.resolve())
+        serve_workers(config, workers, classifier, options, on_worker_start=tune_gc)
+        return
+    app = create_app(config, classifier)
     servers = [
         EmbeddedServer(app.data, host, port, **options),
         EmbeddedServer(

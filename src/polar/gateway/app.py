@@ -13,7 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from polar.gateway.dialects.base import Dialect
 from polar.gateway.dialects.gemini.routes import gemini, gemini_models, speaks_gemini
 from polar.gateway.dialects.serving import Served, proxy_of
 from polar.gateway.errors import GatewayError
+from polar.gateway.forward import Forwarder, WorkerSet, request_key
 from polar.gateway.metrics import GatewayMetrics
 from polar.gateway.proxy import Proxy
 from polar.gateway.routing import Classifiers
@@ -213,15 +214,26 @@ class HotPath:
     """Serves the generation routes straight from ASGI, in front of Starlette's router and middleware.
 
     Those layers cost tens of microseconds per call, a large share of the gateway's budget at 1,000 calls/s
-    on two cores; every other route still goes through Starlette.
+    on two cores; every other route still goes through Starlette. With several workers, a POST carrying the
+    key of a session another worker owns is passed to that worker (`polar.gateway.forward`), whatever its
+    route: only the owner numbers a session's calls.
     """
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(
+        self, app: Starlette, workers: WorkerSet | None = None, forward: Forwarder | None = None
+    ) -> None:
         self.app = app
         self.state = app.state
         self.routes = {path: endpoint for served in SERVED for path, endpoint in served.hot.items()}
+        self.workers = workers if workers is not None and workers.n > 1 else None
+        self.forward = forward if forward is not None else Forwarder()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.workers is not None and scope["type"] == "http" and scope["method"] == "POST":
+            key = request_key(scope)
+            if key is not None and (k := self.workers.owner(key)) != self.workers.index:
+                await self.forward(self.workers.data_urls[k], scope, receive, send)
+                return
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
         if handler is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
@@ -256,8 +268,15 @@ class GatewayApp:
         return self.data.state
 
 
-def control_app(state: Any, token: str, routes: list[Route], on_refused: Refusal | None = None) -> Any:
-    """A token-guarded Starlette app over `routes` sharing the gateway's `state` (its proxy and config)."""
+def control_app(
+    state: Any,
+    token: str,
+    routes: list[Route],
+    on_refused: Refusal | None = None,
+    around: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A token-guarded Starlette app over `routes` sharing the gateway's `state` (its proxy and config);
+    `around` wraps the app inside the token check (the workers' control router)."""
     app = Starlette(
         routes=routes,
         exception_handlers={
@@ -267,13 +286,18 @@ def control_app(state: Any, token: str, routes: list[Route], on_refused: Refusal
         },
     )
     app.state = state
-    return RequireToken(app, token, on_refused=on_refused)
+    return RequireToken(app if around is None else around(app), token, on_refused=on_refused)
 
 
-def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) -> GatewayApp:
+def create_app(
+    config: GatewayConfig, classifiers: Classifiers | None = None, workers: WorkerSet | None = None
+) -> GatewayApp:
     """The gateway's two apps. `classifiers` builds a harness's side-call classifier for sessions that route
-    side calls (`polar.gateway.routing`); without it such sessions are refused."""
-    metrics = GatewayMetrics()  # this gateway's own registry, served at the control listener's /metrics
+    side calls (`polar.gateway.routing`); without it such sessions are refused. `workers`: this process is
+    one of several serving one store (`polar.gateway.workers`): calls and control requests about sessions
+    another worker owns go to it."""
+    metrics = GatewayMetrics()
+    forward = Forwarder()  # this gateway's own registry, served at the control listener's /metrics
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -321,6 +345,7 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
             proxy = getattr(app.state, "proxy", None)
             if proxy is not None:
                 await proxy.aclose()  # the side-call backends it opened
+            await forward.aclose()
             await backend.aclose()
             writer.close()
             reader.close()
@@ -339,9 +364,17 @@ def create_app(config: GatewayConfig, classifiers: Classifiers | None = None) ->
         exception_handlers={404: not_found, 405: not_found, Exception: internal_error},
     )
     data.state.metrics_registry = metrics.registry
+    data.state.workers = workers
     metrics.watch(lambda: getattr(data.state, "proxy", None))
+    around = None
+    if workers is not None and workers.n > 1:
+        from polar.gateway.workers_control import ControlRouter
+
+        def around(app: Any) -> Any:
+            return ControlRouter(app, workers, forward)
+
     return GatewayApp(
-        data=HotPath(data),
-        control=control_app(data.state, config.control_token, control.routes),
+        data=HotPath(data, workers, forward),
+        control=control_app(data.state, config.control_token, control.routes, around=around),
         config=config,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -75,7 +76,15 @@ async def create_session(request: Request) -> Response:
         return _error(409, f"session {requested} already exists; session ids are single-use")
     except ValueError as exc:  # a malformed side_call_route (polar.gateway.routing)
         return _error(400, f"metadata.{exc}")
-    return _json({"session_id": state.session_id, "created_at": state.created_at, "metadata": metadata}, 201)
+    answer: dict[str, Any] = {
+        "session_id": state.session_id,
+        "created_at": state.created_at,
+        "metadata": metadata,
+    }
+    workers = getattr(request.app.state, "workers", None)
+    if workers is not None and workers.n > 1:  # its owner's own model API: no hop between workers
+        answer["base_url"] = workers.public_urls[workers.owner(state.session_id)]
+    return _json(answer, 201)
 
 
 async def get_session(request: Request) -> Response:
@@ -170,6 +179,9 @@ async def health(request: Request) -> Response:
         "paused": proxy.gate.paused,
         "in_flight": proxy.gate.in_flight,
     }
+    workers = getattr(request.app.state, "workers", None)
+    if workers is not None and workers.n > 1:
+        body["worker"], body["pid"] = workers.index, os.getpid()
     return _json(body)
 
 
