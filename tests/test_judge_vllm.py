@@ -90,3 +90,49 @@ async def test_a_task_judged_by_vllm_is_recorded_and_replayed(
     assert recording.remaining == 0
     assert replayed.details["score"] == details["score"]
     assert replayed.details["reasoning"] == json.loads(record.response_message["content"])["reasoning"]
+
+
+async def test_a_group_judged_by_vllm_holds_to_its_schema(vllm_server: VLLMServer, tmp_path: Path) -> None:
+    """`judge_group` on the real vLLM: every ordering's answer holds to the ranking schema at the first
+    attempt (a score for every label, nothing else), the means land in the answer the server settles with,
+    and each call is a judge record naming the whole group."""
+    from polar.evaluate.group_judging import JUDGED_SESSIONS, GroupJudgeConfig, ranking_schema
+    from tests.node_support import control_client
+
+    config = {
+        "rubric": "The answer names Paris.",
+        "backend": {"url": vllm_server.url, "kind": "vllm", "model": vllm_server.name},
+        "diff": False,
+        "reasoning_chars": 16,
+        "sampling": {"max_tokens": 64},
+        "repeats": 2,
+    }
+    outcomes = [
+        {"session_id": "s-paris", "text": "Paris is the capital."},
+        {"session_id": "s-berlin", "text": "Berlin."},
+    ]
+    body = {"config": config, "instruction": "What is the capital of France?", "outcomes": outcomes}
+    options = BackendOptions(retries=0, timeout_s=300.0)
+    async with (
+        running_node(vllm_server.url, tmp_path, served_model=vllm_server.name, backend=options) as node,
+        control_client(node, timeout=600) as client,
+    ):
+        r = await client.post("/node/judge_group", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert "failed" not in got, got
+    assert set(got["rewards"]) == {"s-paris", "s-berlin"} and all(
+        0 <= v <= 1 for v in got["rewards"].values()
+    )
+    schema = ranking_schema(2, GroupJudgeConfig.model_validate(config))
+    with SQLiteStore(tmp_path / "node.db") as store:
+        for k, detail in enumerate(got["details"]):
+            assert detail["judge"]["attempts"] == 1, detail  # the first answer held to the schema
+            (record,) = store.completions(detail["judge"]["session_id"])
+            answer = parse_verdict(record.response_message["content"], schema)
+            assert {
+                got["orderings"][k][int(label) - 1]: s for label, s in answer["scores"].items()
+            } == detail["scores"]
+            info = store.session(detail["judge"]["session_id"])
+            assert info is not None and info.metadata[JUDGED_SESSIONS] == ["s-paris", "s-berlin"]
+            assert record.tags == ("judge",) and not record.trainable
