@@ -342,6 +342,24 @@ def test_string_input_instructions_and_sampling() -> None:
     assert req.render["metadata"] == {"k": "v"}
 
 
+def test_text_format_goes_upstream_as_response_format() -> None:
+    """Codex's `--output-schema` asks for structured output in `text.format`; the upstream server reads the
+    chat `response_format`, with the schema's fields one level down. Plain text is left out."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    fmt = {"type": "json_schema", "name": "codex_output_schema", "schema": schema, "strict": True}
+    body = {"model": "m", "input": "x", "text": {"format": fmt, "verbosity": "medium"}}
+    req = RESP.parse(body, CODEC)
+    assert req.params["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "codex_output_schema", "schema": schema, "strict": True},
+    }
+    assert req.render["text"] == body["text"]  # echoed as sent
+    as_object = RESP.parse({**body, "text": {"format": {"type": "json_object"}}}, CODEC)
+    assert as_object.params["response_format"] == {"type": "json_object"}
+    for plain in ({"format": {"type": "text"}}, {"verbosity": "low"}, None):
+        assert "response_format" not in RESP.parse({**body, "text": plain}, CODEC).params
+
+
 def test_only_hosted_tools_leave_no_tools_and_no_tool_choice() -> None:
     req = RESP.parse({"model": "m", "input": "x", "tools": [WEB_SEARCH], "tool_choice": "auto"}, CODEC)
     assert req.tools is None and req.tool_choice is None
@@ -457,6 +475,16 @@ BAD_BODIES: list[tuple[str, Any, str | None]] = [
         "required tool_choice with only hosted tools",
         {"model": "m", "input": "x", "tools": [WEB_SEARCH], "tool_choice": "required"},
         "tool_choice",
+    ),
+    (
+        "unknown text.format",
+        {"model": "m", "input": "x", "text": {"format": {"type": "xml"}}},
+        "text.format.type",
+    ),
+    (
+        "json_schema text.format without its schema",
+        {"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "name": "o"}}},
+        "text.format.schema",
     ),
     ("stream as a string is not coerced", {"model": "m", "input": "x", "stream": "true"}, "stream"),
     ("include not a list", {"model": "m", "input": "x", "include": "reasoning.encrypted_content"}, "include"),

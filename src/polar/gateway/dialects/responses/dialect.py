@@ -80,6 +80,7 @@ class ResponsesDialect(SSEOnly):
             ("seed", req.get("seed")),
             ("parallel_tool_calls", parallel),
             ("reasoning_effort", upstream_effort(reasoning.get("effort"))),
+            ("response_format", response_format((req.get("text") or {}).get("format"))),
         ):
             if value is not None:
                 params[key] = value
@@ -151,3 +152,15 @@ def _refuse_server_state(req: s.ResponsesRequest) -> None:
         raise invalid("'prompt' (stored prompt templates) is not supported.", "prompt")
     if req.get("background"):
         raise invalid("'background' responses are not supported.", "background")
+
+
+def response_format(fmt: Any) -> dict[str, Any] | None:
+    """Responses' `text.format` as the chat `response_format` the upstream server constrains its sampling
+    to (the schema's fields sit one level down there, under `json_schema`); `text`, the default, is left out
+    so the upstream body of a harness that spells it out stays what it always was."""
+    if not isinstance(fmt, dict) or fmt.get("type") == "text":
+        return None
+    if fmt["type"] == "json_object":
+        return {"type": "json_object"}
+    keys = ("name", "schema", "description", "strict")
+    return {"type": "json_schema", "json_schema": {k: fmt[k] for k in keys if fmt.get(k) is not None}}

@@ -231,6 +231,28 @@ class ReasoningConfig(TypedDict, total=False):
     summary: str | None
 
 
+class PlainText(TypedDict):
+    type: Literal["text"]
+
+
+class JSONObjectText(TypedDict):
+    type: Literal["json_object"]
+
+
+class JSONSchemaText(TypedDict):
+    type: Literal["json_schema"]
+    name: str
+    schema: dict[str, Any]
+    description: NotRequired[str | None]
+    strict: NotRequired[bool | None]
+
+
+class TextConfig(TypedDict, total=False):
+    # Structured output (Codex's `--output-schema`): forwarded as the chat `response_format`.
+    format: Annotated[PlainText | JSONObjectText | JSONSchemaText, Field(discriminator="type")] | None
+    verbosity: str | None
+
+
 class ResponsesRequest(TypedDict, total=False):
     model: Required[str]
     input: Required[str | list[InputItem]]
@@ -249,7 +271,7 @@ class ResponsesRequest(TypedDict, total=False):
     seed: int | None
     prompt_cache_key: str | None
     metadata: dict[str, Any] | None
-    text: dict[str, Any] | None
+    text: TextConfig | None
     # Server-side state the gateway does not keep: refused so a harness never silently loses context.
     previous_response_id: str | None
     conversation: Any
