@@ -241,9 +241,9 @@ async def test_the_server_holds_the_group_then_releases_it_judged(tmp_path: Path
         assert group["orderings"] == 2 and sorted(group["group"]) == sorted(sids)
     judges = got[0]["metadata"]["evaluation"]["details"]["group"]["judges"]
     judge_sessions = {j["judge"]["session_id"] for j in judges}
-    assert [sid for sid, _ in judge_sessions_of(got[0]["metadata"]["evaluation"])] == [
-        j["judge"]["session_id"] for j in judges
-    ]  # what the dashboard's evaluation tab shows
+    assert [(sid, on) for sid, _, on in judge_sessions_of(got[0]["metadata"]["evaluation"])] == [
+        (j["judge"]["session_id"], "node-test") for j in judges
+    ]  # what the dashboard's evaluation tab shows, fetched from the node that judged
     assert len(judge_sessions) >= 1 and judge.seen == 2
     with SQLiteStore(store_path) as store:
         for jsid in judge_sessions:

@@ -291,8 +291,12 @@ class Dashboard:
             evaluation = result.get("metadata", {}).get("evaluation")
             ctx["evaluation"] = views.pretty(evaluation)
             ctx["judges"] = [
-                views.JudgeSession(judge, cached, await self._records(judge, node, ctx["notes"]))
-                for judge, cached in views.judge_sessions(evaluation)
+                views.JudgeSession(
+                    judge,
+                    cached,
+                    await self._records(judge, (svc.store.node(on) if on else None) or node, ctx["notes"]),
+                )
+                for judge, cached, on in views.judge_sessions(evaluation)
             ]
         return self.render(request, "session.html", **ctx)
 

@@ -131,16 +131,20 @@ class JudgeSession:
     records: list[dict[str, Any]]
 
 
-def judge_sessions(evaluation: JSON) -> list[tuple[str, bool]]:
-    """(judge session id, cached) of every judgement in an evaluation's details, combined ones included
-    (`{"judge": {"session_id": ...}}` at any depth), in order, each once."""
-    found: dict[str, bool] = {}
+def judge_sessions(evaluation: JSON) -> list[tuple[str, bool, str | None]]:
+    """(judge session id, cached, the node it is on when not the judged session's) of every judgement in
+    an evaluation's details, combined ones included (`{"judge": {"session_id": ...}}` at any depth), in
+    order, each once. A group's judgements (`judge_group`) name the node that judged the group."""
+    found: dict[str, tuple[bool, str | None]] = {}
 
     def walk(value: JSON) -> None:
         if isinstance(value, dict):
             judge = value.get("judge")
             if isinstance(judge, dict) and isinstance(judge.get("session_id"), str):
-                found.setdefault(judge["session_id"], bool(judge.get("cached")))
+                node = judge.get("node_id")
+                found.setdefault(
+                    judge["session_id"], (bool(judge.get("cached")), node if isinstance(node, str) else None)
+                )
             for v in value.values():
                 walk(v)
         elif isinstance(value, list):
@@ -148,7 +152,7 @@ def judge_sessions(evaluation: JSON) -> list[tuple[str, bool]]:
                 walk(v)
 
     walk(evaluation)
-    return list(found.items())
+    return [(sid, cached, node) for sid, (cached, node) in found.items()]
 
 
 def evaluator_label(task: Task) -> str:

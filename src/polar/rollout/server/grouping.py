@@ -154,7 +154,7 @@ def settled(result: SessionResult, answer: GroupAnswer) -> SessionResult:
             "score": answer.scores.get(result.session_id),
             "orderings": answer.orderings,
             # as `judge` names its call, so the dashboard's evaluation tab shows these calls too
-            "judges": [{"judge": call} for call in answer.calls],
+            "judges": [{"judge": {**call, "node_id": answer.node_id}} for call in answer.calls],
             "node_id": answer.node_id,
             "group": sorted(answer.rewards),
         }
