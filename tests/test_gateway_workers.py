@@ -253,3 +253,17 @@ def test_kill_9_of_a_worker_then_of_everything_loses_no_answered_call(tmp_path: 
             assert len(seqs) >= len(acked[key]), (key, len(seqs), len(acked[key]))
             assert len(set(seqs)) == len(seqs)
     assert sum(len(v) for v in acked.values()) >= 400
+
+
+def test_a_worker_that_cannot_start_stops_the_gateway_with_one_line(tmp_path: Path) -> None:
+    """No backend to ask for its model: every worker fails its start-up; the supervisor stops them and
+    says why once, exit status 2, as one gateway does."""
+    port, cport = free_port(), free_port()
+    argv = [sys.executable, "-m", "polar", "gateway", "--backend", f"http://127.0.0.1:{free_port()}"]
+    argv += ["--port", str(port), "--control-port", str(cport), "--store", str(tmp_path / "gw.db")]
+    env = {**os.environ, "POLAR_TOKEN": new_token()}
+    r = subprocess.run([*argv, "--workers", "2"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("polar gateway:")]
+    assert len(lines) == 1 and "could not list the backend's models" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
