@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 import random
+import re
 import time
 import tracemalloc
 from pathlib import Path
@@ -346,6 +347,16 @@ def test_once_no_session_is_live_the_gateway_gives_its_memory_back_and_records_a
                 time.sleep(0.05)
             assert len(proxy.sessions) == 0 and proxy.writer.cache.nbytes == 0
             assert len(proxy.writer._writer._known_blobs) == 0
+        # Each release is counted and what it returned is read from the RSS and reported (docs/prometheus.md).
+        assert proxy.sessions.released.count >= 2 and proxy.sessions.released.last_rss > 0
+        assert any(
+            re.search(r"memory released, RSS [0-9.]+ -> [0-9.]+ MiB", r.getMessage()) for r in caplog.records
+        )
+        scraped = httpx.get(server.urls[1] + "/metrics", headers=admin).text
+        releases = re.search(r"^polar_gateway_memory_releases_total ([0-9.e+]+)$", scraped, re.M)
+        returned = re.search(r"^polar_gateway_memory_released_bytes_total ([0-9.e+]+)$", scraped, re.M)
+        assert releases is not None and float(releases.group(1)) == proxy.sessions.released.count
+        assert returned is not None and float(returned.group(1)) == proxy.sessions.released.bytes
         with SQLiteStore(config.store_path) as store:
             first, second = (store.completions(s) for s in sids)
         assert len(first) == len(second) == 4

@@ -4,8 +4,9 @@ glibc gives every thread its own arena (up to 8 per core) and keeps freed chunks
 allocated gigabytes from threads and freed them stays that large. The trainer (`polar.train.memory`: each
 step's logits and gradients) and the gateway (a burst of sessions whose records were written from the
 writer thread, then evicted when idle) call `trim` once the memory is free, and the trainer caps its
-arenas before its threads allocate. Both are no-ops off glibc (musl, macOS); a `MALLOC_ARENA_MAX` the user
-set is left as it is.
+arenas before its threads allocate; gateway processes fix glibc's mmap and trim thresholds, without which a
+thread's arena keeps what it freed out of trim's reach. All are no-ops off glibc (musl, macOS); settings
+the user made in the environment are left as they are.
 """
 
 from __future__ import annotations
@@ -19,8 +20,13 @@ from typing import Any
 
 log = logging.getLogger("polar")
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter number (malloc.h)
+M_ARENA_MAX = -8  # glibc's mallopt parameter numbers (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
 ARENAS = 2
+# glibc's own starting values. Setting them fixes them: glibc otherwise raises both each time a large
+# (mmapped) chunk is freed, up to 32 MiB and 64 MiB.
+MMAP_THRESHOLD = TRIM_THRESHOLD = 128 << 10
 
 
 @functools.cache
@@ -56,6 +62,34 @@ def trim() -> bool:
     return libc is not None and bool(libc.malloc_trim(0))
 
 
+def fix_thresholds() -> bool:
+    """Keep glibc's mmap and trim thresholds at 128 KiB for this process: True if set, False off glibc or
+    when the environment already says (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, GLIBC_TUNABLES).
+
+    A gateway frees a 60k-token session's bodies (~250 kB each) after every call; glibc then raises its
+    thresholds to that size, so later ones come from the heaps, and a thread arena (the record writer's)
+    keeps a free top of up to twice the threshold that `malloc_trim` never returns (it trims only the
+    main arena's top: glibc 2.36 malloc.c, mtrim). Fixed, a large block is mapped and unmapped on its own
+    and a freed top over 128 KiB is returned as it is freed (bench/soak.py, docs/benchmarks.md)."""
+    libc = _libc()
+    if libc is None or any(
+        k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+    ):
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux; 0 elsewhere): what a release gives back is read here."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 # A gateway call allocates a few thousand container objects (parsed bodies, records, pydantic models) that
 # die with the call; CPython's default first-generation threshold (700) runs a collection every few calls,
 # and each full collection walks everything the process imported. Measured with bench/gateway_cpu.py
@@ -66,10 +100,12 @@ GC_THRESHOLDS = (50_000, 50, 100)
 
 def tune_gc() -> None:
     """For a process that serves the gateway: move what start-up made (modules, apps, config) out of the
-    collector's reach (`gc.freeze`) and collect the young generation per 50,000 allocations instead of 700.
+    collector's reach (`gc.freeze`) and collect the young generation per 50,000 allocations instead of 700;
+    and fix glibc's thresholds (`fix_thresholds`), so memory a burst of sessions used can be given back.
     Call once, after start-up and before serving; never in a test process (it is global)."""
     import gc
 
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    fix_thresholds()

@@ -25,6 +25,20 @@ from polar.store.writer import AsyncWriter
 AUTHENTICATION = "authentication"  # the refusal reason of a call without a live session's key
 
 
+class Released(Protocol):
+    """What the idle sweep gave back (`polar.gateway.sessions.Releases`)."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+
+
+class Sessions(Sized, Protocol):
+    @property
+    def released(self) -> Released: ...
+
+
 class Watched(Protocol):
     """What a scrape reads of the proxy (`polar.gateway.proxy.Proxy` is one): declared here, so the metrics
     import nothing above them."""
@@ -38,7 +52,7 @@ class Watched(Protocol):
     @property
     def writer(self) -> AsyncWriter: ...
     @property
-    def sessions(self) -> Sized: ...
+    def sessions(self) -> Sessions: ...
 
 
 class GatewayMetrics:
@@ -163,6 +177,17 @@ def live(proxy: Watched | None) -> Iterator[Metric]:
         "polar_gateway_sessions_live",
         "Sessions held in memory (open, recently used).",
         {(): len(proxy.sessions)},
+    )
+    released = proxy.sessions.released
+    yield counter(
+        "polar_gateway_memory_releases",
+        "Times the idle sweep gave memory back (no session live after some were).",
+        {(): released.count},
+    )
+    yield counter(
+        "polar_gateway_memory_released_bytes",
+        "Resident bytes those releases returned to the system (RSS before minus after).",
+        {(): released.bytes},
     )
     yield gauge(
         "polar_gateway_in_flight",

@@ -61,6 +61,15 @@ class SessionState:
         return seq
 
 
+@dataclass
+class Releases:
+    """What the idle sweep gave back (`release_memory`): how often, and the resident bytes it returned."""
+
+    count: int = 0
+    bytes: int = 0  # RSS before each release minus after, summed
+    last_rss: int = 0  # RSS after the last one
+
+
 class SessionRegistry:
     def __init__(
         self,
@@ -77,6 +86,7 @@ class SessionRegistry:
         self._reader = reader  # used only on the event loop thread
         self._live: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
         self.loaded = 0  # sessions that entered memory (created, or read back from the store), ever
+        self.released = Releases()
         self.idle_s = idle_s
         self.clock = clock  # injectable: tests move time instead of waiting
 
@@ -187,17 +197,29 @@ async def sweep_idle(registry: SessionRegistry, writer: AsyncWriter, every_s: fl
         log.debug("sessions in memory: %d; writer cache %d bytes", len(registry), writer.cache.nbytes)
 
 
-async def release_memory(registry: SessionRegistry, writer: AsyncWriter) -> None:
-    """With no session live, hand the memory a burst of sessions used back to the system. Evicting them
-    frees their objects, but the process keeps the pages: the records were built on this loop and written
-    on the writer's thread (another glibc arena), and CPython and glibc keep freed memory for reuse. So:
-    the registry's table, the writer's caches and both connections' SQLite page caches go, a full
-    collection runs, and glibc trims every arena (measured with bench/soak.py, docs/benchmarks.md)."""
+async def release_memory(registry: SessionRegistry, writer: AsyncWriter) -> int:
+    """With no session live, hand the memory a burst of sessions used back to the system; the resident
+    bytes returned (also counted in `registry.released` and logged). Evicting them frees their objects,
+    but the process keeps the pages: the records were built on this loop and written on the writer's
+    thread (another glibc arena), and CPython and glibc keep freed memory for reuse. So: the registry's
+    table, the writer's caches and both connections' SQLite page caches go, a full collection runs, and
+    glibc trims every arena (measured with bench/soak.py, docs/benchmarks.md)."""
+    before = memory.rss_bytes()
     registry.compact()
     with contextlib.suppress(Exception):
         await writer.release()
     collected = gc.collect()
     trimmed = memory.trim()
-    logging.getLogger("polar.gateway").debug(
-        "no live session: memory released (%d objects collected, trimmed: %s)", collected, trimmed
+    after = memory.rss_bytes()
+    returned = max(0, before - after)
+    registry.released.count += 1
+    registry.released.bytes += returned
+    registry.released.last_rss = after
+    logging.getLogger("polar.gateway").info(
+        "no live session: memory released, RSS %.1f -> %.1f MiB (%d objects collected, trimmed: %s)",
+        before / 2**20,
+        after / 2**20,
+        collected,
+        trimmed,
     )
+    return returned
