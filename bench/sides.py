@@ -205,7 +205,8 @@ def print_memory(sides: list[Side], opts: argparse.Namespace, wait: float) -> No
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for s in sides:
         m = s.memory
-        verdict = soak.verdict(m["baseline"], m.get("warm", m["peak"]), m["after"])
+        # Live sessions are not read here (LiteLLM has none to read): the wait covers their eviction.
+        verdict = soak.verdict(m["baseline"], [[soak.Sample(wait, None, m["after"])]]).label
         print(
             f"| {s.name} | {s.started_s:.1f} | {s.started_mib:.0f} | {m['baseline']:.1f} | {m['burst_s']:.0f} | "
             f"{m['peak']:.1f} | {m['after']:.1f} | {100 * (m['after'] / m['baseline'] - 1):+.0f} % | {verdict} |"

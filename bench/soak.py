@@ -1,26 +1,39 @@
-"""Soak: 10,000 sessions of 60k tokens through one gateway; its RSS must stay flat (issue 12, point 5).
+"""Soak: bursts of 60k-token sessions through one gateway; is the memory given back once they went idle?
+(issue 12 point 5, issue 30 point 4)
 
 The fake vLLM (tests/fakes, ~4 bytes of text per token) and one gateway process (`polar gateway` as
-shipped, see `serve`), started here with `session_idle_s` short enough that idle eviction happens during the
-run. `--concurrency` workers each run sessions one after another: create, a first call with a ~60k-token
-history (a shared 58k-token body plus ~2k tokens of the session's own tool results), a second call with the
-answer and one more tool result, then close the session (three in four) or abandon it (one in four: only
-idle eviction can free it). Every `--every` sessions it prints the gateway's RSS. Then it waits, idle,
-until the last sessions were evicted and `--after-s` more (a minute), and gives a verdict: RETURNED when the
-RSS is back within 10 % of what the gateway held idle before the burst (after 4 sessions that went idle: its
-code loaded; issue 30), PLATEAU when it is not but did not grow after the warm-up (the first tenth of the
-sessions), GROWING when it grew (a leak). bench/gateway.py runs the same burst against LiteLLM too.
+shipped, see `serve`), started here with `session_idle_s` (`--idle-s`, 20 s) short enough that idle
+eviction happens within the run. `--concurrency` workers each run sessions one after another: create, a
+first call with a ~60k-token history (a shared 58k-token body plus ~2k tokens of the session's own tool
+results), a second call with the answer and one more tool result, then close the session (three in four)
+or abandon it (one in four: only idle eviction can free it).
 
-    PYTHONPATH=src .venv/bin/python bench/soak.py                     # 10,000 sessions; about 15 minutes
-    PYTHONPATH=src .venv/bin/python bench/soak.py --sessions 1000     # a quick look
-    PYTHONPATH=src .venv/bin/python bench/soak.py --src ../main/src   # another checkout's gateway
+The idle baseline is the RSS after a small burst (2 x concurrency sessions) went idle. Then each of
+`--bursts` bursts of `--sessions` (4,000) runs, printing the RSS every `--every` sessions, and the bench
+waits, reading the gateway's live sessions from its metrics, until none is live and `--after-s` (60 s)
+more. The verdict (`verdict`) reads those idle-phase series: RELEASED (no session live, within 10 % of the
+baseline), PLATEAU (sessions still live: what is held is theirs; a run shorter than the idle timeout),
+LEAK (with no session live the RSS grew, while idle or from one burst to the next), HELD (above, none
+live, not growing). The gateway reports where its memory is (bench/memstats.py) at the baseline, each
+burst's peak and its end; POLAR_SOAK_TRACEMALLOC=1 adds what was allocated since the baseline and is still
+live (slow). bench/gateway.py runs the same burst against LiteLLM too.
+
+    PYTHONPATH=src .venv/bin/python bench/soak.py                       # 4,000 sessions; ~5 minutes
+    PYTHONPATH=src .venv/bin/python bench/soak.py --bursts 2            # a leak shows as growth between them
+    PYTHONPATH=src .venv/bin/python bench/soak.py --sessions 400 --idle-s 5 --after-s 15   # a quick look
+    PYTHONPATH=src .venv/bin/python bench/soak.py --src ../base/src     # another checkout's gateway
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import re
 import secrets
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -58,6 +71,10 @@ def serve(backend: str, port: int, cport: int, store: str, idle_s: float, extra:
         return replace(config, session_idle_s=idle_s) if has_ttl else config
 
     cli.build_gateway_config = with_ttl  # type: ignore[assignment]
+    if os.environ.get("POLAR_SOAK_MEMSTATS"):
+        import memstats
+
+        memstats.install(os.environ["POLAR_SOAK_MEMSTATS"])
     print(f"soak gateway on {port}, control on {cport}, session_idle_s {idle_s if has_ttl else 'default'}")
     argv = ["--backend", backend, "--model", "m", "--port", str(port), "--control-port", str(cport)]
     argv += ["--store", store, "--log-level", "warning", *extra]
@@ -128,11 +145,18 @@ async def worker(
 
 
 async def idle_baseline(
-    client: httpx.AsyncClient, url: str, sessions: Sessions, base: list[dict[str, Any]], idle_s: float
+    client: httpx.AsyncClient,
+    url: str,
+    sessions: Sessions,
+    base: list[dict[str, Any]],
+    idle_s: float,
+    concurrency: int = 8,
 ) -> None:
-    """A server that has served a few sessions (its code paths loaded, its pools and caches made) and let
-    them go idle, as a node's gateway is between bursts: read its RSS after this."""
-    await worker(client, url, sessions, base, list(range(4, 0, -1)), [0])
+    """A server that has served a small burst (2 x `concurrency` sessions, `concurrency` at a time: its code
+    paths loaded, those only concurrent calls reach too, such as batched commits) and let it go idle, as a
+    node's gateway is between bursts: read its RSS after this."""
+    todo = list(range(2 * concurrency, 0, -1))
+    await asyncio.gather(*(worker(client, url, sessions, base, todo, [0]) for _ in range(concurrency)))
     await asyncio.sleep(idle_s * 1.5 + 1)
 
 
@@ -157,67 +181,158 @@ async def burst(
 
 
 def idle_wait_s(idle_s: float, after_s: float) -> float:
-    """How long after a burst to read the RSS: the abandoned sessions of its last stretch go idle after
-    idle_s and the next sweep (every idle_s / 2) evicts them; then `after_s` more, the time the gateway has
-    to give the memory back."""
+    """How long after a burst to read the RSS, for a server whose live sessions cannot be read: the abandoned
+    sessions of its last stretch go idle after idle_s and the next sweep (every idle_s / 2) evicts them;
+    then `after_s` more, the time the gateway has to give the memory back."""
     return idle_s * 1.5 + after_s
 
 
-def verdict(baseline: float, warm: float, rss: float) -> str:
-    """RETURNED: within 10 % of the idle RSS before the burst; PLATEAU: held but not grown after the
-    warm-up (the RSS at `warm`); GROWING: it grew (a leak)."""
-    if rss <= 1.10 * baseline:
-        return "RETURNED"
-    if rss - warm <= max(16.0, 0.1 * warm):
-        return "PLATEAU (held, not growing)"
-    return "GROWING"
+@dataclass(frozen=True)
+class Sample:
+    """One reading during a burst's idle phase: seconds since the burst ended, sessions the gateway holds
+    (None where the server cannot say), RSS in MiB."""
+
+    t: float
+    live: int | None
+    rss: float
 
 
-async def drive(opts: argparse.Namespace, url: str, control: str, token: str, pid: int, db: Path) -> None:
+@dataclass(frozen=True)
+class Verdict:
+    label: str  # RELEASED, PLATEAU, HELD or LEAK
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.label}: {self.why}"
+
+
+def verdict(baseline: float, bursts: list[list[Sample]], tolerance: float = 0.10) -> Verdict:
+    """What the RSS did after the bursts, from each burst's idle-phase samples (the last one of each is read
+    after the wait): LEAK when, with no session live, it grew (from one burst's end to the next's, or
+    while idle) by more than `tolerance` of the baseline; RELEASED when the last is within `tolerance` of
+    the baseline with no session live; PLATEAU when sessions are still live (the run ended before they
+    went idle: what is held is theirs); HELD when it is above with none live but not growing."""
+    ends = [b[-1] for b in bursts]
+    last = ends[-1]
+    slack = tolerance * baseline
+    quiet = [s for s in bursts[-1] if s.live == 0]
+    vs = f"{last.rss:.1f} MiB, {100 * (last.rss / baseline - 1):+.0f} % of the idle baseline {baseline:.1f}"
+    if len(ends) > 1 and all(e.live == 0 for e in ends) and ends[-1].rss - ends[0].rss > slack:
+        rise = " -> ".join(f"{e.rss:.1f}" for e in ends)
+        return Verdict("LEAK", f"with no session live after each burst the RSS rose: {rise} MiB")
+    if len(quiet) > 1 and quiet[-1].rss - min(s.rss for s in quiet) > slack:
+        grew = quiet[-1].rss - min(s.rss for s in quiet)
+        return Verdict("LEAK", f"it grew by {grew:.1f} MiB while no session was live ({vs})")
+    if last.live in (0, None) and last.rss <= baseline + slack:
+        unknown = " (the server cannot say how many sessions it holds)" if last.live is None else ""
+        return Verdict("RELEASED", f"{vs}, no session live{unknown}")
+    if last.live:
+        each = 1024 * (last.rss - baseline) / last.live
+        return Verdict(
+            "PLATEAU",
+            f"{last.live} sessions still live, held by them ({each:.0f} KiB each above the baseline; {vs}); "
+            "wait past the idle timeout for the rest",
+        )
+    hint = (
+        "from burst to burst"
+        if len(ends) > 1
+        else "in one burst (--bursts 2 tells a leak from a one-time hold)"
+    )
+    return Verdict("HELD", f"{vs} with no session live, not growing {hint}")
+
+
+async def live_sessions(client: httpx.AsyncClient, control: str, token: str) -> int | None:
+    """Sessions the gateway holds in memory, from its metrics (None if it does not say)."""
+    r = await client.get(control + "/metrics", headers={"authorization": f"Bearer {token}"})
+    m = (
+        re.search(r"^polar_gateway_sessions_live ([0-9.e+]+)$", r.text, re.M)
+        if r.status_code == 200
+        else None
+    )
+    return None if m is None else int(float(m.group(1)))
+
+
+def memstats_table(path: Path, labels: list[str]) -> str:
+    """The gateway's own breakdown (bench/memstats.py) at each labelled moment, if it wrote one."""
+    import memstats
+
+    if not path.exists():
+        return ""
+    snaps = [json.loads(line) for line in path.read_text().splitlines()]
+    return memstats.render(list(zip(labels, snaps, strict=False)))
+
+
+async def drive(
+    opts: argparse.Namespace, url: str, control: str, token: str, pid: int, db: Path, stats: Path
+) -> None:
     sessions = GatewaySessions(control, token)
     base = base_history(opts.tokens - 2000)
-    samples: list[tuple[int, float]] = []
+    labels = ["idle"]
+    bursts: list[list[Sample]] = []
     async with httpx.AsyncClient(timeout=300) as client:
-        await idle_baseline(client, url, sessions, base, opts.idle_s)
+        started = rss_mib(pid)
+        await idle_baseline(client, url, sessions, base, opts.idle_s, opts.concurrency)
         baseline = rss_mib(pid)
-        print(f"idle baseline after 4 sessions: {baseline:.1f} MiB", flush=True)
-        t0 = time.monotonic()
-        print(f"{'sessions':>9} {'seconds':>8} {'RSS MiB':>8} {'store MiB':>10}", flush=True)
-        next_mark = [0]
-
-        def tick(done: int) -> None:
-            if done >= next_mark[0] or done == opts.sessions:
-                rss = rss_mib(pid)
-                samples.append((done, rss))
-                size = sum(p.stat().st_size for p in db.parent.glob(db.name + "*")) / 2**20
-                print(f"{done:>9} {time.monotonic() - t0:>8.0f} {rss:>8.1f} {size:>10.0f}", flush=True)
-                next_mark[0] = done + opts.every if done < opts.sessions else opts.sessions + 1
-
-        await burst(client, url, sessions, base, opts.sessions, opts.concurrency, tick)
-    idle_t0 = time.monotonic()
-    wait = idle_wait_s(opts.idle_s, opts.after_s)
-    while time.monotonic() - idle_t0 < wait:
-        await asyncio.sleep(min(10.0, wait - (time.monotonic() - idle_t0)))
-        rss = rss_mib(pid)
+        os.kill(pid, signal.SIGUSR1)
         print(
-            f"{opts.sessions:>9} {time.monotonic() - t0:>8.0f} {rss:>8.1f}   (idle {time.monotonic() - idle_t0:.0f} s)"
+            f"RSS {started:.1f} MiB at start, idle baseline {baseline:.1f} MiB "
+            f"(after {2 * opts.concurrency} sessions, {opts.concurrency} at a time, went idle)",
+            flush=True,
         )
-    samples.append((opts.sessions, rss))
-    warm = next(s for s in samples if s[0] >= opts.sessions // 10)
-    peak = max(r for n, r in samples if n >= warm[0])
-    growth = rss - warm[1]
-    print(
-        f"\nverdict: {verdict(baseline, warm[1], rss)}: RSS {baseline:.1f} MiB idle before the burst, "
-        f"{warm[1]:.1f} MiB after {warm[0]} sessions, peak {peak:.1f} MiB, {rss:.1f} MiB after {wait:.0f} s "
-        f"idle ({100 * (rss / baseline - 1):+.0f} % of the baseline; {growth:+.1f} MiB over "
-        f"{opts.sessions - warm[0]} sessions after warm-up, "
-        f"{1024 * growth / max(1, opts.sessions - warm[0]):+.2f} KiB per session)"
-    )
+        for n in range(1, opts.bursts + 1):
+            t0 = time.monotonic()
+            print(f"burst {n}:\n{'sessions':>9} {'seconds':>8} {'RSS MiB':>8} {'store MiB':>10}", flush=True)
+            next_mark = [0]
+            peak = [0.0]
+
+            def tick(
+                done: int, t0: float = t0, next_mark: list[int] = next_mark, peak: list[float] = peak
+            ) -> None:
+                rss = rss_mib(pid)
+                peak[0] = max(peak[0], rss)
+                if done >= next_mark[0] or done == opts.sessions:
+                    size = sum(p.stat().st_size for p in db.parent.glob(db.name + "*")) / 2**20
+                    print(f"{done:>9} {time.monotonic() - t0:>8.0f} {rss:>8.1f} {size:>10.0f}", flush=True)
+                    next_mark[0] = done + opts.every if done < opts.sessions else opts.sessions + 1
+
+            await burst(client, url, sessions, base, opts.sessions, opts.concurrency, tick)
+            os.kill(pid, signal.SIGUSR1)
+            labels += [f"peak {n}", f"after {n}"]
+            # Idle: until no session is live (the abandoned ones evicted), then `--after-s` more.
+            idle_t0 = time.monotonic()
+            samples: list[Sample] = []
+            gone: float | None = None
+            while True:
+                await asyncio.sleep(5.0)
+                now = time.monotonic() - idle_t0
+                live = await live_sessions(client, control, token)
+                samples.append(Sample(now, live, rss_mib(pid)))
+                print(
+                    f"{'':>9} {time.monotonic() - t0:>8.0f} {samples[-1].rss:>8.1f}   (idle {now:.0f} s, {live} live)"
+                )
+                if gone is None and (live == 0 or now >= idle_wait_s(opts.idle_s, 0) + 30):
+                    gone = now  # the last session evicted (or the sweep is overdue: read what is there)
+                if gone is not None and now - gone >= opts.after_s:
+                    break
+            os.kill(pid, signal.SIGUSR1)
+            bursts.append(samples)
+            last = samples[-1]
+            print(
+                f"burst {n}: peak {peak[0]:.1f} MiB; {last.rss:.1f} MiB {last.t:.0f} s after it ended "
+                f"({opts.after_s:.0f} s after the last session went), {100 * (last.rss / baseline - 1):+.1f} %",
+                flush=True,
+            )
+    await asyncio.sleep(1)
+    table = memstats_table(stats, labels)
+    if table:
+        print("\n" + table)
+    print(f"\nverdict: {verdict(baseline, bursts)}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sessions", type=int, default=10_000)
+    ap.add_argument("--sessions", type=int, default=4_000, help="sessions in a burst")
+    ap.add_argument("--bursts", type=int, default=1, help="bursts, each followed by the idle wait")
     ap.add_argument("--tokens", type=int, default=60_000, help="prompt tokens of a session's first call")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--every", type=int, default=500, help="print RSS every this many sessions")
@@ -226,7 +341,7 @@ def main() -> None:
         "--after-s",
         type=float,
         default=60.0,
-        help="seconds idle after the sessions were evicted, before the verdict",
+        help="seconds idle after the last session was evicted, before the RSS is read",
     )
     ap.add_argument("--src", type=Path, default=ROOT / "src", help="the checkout's src/ whose gateway runs")
     ap.add_argument(
@@ -255,20 +370,19 @@ def main() -> None:
         )
     ]
     try:
-        db = tmp / "soak.db"
+        db, stats = tmp / "soak.db", tmp / "memstats.jsonl"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--idle-s", str(opts.idle_s)]
         cmd += [f"--gateway-arg={a}" for a in opts.gateway_arg]
         cmd += ["--serve", backend, str(port), str(cport), str(db)]
-        procs.append(start(cmd, url, {"POLAR_TOKEN": token}, pythonpath=f"{opts.src.resolve()}:{ROOT}"))
-        asyncio.run(drive(opts, url, control, token, procs[-1].pid, db))
+        env = {"POLAR_TOKEN": token, "POLAR_SOAK_MEMSTATS": str(stats)}
+        procs.append(start(cmd, url, env, pythonpath=f"{opts.src.resolve()}:{ROOT}"))
+        asyncio.run(drive(opts, url, control, token, procs[-1].pid, db, stats))
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(10)
-        for f in tmp.iterdir():
-            f.unlink()
-        tmp.rmdir()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
