@@ -8,8 +8,9 @@ Each writer process is what a gateway worker's writer thread does, without the H
 `RecordWriter` on its own connection to one WAL store (as `polar.store.writer.AsyncWriter` opens it), records
 of bench/gateway.py's chat call (the 7 kB body and its upstream form, a 1,610-id prompt growing by 60 ids a
 call, 24 sampled ids and logprobs), one session per writer, committed `--batch` at a time (1: each call
-alone, as at concurrency 1; 8: a group commit under load). Writers alternate with each configuration in
-rounds; the table gives medians: records/s summed over the writers, per writer, and the share of time a
+alone, as at concurrency 1; 8: a group commit under load), each record encoded before `BEGIN IMMEDIATE`
+(as `polar.store.writer` does: only the inserts hold the lock) or inside the transaction (as it did
+before). Configurations alternate in rounds; the table gives medians: records/s summed over the writers, per writer, and the share of time a
 writer spent holding the write lock (BEGIN IMMEDIATE to COMMIT) against the time it waited for it.
 """
 
@@ -55,7 +56,7 @@ def record(session: str, seq: int, body: dict[str, Any]) -> CompletionRecord:
     )
 
 
-def writer(path: str, name: str, batch: int, seconds: float, start: float, out: Any) -> None:
+def writer(path: str, name: str, batch: int, seconds: float, start: float, out: Any, before: bool) -> None:
     conn = connect(path)
     w = RecordWriter(conn)
     body = bodies(False)["chat"][1]
@@ -67,11 +68,16 @@ def writer(path: str, name: str, batch: int, seconds: float, start: float, out: 
     while time.perf_counter() < end:
         # Sessions of 20 calls (prompts of 1,610 to 2,750 ids), as an agent's.
         recs = [record(f"{name}-{(n + i) // 20}", (n + i) % 20, body) for i in range(batch)]
+        inserts = [w.stage_completion(r) for r in recs] if before else []  # AsyncWriter's order
         t0 = time.perf_counter()
         conn.execute("BEGIN IMMEDIATE")
         t1 = time.perf_counter()
-        for r in recs:
-            w.add_completion(r)
+        if before:
+            for insert in inserts:
+                insert()
+        else:
+            for r in recs:
+                w.add_completion(r)
         conn.execute("COMMIT")
         t2 = time.perf_counter()
         waited += t1 - t0
@@ -82,12 +88,12 @@ def writer(path: str, name: str, batch: int, seconds: float, start: float, out: 
     out.put((seq, held, waited))
 
 
-def run(path: Path, writers: int, batch: int, seconds: float, tag: str) -> dict[str, float]:
+def run(path: Path, writers: int, batch: int, seconds: float, tag: str, before: bool) -> dict[str, float]:
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     start = time.time() + 0.5
     procs = [
-        ctx.Process(target=writer, args=(str(path), f"{tag}-{k}", batch, seconds, start, out))
+        ctx.Process(target=writer, args=(str(path), f"{tag}-{k}", batch, seconds, start, out, before))
         for k in range(writers)
     ]
     for p in procs:
@@ -111,26 +117,34 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--encode",
+        nargs="+",
+        choices=["before", "inside"],
+        default=["before", "inside"],
+        help="where each record is encoded: before BEGIN (as polar.store.writer does) or inside the transaction (as it did at 3d6d3a0)",
+    )
     opts = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-store-"))
-    cells = [(w, b) for b in opts.batch for w in opts.writers]
-    results: dict[tuple[int, int], list[dict[str, float]]] = {}
+    cells = [(e, w, b) for e in opts.encode for b in opts.batch for w in opts.writers]
+    results: dict[tuple[str, int, int], list[dict[str, float]]] = {}
     for r in range(opts.rounds):
-        for i, (w, b) in enumerate(cells[r % len(cells) :] + cells[: r % len(cells)]):
+        for i, (e, w, b) in enumerate(cells[r % len(cells) :] + cells[: r % len(cells)]):
             db = tmp / f"r{r}-{i}.db"
-            results.setdefault((w, b), []).append(run(db, w, b, opts.seconds, f"r{r}"))
+            results.setdefault((e, w, b), []).append(run(db, w, b, opts.seconds, f"r{r}", e == "before"))
         load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
         print(f"round {r + 1}/{opts.rounds}, load {load}", flush=True)
     print(f"\n{opts.seconds:g} s per point, medians of {opts.rounds} rounds")
     print(
-        "| writers | records per commit | records/s | per writer | lock held per record ms | held | waiting |"
+        "| encoded | writers | records per commit | records/s | per writer | lock held per record ms | held | "
+        "waiting |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for w, b in cells:
-        m = {k: statistics.median(x[k] for x in results[(w, b)]) for k in results[(w, b)][0]}
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for e, w, b in cells:
+        m = {k: statistics.median(x[k] for x in results[(e, w, b)]) for k in results[(e, w, b)][0]}
         print(
-            f"| {w} | {b} | {m['rps']:.0f} | {m['per']:.0f} | {m['held_ms']:.3f} | {m['held'] * 100:.0f} % | "
-            f"{m['waited'] * 100:.0f} % |"
+            f"| {e} | {w} | {b} | {m['rps']:.0f} | {m['per']:.0f} | {m['held_ms']:.3f} | "
+            f"{m['held'] * 100:.0f} % | {m['waited'] * 100:.0f} % |"
         )
 
 

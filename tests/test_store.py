@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from polar.store import codec
 from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
 from polar.store.sqlite import SQLiteStore
-from polar.store.writer import AsyncWriter
+from polar.store.writer import AsyncWriter, completion
 
 
 def make_record(seq: int, prompt: list[int] | None, sid: str = "s1", **kw: object) -> CompletionRecord:
@@ -206,3 +207,23 @@ async def test_a_lone_write_commits_inline_and_failures_still_raise(tmp_path: Pa
     writer.close()
     with SQLiteStore(tmp_path / "w.db") as store:
         assert store.completions("s1") == [rec, nxt]
+
+
+async def test_staged_completions_fail_alone_whether_encoding_or_insert_fails(tmp_path: Path) -> None:
+    """`completion(r)` encodes before the transaction (the cache counts its rows as written): a record that
+    cannot be encoded, and one refused by the insert, fail alone; their batch-mates commit, and records
+    written after the failures, as deltas over a cache that was reset, read back exactly."""
+    writer = AsyncWriter(tmp_path / "w.db")
+    await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
+    good = [make_record(i, list(range(i + 5))) for i in range(20)]
+    dup = make_record(3, [1])  # same (session, seq) as a good one: refused by the insert
+    unencodable = replace(make_record(40, [1, 2]), request={"messages": [{"x": object()}]})
+    writes = [*good[:10], dup, unencodable, *good[10:]]
+    results = await asyncio.gather(*[writer.write(completion(r)) for r in writes], return_exceptions=True)
+    assert sum(isinstance(r, BaseException) for r in results) == 2
+    later = [make_record(i, list(range(i + 5))) for i in range(20, 30)]
+    await asyncio.gather(*[writer.write(completion(r)) for r in later])
+    await writer.write(completion(make_record(30, list(range(35)))), alone=True)
+    writer.close()
+    with SQLiteStore(tmp_path / "w.db") as store:
+        assert store.completions("s1") == [*good, *later, make_record(30, list(range(35)))]

@@ -20,7 +20,7 @@ from polar.gateway.gate import Gate
 from polar.gateway.metrics import GatewayMetrics
 from polar.limits import nesting_message, nesting_path
 from polar.store.records import FLAG_NOT_TRAINABLE, CompletionRecord, FailureRecord
-from polar.store.writer import AsyncWriter
+from polar.store.writer import AsyncWriter, completion
 
 log = logging.getLogger("polar.gateway")
 
@@ -87,7 +87,7 @@ class Recorder:
         t_commit = time.perf_counter()
         try:
             # Alone: no other generation in flight, so no commit to share (see AsyncWriter.write).
-            await self.writer.write(lambda w: w.add_completion(record), alone=self.gate.in_flight == 0)
+            await self.writer.write(completion(record), alone=self.gate.in_flight == 0)
         except Exception:
             # Never hand out a response whose record did not land: the harness retries instead.
             log.exception("could not record session %s call %d", call.state.session_id, call.seq)

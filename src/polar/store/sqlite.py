@@ -83,6 +83,9 @@ _COMPLETION_COLUMNS = (
 )
 
 
+_INSERT_COMPLETION = f"INSERT INTO completions ({_COMPLETION_COLUMNS}) VALUES ({', '.join('?' * 25)})"
+
+
 def connect(path: str | Path, durability: Durability = "normal") -> sqlite3.Connection:
     """Open the store, creating the schema. WAL + synchronous=NORMAL survives a killed process (every
     committed transaction is in the WAL); `full` also survives power loss, at an fsync per commit."""
@@ -130,18 +133,38 @@ class RecordWriter:
 
     # -- blobs ------------------------------------------------------------------------------------------
     def _put_blobs(self, blobs: dict[bytes, bytes]) -> None:
-        new = [(h, codec.pack_blob(data)) for h, data in blobs.items() if h not in self._known_blobs]
+        new = self._new_blobs(blobs)
         if new:
             self.conn.executemany("INSERT OR IGNORE INTO blobs (hash, data) VALUES (?, ?)", new)
-            for h, _ in new:
-                self._known_blobs.add(h)
 
-    def _put_json(self, obj: dict[str, Any], chain: tuple[str, str] | None = None, seq: int = 0) -> bytes:
-        """Store a body; with `chain` (session, column) its lists extend the previous record's of that chain."""
+    def _new_blobs(
+        self, blobs: dict[bytes, bytes], into: list[tuple[bytes, bytes]] | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        """The rows of the blobs not written yet (packed), counted as written from now on (`reset` forgets
+        that if their transaction does not commit)."""
+        new = [] if into is None else into
+        for h, data in blobs.items():
+            if h not in self._known_blobs:
+                new.append((h, codec.pack_blob(data)))
+                self._known_blobs.add(h)
+        return new
+
+    def _put_json(
+        self,
+        obj: dict[str, Any],
+        chain: tuple[str, str] | None = None,
+        seq: int = 0,
+        blobs_into: list[tuple[bytes, bytes]] | None = None,
+    ) -> bytes:
+        """Store a body; with `chain` (session, column) its lists extend the previous record's of that chain.
+        `blobs_into`: collect its new blob rows there instead of writing them now."""
         prev = self.cache.chain(*chain) if chain is not None else None
         base, previous = prev if prev is not None else (None, None)
         skeleton, blobs, state = codec.split_json(obj, previous, base)
-        self._put_blobs(blobs)
+        if blobs_into is None:
+            self._put_blobs(blobs)
+        else:
+            self._new_blobs(blobs, blobs_into)
         if chain is not None:
             self.cache.set_chain(chain[0], chain[1], seq, state)
         return skeleton
@@ -178,46 +201,58 @@ class RecordWriter:
         self.cache.forget(session_id)  # a closed session makes no more calls
 
     def add_completion(self, r: CompletionRecord) -> None:
+        self.stage_completion(r)()
+
+    def stage_completion(self, r: CompletionRecord) -> Callable[[], None]:
+        """Encode `r` (prompt delta, body skeletons, new blobs: the Python work, ~80 % of a record's time in
+        a transaction, bench/store_writers.py) and return what writes its rows, so the encoding can happen
+        before the transaction and the store's write lock is held only for the inserts (workers share it:
+        docs/gateway-workers.md). The cache counts the rows as written: if they are not committed, `reset`."""
         if r.prompt_ids is None:
             prompt_len, base, shared, tail = -1, None, 0, None
         else:
             prompt_len = len(r.prompt_ids)
             base, shared, tail = self._prompt_delta(r.session_id, r.seq, codec.ids_to_bytes(r.prompt_ids))
+        blob_rows: list[tuple[bytes, bytes]] = []
         tools_ref = None
         if r.tools is not None:
             data = orjson.dumps(r.tools)
             tools_ref = codec.blob_hash(data)
-            self._put_blobs({tools_ref: data})
-        self.conn.execute(
-            f"INSERT INTO completions ({_COMPLETION_COLUMNS}) VALUES ({', '.join('?' * 25)})",
-            (
-                r.session_id,
-                r.seq,
-                r.completion_id,
-                r.dialect,
-                r.created_at,
-                self._put_json(r.request, (r.session_id, "request"), r.seq),
-                self._put_json(r.upstream_request, (r.session_id, "upstream"), r.seq),
-                prompt_len,
-                base,
-                shared,
-                tail,
-                None if r.response_ids is None else codec.ids_to_bytes(r.response_ids),
-                None if r.response_logprobs is None else codec.floats_to_bytes(r.response_logprobs),
-                r.finish_reason,
-                orjson.dumps(r.response_message),
-                tools_ref,
-                orjson.dumps(r.usage),
-                r.model_requested,
-                r.model_served,
-                r.policy_version,
-                r.upstream_latency_ms,
-                r.gateway_overhead_ms,
-                orjson.dumps(list(r.flags)).decode(),
-                orjson.dumps(list(r.tags)).decode(),
-                r.upstream_id,
-            ),
+            self._new_blobs({tools_ref: data}, blob_rows)
+        row = (
+            r.session_id,
+            r.seq,
+            r.completion_id,
+            r.dialect,
+            r.created_at,
+            self._put_json(r.request, (r.session_id, "request"), r.seq, blob_rows),
+            self._put_json(r.upstream_request, (r.session_id, "upstream"), r.seq, blob_rows),
+            prompt_len,
+            base,
+            shared,
+            tail,
+            None if r.response_ids is None else codec.ids_to_bytes(r.response_ids),
+            None if r.response_logprobs is None else codec.floats_to_bytes(r.response_logprobs),
+            r.finish_reason,
+            orjson.dumps(r.response_message),
+            tools_ref,
+            orjson.dumps(r.usage),
+            r.model_requested,
+            r.model_served,
+            r.policy_version,
+            r.upstream_latency_ms,
+            r.gateway_overhead_ms,
+            orjson.dumps(list(r.flags)).decode(),
+            orjson.dumps(list(r.tags)).decode(),
+            r.upstream_id,
         )
+
+        def insert() -> None:
+            if blob_rows:
+                self.conn.executemany("INSERT OR IGNORE INTO blobs (hash, data) VALUES (?, ?)", blob_rows)
+            self.conn.execute(_INSERT_COMPLETION, row)
+
+        return insert
 
     def add_failure(self, f: FailureRecord) -> None:
         self.conn.execute(

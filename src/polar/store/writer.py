@@ -7,6 +7,10 @@ one transaction, commits, and only then releases the waiting requests. Under loa
 calls. When the caller knows it is alone (the gateway: no other call in flight) and nothing is queued, it
 commits its one record itself, on the spot: that saves the two thread hand-offs, a large part of the
 gateway's latency at low concurrency. A lock keeps the connection to one user at a time.
+
+A completion is written in two steps (`completion`): its record is encoded before the transaction and only
+its rows are inserted inside it, so the store's write lock, which the gateway's workers share
+(`polar gateway --workers`), is held for the inserts alone.
 """
 
 from __future__ import annotations
@@ -17,15 +21,43 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from polar.store.cache import SessionCache
+from polar.store.records import CompletionRecord
 from polar.store.sqlite import Durability, RecordWriter, connect
 
 log = logging.getLogger(__name__)
 
 WriteOp = Callable[[RecordWriter], None]
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class StagedCompletion:
+    """A completion's write whose encoding runs before the transaction (`stage`); also a plain `WriteOp`."""
+
+    record: CompletionRecord
+
+    def __call__(self, w: RecordWriter) -> None:
+        w.add_completion(self.record)
+
+    def stage(self, w: RecordWriter) -> Callable[[], None]:
+        return w.stage_completion(self.record)
+
+
+def completion(record: CompletionRecord) -> StagedCompletion:
+    """The write of one completion record, for `AsyncWriter.write`."""
+    return StagedCompletion(record)
+
+
+def _staged(op: WriteOp, w: RecordWriter) -> WriteOp:
+    """`op` with its encoding done now, if it has a stage to do first (`StagedCompletion`)."""
+    if isinstance(op, StagedCompletion):
+        insert = op.stage(w)
+        return lambda _: insert()
+    return op
 
 
 class AsyncWriter:
@@ -110,13 +142,15 @@ class AsyncWriter:
     def _commit(self, batch: list[tuple[WriteOp, asyncio.Future[None], asyncio.AbstractEventLoop]]) -> None:
         results: list[BaseException | None] = []
         try:
-            self._conn.execute("BEGIN")
-            for op, _, _ in batch:
+            staged = [_staged(op, self._writer) for op, _, _ in batch]  # before taking the store's lock
+            self._conn.execute("BEGIN IMMEDIATE")
+            for op in staged:
                 op(self._writer)
             self._conn.execute("COMMIT")
             results = [None] * len(batch)
         except Exception:
-            # One bad write must not take its batch-mates down: roll back, then retry each alone.
+            # One bad write must not take its batch-mates down: roll back (the cache too, since staged
+            # records count as written), then retry each alone.
             self._rollback()
             results = [self._commit_one(op) for op, _, _ in batch]
         self.commits += 1
@@ -132,8 +166,9 @@ class AsyncWriter:
 
     def _commit_one(self, op: WriteOp) -> BaseException | None:
         try:
-            self._conn.execute("BEGIN")
-            op(self._writer)
+            staged = _staged(op, self._writer)
+            self._conn.execute("BEGIN IMMEDIATE")
+            staged(self._writer)
             self._conn.execute("COMMIT")
             return None
         except Exception as exc:
