@@ -103,11 +103,13 @@ def test_each_session_is_served_by_its_worker_whatever_port_the_call_reached(tmp
             httpx.post(f"{control}/sessions", headers=admin, json={"session_id": sid}).json()
             for sid in spread
         ]
-        urls = sorted({m["base_url"] for m in made})
-        assert len(urls) == 2 and all(m["base_url"] == urls[owner(m["session_id"], 2)] for m in made)
+        by_owner = {owner(m["session_id"], 2): m["base_url"] for m in made}
+        assert all(m["base_url"] == by_owner[owner(m["session_id"], 2)] for m in made)  # one URL a worker
+        urls = sorted(set(by_owner.values()))
+        assert len(urls) == 2
         # An id the gateway chooses is chosen where the request landed, and the session made on its owner.
         chosen = httpx.post(f"{control}/sessions", headers=admin, json={"task_id": "t"}).json()
-        assert chosen["base_url"] == urls[owner(chosen["session_id"], 2)]
+        assert chosen["base_url"] == by_owner[owner(chosen["session_id"], 2)]
         assert chosen["metadata"] == {"task_id": "t"}
         made.append(chosen)
         for m in made:
@@ -137,6 +139,7 @@ def test_each_session_is_served_by_its_worker_whatever_port_the_call_reached(tmp
         # Control: state applied on every worker, counts summed over them.
         paused = httpx.post(f"{control}/admin/pause?timeout=5", headers=admin).json()
         assert paused == {"paused": True, "drained": True, "in_flight": 0}
+        assert "\npolar_gateway_paused 1.0\n" in httpx.get(f"{control}/metrics", headers=admin).text
         health = httpx.get(f"{control}/health").json()
         assert [w["paused"] for w in health["workers"]] == [True, True]
         assert (
@@ -145,7 +148,9 @@ def test_each_session_is_served_by_its_worker_whatever_port_the_call_reached(tmp
         )
         assert [w["paused"] for w in httpx.get(f"{control}/health").json()["workers"]] == [False, False]
         metrics = httpx.get(f"{control}/metrics", headers=admin).text
-        assert 'polar_gateway_calls_total{dialect="chat",status="200"} 35.0' in metrics
+        assert 'polar_gateway_calls_total{dialect="chat",status="200"} 35.0' in metrics  # summed
+        assert "\npolar_gateway_paused 0.0\n" in metrics  # a state: not 0 + 0 but "no worker paused"
+        assert "\npolar_gateway_backend_up{" in metrics and 'backend_up{backend="http' in metrics
         assert httpx.delete(f"{control}/sessions/{made[0]['session_id']}", headers=admin).status_code == 200
         closed = httpx.post(
             f"{url}/v1/chat/completions",

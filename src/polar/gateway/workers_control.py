@@ -145,9 +145,17 @@ def _health(answers: list[Answer], own: int) -> Answer:
     return _json(200, data)
 
 
+# Gauges that are a state, not an amount: the gateway is paused if any worker is, a server up if every
+# worker sees it up.
+_COMBINE: dict[str, Callable[[float, float], float]] = {
+    "polar_gateway_paused": max,
+    "polar_gateway_backend_up": min,
+}
+
+
 def _summed_metrics(answers: list[Answer], own: int) -> Answer:
     """One exposition for the gateway: each sample summed over the workers (counters, histogram buckets,
-    and the gauges of load and sessions, all of which add up)."""
+    and the gauges of load and sessions, all of which add up), the state gauges in `_COMBINE` combined."""
     order: list[tuple[str, str, str]] = []
     samples: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
     for status, _, body in answers:
@@ -162,7 +170,13 @@ def _summed_metrics(answers: list[Answer], own: int) -> Answer:
                 if s.name.endswith("_created"):  # a start time, not an amount: no sum of it means anything
                     continue
                 key = (s.name, tuple(sorted(s.labels.items())))
-                into[key] = into.get(key, 0.0) + s.value
+                combine = _COMBINE.get(s.name)
+                if key not in into:
+                    into[key] = s.value
+                elif combine is not None:
+                    into[key] = combine(into[key], s.value)
+                else:
+                    into[key] += s.value
     lines: list[str] = []
     for name, kind, doc in order:
         doc = doc.replace("\\", "\\\\").replace("\n", "\\n")
