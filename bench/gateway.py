@@ -12,7 +12,7 @@ Servers are started once and warmed (1 s of load per path); then rounds: each (p
 run for each side in turn, the order rotating, and the table gives medians over rounds of calls/s, the
 ratio to direct at the same concurrency and mode, the server process's CPU per call (/proc, its threads
 and children), wrk's latency p50/p99 and wrk's own CPU per call. "direct" is wrk calling the fake itself
-(its CPU column: the fake's). Memory: RSS at start, idle after 4 sessions (bench/soak.py's baseline), the
+(its CPU column: the fake's). Memory: RSS at start, idle after 16 sessions (bench/soak.py's baseline), the
 peak during a burst of soak's 60k-token sessions on polar and LiteLLM at once, and after each went idle
 (its evictions plus `--after-s`). Last, the growing-session storage figure (`--storage-only`: just that).
 

@@ -154,7 +154,8 @@ def print_table(sides: list[Side], opts: argparse.Namespace) -> None:
 
 
 async def memory_baseline(sides: list[Side], opts: argparse.Namespace) -> None:
-    """Each measured side serves 4 sessions and lets them go idle (soak's idle baseline), together."""
+    """Each measured side serves soak's warm-up (16 sessions, 8 at a time) and lets them go idle (soak's idle
+    baseline), together."""
     base_msgs = soak.base_history(opts.tokens - 2000)
     async with httpx.AsyncClient(timeout=600) as client:
         await asyncio.gather(
@@ -196,7 +197,7 @@ async def memory_burst(sides: list[Side], opts: argparse.Namespace) -> float:
 
 def print_memory(sides: list[Side], opts: argparse.Namespace, wait: float) -> None:
     print(
-        f"\nRSS (MiB) of each server process: started; idle baseline (4 sessions gone idle); peak during a "
+        f"\nRSS (MiB) of each server process: started; idle baseline (16 sessions gone idle); peak during a "
         f"burst of {opts.burst} sessions of ~{opts.tokens // 1000}k tokens; {wait:.0f} s after it went idle"
     )
     print(
