@@ -1,4 +1,4 @@
-"""`polar gateway --workers N` (polar.gateway.workers): each session served by its owner whatever port the
+"""`polar gateway --workers N` (polar.cli.workers): each session served by its owner whatever port the
 call reached, control requests routed or applied everywhere, the same records as one process, and no answered
 call lost when a worker, or everything, is killed -9. Runs the real CLI against the fake vLLM."""
 

@@ -123,7 +123,7 @@ def gateway(
     # No proxy-headers middleware: nothing sits in front of a gateway, and it costs time on every call.
     options: dict[str, Any] = {"log_level": log_level, "proxy_headers": False}
     if workers > 1:
-        from polar.gateway.workers import serve_workers
+        from polar.cli.workers import serve_workers
         from polar.memory import tune_gc
 
         logging.getLogger("polar.gateway").info("store: %s", store_path.resolve())

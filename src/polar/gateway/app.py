@@ -294,7 +294,7 @@ def create_app(
 ) -> GatewayApp:
     """The gateway's two apps. `classifiers` builds a harness's side-call classifier for sessions that route
     side calls (`polar.gateway.routing`); without it such sessions are refused. `workers`: this process is
-    one of several serving one store (`polar.gateway.workers`): calls and control requests about sessions
+    one of several serving one store (`polar.cli.workers`): calls and control requests about sessions
     another worker owns go to it."""
     metrics = GatewayMetrics()
     forward = Forwarder()  # this gateway's own registry, served at the control listener's /metrics
