@@ -143,17 +143,6 @@ class _Lifespan:
         return with_state
 
 
-def fast_loop() -> asyncio.AbstractEventLoop:
-    """uvloop's event loop where it is installed (uvicorn[standard] brings it on Linux and macOS), else
-    asyncio's. The gateway serves every model call on one loop, and uvloop does its socket reads and writes
-    and its callbacks in C: 3-11 % less CPU per Chat call (docs/benchmarks.md, "The gateway's event loop")."""
-    try:
-        import uvloop
-    except ImportError:  # Windows, or an install without uvicorn's extras
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -198,14 +198,12 @@ def serve_until_stopped(
     started: Callable[[], None] | None = None,
     database: Path | None = None,
     attach: Callable[[], contextlib.AbstractAsyncContextManager[Any]] | None = None,
-    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
 ) -> None:
     """Start `servers` (all bound first; the first runs the app's lifespan), call `started`, serve until
     SIGINT/SIGTERM or until the first server exits, then stop them. A server that cannot start is one
     line and exit status 2 (`start_servers`). `attach()`: what runs beside the servers (`polar serve
     --ray`'s gateway actors), entered once they serve and left before they stop; a `CannotStart` it raises
-    on entry stops everything. `loop_factory`: the event loop to serve on (`polar.serving.fast_loop` for
-    the gateway's hot path); asyncio's own by default."""
+    on entry stops everything."""
     from polar.serving import start_all, stop_all
 
     command = command_name()
@@ -235,8 +233,7 @@ def serve_until_stopped(
                 raise
         await stop_all(servers)
 
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(main())
+    asyncio.run(main())
 
 
 def resolve_token(token_file: Path | None, *, create: bool) -> str:

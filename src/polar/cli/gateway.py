@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -100,7 +99,7 @@ def gateway(
     from polar.gateway.app import create_app
     from polar.gateway.backends.base import BackendOptions
     from polar.harness.registry import classifier
-    from polar.serving import EmbeddedServer, fast_loop
+    from polar.serving import EmbeddedServer
 
     setup_logging(log_level, json=log_json)
     config = build_gateway_config(
@@ -143,9 +142,8 @@ def gateway(
         tune_gc()  # a process of its own, serving calls from now on
         log = logging.getLogger("polar.gateway")
         log.info("store: %s", store_path.resolve())
-        log.debug("event loop: %s", type(asyncio.get_running_loop()).__module__)
         log.info("model API at %s, control at %s (bearer token required)", servers[0].url, servers[1].url)
 
     # Both ports are bound before the gateway starts; a port in use, a backend that cannot be reached
     # without --model, a store that cannot be opened: one line, exit status 2.
-    serve_until_stopped(servers, started=started, database=store_path, loop_factory=fast_loop)
+    serve_until_stopped(servers, started=started, database=store_path)

@@ -248,7 +248,7 @@ def _worker_main(sup: Supervisor, k: int, ready: int) -> NoReturn:
 def _serve_worker(sup: Supervisor, k: int, ready: int) -> int:
     from polar.cli.common import CannotStart, serve_until_stopped
     from polar.gateway.app import create_app
-    from polar.serving import EmbeddedServer, fast_loop
+    from polar.serving import EmbeddedServer
 
     config, s = sup.config, sup.sockets
     for j in range(sup.workers.n):  # the other workers' own listeners are theirs to accept on
@@ -277,7 +277,7 @@ def _serve_worker(sup: Supervisor, k: int, ready: int) -> int:
             os.close(ready)
 
     try:
-        serve_until_stopped(servers, started=started, database=config.store_path, loop_factory=fast_loop)
+        serve_until_stopped(servers, started=started, database=config.store_path)
     except CannotStart as exc:
         with contextlib.suppress(OSError):
             os.write(ready, b"E" + exc.format_message().encode())
