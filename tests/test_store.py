@@ -155,8 +155,12 @@ def test_prefix_len_matches_naive(ids: list[list[int]]) -> None:
             assert codec.prefix_len(codec.ids_to_bytes(a), codec.ids_to_bytes(b)) == naive
 
 
-async def test_group_commit_isolates_a_bad_write(tmp_path: Path) -> None:
-    writer = AsyncWriter(tmp_path / "w.db")
+BOTH = pytest.mark.parametrize("on_loop", [True, False], ids=["on-loop", "thread"])
+
+
+@BOTH
+async def test_group_commit_isolates_a_bad_write(tmp_path: Path, on_loop: bool) -> None:
+    writer = AsyncWriter(tmp_path / "w.db", on_loop=on_loop)
     await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
     good = [make_record(i, list(range(i + 5))) for i in range(20)]
     dup = make_record(3, [1])  # same (session, seq) as a good one: must fail alone
@@ -172,13 +176,16 @@ async def test_group_commit_isolates_a_bad_write(tmp_path: Path) -> None:
         assert store.completions("s1") == good
 
 
-async def test_group_commit_batches_concurrent_writes(tmp_path: Path) -> None:
-    writer = AsyncWriter(tmp_path / "w.db")
+@BOTH
+async def test_group_commit_batches_concurrent_writes(tmp_path: Path, on_loop: bool) -> None:
+    writer = AsyncWriter(tmp_path / "w.db", on_loop=on_loop)
     await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
     recs = [make_record(i, list(range(i + 5))) for i in range(300)]
     await asyncio.gather(*[writer.write(lambda w, r=r: w.add_completion(r)) for r in recs])
     writer.close()
     assert writer.writes == 301 and writer.commits < 301
+    if on_loop:  # written in one pass of the loop: one transaction (and the session's before it)
+        assert writer.commits == 2
     with SQLiteStore(tmp_path / "w.db") as store:
         assert store.completions("s1") == recs
 
@@ -193,7 +200,7 @@ def test_unknown_session(tmp_path: Path) -> None:
 
 
 async def test_a_lone_write_commits_inline_and_failures_still_raise(tmp_path: Path) -> None:
-    writer = AsyncWriter(tmp_path / "w.db")
+    writer = AsyncWriter(tmp_path / "w.db", on_loop=False)
     await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})), alone=True)
     rec = make_record(0, [1, 2, 3])
     await writer.write(lambda w: w.add_completion(rec), alone=True)
@@ -209,11 +216,14 @@ async def test_a_lone_write_commits_inline_and_failures_still_raise(tmp_path: Pa
         assert store.completions("s1") == [rec, nxt]
 
 
-async def test_staged_completions_fail_alone_whether_encoding_or_insert_fails(tmp_path: Path) -> None:
+@BOTH
+async def test_staged_completions_fail_alone_whether_encoding_or_insert_fails(
+    tmp_path: Path, on_loop: bool
+) -> None:
     """`completion(r)` encodes before the transaction (the cache counts its rows as written): a record that
     cannot be encoded, and one refused by the insert, fail alone; their batch-mates commit, and records
     written after the failures, as deltas over a cache that was reset, read back exactly."""
-    writer = AsyncWriter(tmp_path / "w.db")
+    writer = AsyncWriter(tmp_path / "w.db", on_loop=on_loop)
     await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
     good = [make_record(i, list(range(i + 5))) for i in range(20)]
     dup = make_record(3, [1])  # same (session, seq) as a good one: refused by the insert
@@ -227,3 +237,28 @@ async def test_staged_completions_fail_alone_whether_encoding_or_insert_fails(tm
     writer.close()
     with SQLiteStore(tmp_path / "w.db") as store:
         assert store.completions("s1") == [*good, *later, make_record(30, list(range(35)))]
+
+
+async def test_writes_commit_on_the_loop_by_pass_unless_commits_wait_for_the_disk(tmp_path: Path) -> None:
+    """`durability="normal"` commits on the caller's loop (no thread), the writes of one pass of the loop
+    together and each caller released only after its commit; `"full"` (fsync at commit) uses the thread."""
+    full = AsyncWriter(tmp_path / "f.db", durability="full")
+    assert not full.on_loop and full._thread is not None
+    full.close()
+    writer = AsyncWriter(tmp_path / "w.db")
+    assert writer.on_loop and writer._thread is None
+    await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
+    first = [make_record(i, [1, 2, i]) for i in range(5)]
+    await asyncio.gather(*[writer.write(completion(r)) for r in first])
+    assert (writer.commits, writer.writes) == (2, 6)
+    with SQLiteStore(tmp_path / "w.db") as store:  # another connection sees them: committed, not pending
+        assert store.completions("s1") == first
+    one = make_record(5, [1, 2, 5])
+    await writer.write(completion(one))  # a later pass: a transaction of its own
+    assert (writer.commits, writer.writes) == (3, 7)
+    pending = asyncio.ensure_future(writer.write(completion(make_record(6, [1, 2, 6]))))
+    await asyncio.sleep(0)  # written, its commit scheduled for the next pass
+    writer.close()  # commits what was written before closing
+    await pending
+    with SQLiteStore(tmp_path / "w.db") as store:
+        assert len(store.completions("s1")) == 7

@@ -1,12 +1,23 @@
-"""Durable capture without a commit per call: group commit on a writer thread.
+"""Durable capture without a commit per call: group commit, on the event loop or on a writer thread.
 
 The gateway must not answer a harness before its record is committed (a record must survive the process
 being killed right after the response left). Committing each record alone would cap throughput at the
-commit rate; instead every request hands its write to one thread, which takes everything queued, runs it in
-one transaction, commits, and only then releases the waiting requests. Under load a commit covers dozens of
-calls. When the caller knows it is alone (the gateway: no other call in flight) and nothing is queued, it
-commits its one record itself, on the spot: that saves the two thread hand-offs, a large part of the
-gateway's latency at low concurrency. A lock keeps the connection to one user at a time.
+commit rate; instead the writes that arrive together share one transaction, and the waiting requests are
+released only after its commit.
+
+On the loop (`on_loop`, the default for `durability="normal"`): a write joins a list, and the first one of a
+loop iteration schedules its commit for the next (`loop.call_soon`), so everything written during one pass
+of the loop is committed together, on the loop, with no thread. The encoding a record needs is Python work
+that holds the interpreter wherever it runs; on a thread it also made the loop wait for the interpreter at
+each of its socket calls, and made both sides hand it over (bench/gateway_cpu.py, docs/benchmarks.md: 0.70
+-> 0.56 ms of CPU per call at concurrency 16, 0.66 -> 0.51 at 64). A commit of `normal` durability does not
+wait for the disk (WAL: only a checkpoint, every ~4 MB of log, calls fsync), so the loop rarely does.
+
+On a thread (`durability="full"`, whose commits wait for fsync; and processes sharing one store, whose
+transactions may wait for another's lock, `polar gateway --workers`): every request hands its write to one
+thread, which takes everything queued, runs it in one transaction, commits, and only then releases the
+waiting requests; when the caller knows it is alone (no other call in flight) and nothing is queued, it
+commits its one record itself, saving the two hand-offs. A lock keeps the connection to one user at a time.
 
 A completion is written in two steps (`completion`): its record is encoded before the transaction and only
 its rows are inserted inside it, so the store's write lock, which the gateway's workers share
@@ -61,7 +72,8 @@ def _staged(op: WriteOp, w: RecordWriter) -> WriteOp:
 
 
 class AsyncWriter:
-    """Runs write operations on a dedicated thread and resolves each caller's future after the commit."""
+    """Runs write operations in shared transactions and resolves each caller's future after the commit:
+    on the caller's event loop (`on_loop`; default: when `durability` is "normal") or on a thread."""
 
     def __init__(
         self,
@@ -69,6 +81,8 @@ class AsyncWriter:
         durability: Durability = "normal",
         max_batch: int = 512,
         cache: SessionCache | None = None,
+        *,
+        on_loop: bool | None = None,
     ) -> None:
         self.path = Path(path)
         self._conn = connect(self.path, durability)
@@ -76,8 +90,12 @@ class AsyncWriter:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._max_batch = max_batch
         self._lock = threading.Lock()  # one user of the connection at a time: the thread or an inline write
-        self._thread = threading.Thread(target=self._run, name="polar-store-writer", daemon=True)
-        self._thread.start()
+        self.on_loop = durability == "normal" if on_loop is None else on_loop
+        self._pending: list[tuple[WriteOp, asyncio.Future[None]]] = []  # on the loop: the next commit's
+        self._thread: threading.Thread | None = None
+        if not self.on_loop:
+            self._thread = threading.Thread(target=self._run, name="polar-store-writer", daemon=True)
+            self._thread.start()
         self.commits = 0
         self.writes = 0
         self.inline = 0
@@ -85,9 +103,17 @@ class AsyncWriter:
     async def write(self, op: WriteOp, *, alone: bool = False) -> None:
         """Run `op` in the next transaction; returns once it is committed, raises what `op` raised.
 
-        `alone`: the caller has no concurrent writes to share a commit with, so when the writer is idle the
-        commit is done here, blocking this loop for one small transaction instead of two thread hand-offs.
+        `alone` (on a thread): the caller has no concurrent writes to share a commit with, so when the writer
+        is idle the commit is done here, blocking this loop for one small transaction instead of two thread
+        hand-offs. On the loop every write waits for the next pass of the loop, whatever `alone` says.
         """
+        if self.on_loop:
+            fut_here: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._pending.append((op, fut_here))
+            if len(self._pending) == 1:  # the first write of this pass: commit after it, with the others
+                fut_here.get_loop().call_soon(self._flush)
+            await fut_here
+            return
         if alone and self._queue.empty() and self._lock.acquire(blocking=False):
             try:  # nothing else is being written: commit here rather than hand off twice
                 exc = self._commit_one(op)
@@ -117,6 +143,15 @@ class AsyncWriter:
         """Drop all of the writer's cached state, in its turn with the writes (`RecordWriter.release`)."""
         await self.write(_release)
 
+    def _flush(self) -> None:
+        """Commit the writes of the last pass of the loop (`max_batch` at a time) and release their callers."""
+        pending, self._pending = self._pending, []
+        for i in range(0, len(pending), self._max_batch):
+            part = pending[i : i + self._max_batch]
+            with self._lock:
+                results = self._commit_ops([op for op, _ in part])
+            _resolve([(fut, exc) for (_, fut), exc in zip(part, results, strict=True)])
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
@@ -139,22 +174,26 @@ class AsyncWriter:
                 break
         self._conn.close()
 
-    def _commit(self, batch: list[tuple[WriteOp, asyncio.Future[None], asyncio.AbstractEventLoop]]) -> None:
-        results: list[BaseException | None] = []
+    def _commit_ops(self, ops: list[WriteOp]) -> list[BaseException | None]:
+        """Run `ops` in one transaction; what each raised (None: committed)."""
         try:
-            staged = [_staged(op, self._writer) for op, _, _ in batch]  # before taking the store's lock
+            staged = [_staged(op, self._writer) for op in ops]  # before taking the store's lock
             self._conn.execute("BEGIN IMMEDIATE")
-            for op in staged:
-                op(self._writer)
+            for one in staged:
+                one(self._writer)
             self._conn.execute("COMMIT")
-            results = [None] * len(batch)
+            results: list[BaseException | None] = [None] * len(ops)
         except Exception:
             # One bad write must not take its batch-mates down: roll back (the cache too, since staged
             # records count as written), then retry each alone.
             self._rollback()
-            results = [self._commit_one(op) for op, _, _ in batch]
+            results = [self._commit_one(op) for op in ops]
         self.commits += 1
-        self.writes += len(batch)
+        self.writes += len(ops)
+        return results
+
+    def _commit(self, batch: list[tuple[WriteOp, asyncio.Future[None], asyncio.AbstractEventLoop]]) -> None:
+        results = self._commit_ops([op for op, _, _ in batch])
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
         for (_, fut, loop), exc in zip(batch, results, strict=True):
             by_loop.setdefault(loop, []).append((fut, exc))
@@ -182,7 +221,14 @@ class AsyncWriter:
         self._writer.reset()
 
     def close(self) -> None:
-        """Flush everything queued, then stop the thread."""
+        """Commit everything written so far, then stop the thread (it closes the connection) or, on the
+        loop, close the connection."""
+        if self._pending:  # on the loop: written during the last pass, not committed yet
+            self._flush()
+        if self._thread is None:
+            with self._lock:
+                self._conn.close()
+            return
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout=30)

@@ -1,0 +1,120 @@
+"""How much of the gateway's CPU per call is its own work: `polar gateway` beside a pass-through on the same
+libraries (bench/passthrough.py: uvicorn with httptools, aiohttp upstream, nothing parsed or
+recorded) and beside the backend called directly (issue 30 point 1).
+
+    .venv/bin/python bench/gateway_floor.py                      # chat, concurrency 1 16 64, 5 rounds
+    .venv/bin/python bench/gateway_floor.py --concurrency 16 --repeats 3 --calls 2000
+
+One fake vLLM (tests/fakes), one pass-through and one `polar gateway` (capture on, a fresh store) are
+started once and warmed; then each round runs every (concurrency, side) cell with bench/gateway.py's chat
+body (7 kB, 1,610 prompt tokens) from an aiohttp closed loop, the sides' order rotating from cell to cell.
+"CPU ms/call" is the serving process's user + system time over the cell (for direct, the fake's own), from
+/proc; the table gives medians over rounds. polar minus pass-through is what parsing, translating,
+recording and committing cost; the pass-through is the floor no change inside polar can go below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.gateway import bodies, load  # noqa: E402
+from bench.processes import cpu_seconds, start  # noqa: E402
+
+from polar.serving import free_port  # noqa: E402
+
+SIDES = ("direct", "pass-through", "polar")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--calls", type=int, default=3000, help="calls per cell (default 3000)")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="polar-floor-"))
+    bport, pport, gport, cport = (free_port() for _ in range(4))
+    backend, passthrough, gw, control = (f"http://127.0.0.1:{p}" for p in (bport, pport, gport, cport))
+    token = secrets.token_urlsafe(32)
+    py = sys.executable
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        procs.append(start([py, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend))
+        cmd = [py, str(ROOT / "bench" / "passthrough.py"), "--backend", backend, "--port", str(pport)]
+        procs.append(start(cmd, passthrough))
+        argv = [py, "-m", "polar", "gateway", "--backend", backend, "--model", "m", "--port", str(gport)]
+        argv += ["--control-port", str(cport), "--store", str(tmp / "floor.db"), "--log-level", "warning"]
+        procs.append(start(argv, gw, env={"POLAR_TOKEN": token}))
+        admin = {"authorization": f"Bearer {token}"}
+        key = httpx.post(control + "/sessions", json={"task_id": "floor"}, headers=admin).json()["session_id"]
+        path, body = bodies(False)["chat"]
+        raw = orjson.dumps(body)
+        plain = {"content-type": "application/json"}
+        where = {
+            "direct": (backend, plain, procs[0].pid),
+            "pass-through": (passthrough, plain, procs[1].pid),
+            "polar": (gw, {**plain, "authorization": f"Bearer {key}"}, procs[2].pid),
+        }
+        for url, headers, _ in where.values():  # warm-up: imports, pools, caches
+            asyncio.run(load(url + path, raw, headers, 16, 500))
+
+        cells: dict[tuple[str, int], list[dict[str, float]]] = {}
+        turn = 0
+        for r in range(args.repeats):
+            for c in args.concurrency:
+                order = SIDES[turn % 3 :] + SIDES[: turn % 3]
+                turn += 1
+                for side in order:
+                    url, headers, pid = where[side]
+                    before = cpu_seconds(pid)
+                    lat = asyncio.run(load(url + path, raw, headers, c, args.calls))
+                    used = cpu_seconds(pid) - before
+                    wall = -lat.pop()
+                    lat.sort()
+                    cells.setdefault((side, c), []).append(
+                        {
+                            "rps": args.calls / wall,
+                            "cpu": used / args.calls * 1000,
+                            "p50": lat[len(lat) // 2] * 1000,
+                            "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+                        }
+                    )
+            print(f"round {r + 1} of {args.repeats} done", flush=True)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+
+    def med(side: str, c: int, key: str) -> float:
+        return statistics.median(x[key] for x in cells[(side, c)])
+
+    print(f"\nchat, {args.calls} calls a cell, medians of {args.repeats} rounds")
+    print("| conc | side | calls/s | vs direct | CPU ms/call | p50 ms | p99 ms |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for c in args.concurrency:
+        for side in SIDES:
+            ratio = "" if side == "direct" else f"{med(side, c, 'rps') / med('direct', c, 'rps'):.2f}x"
+            print(
+                f"| {c} | {side} | {med(side, c, 'rps'):.0f} | {ratio} | {med(side, c, 'cpu'):.3f} "
+                f"| {med(side, c, 'p50'):.2f} | {med(side, c, 'p99'):.2f} |"
+            )
+        own = med("polar", c, "cpu") - med("pass-through", c, "cpu")
+        print(f"| {c} | polar's own work | | | {own:.3f} | | |")
+
+
+if __name__ == "__main__":
+    main()
