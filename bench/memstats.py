@@ -5,7 +5,8 @@ RSS alone cannot say which allocator holds the pages. This splits it: the kernel
 the heaps, mmapped), CPython's small-object allocator (`sys._debugmallocstats`: 1 MiB arenas, bytes in
 live blocks, free pools), SQLite's own allocations (sqlite3_memory_used, through the library the sqlite3
 module links), and the collector's live objects by type. `install(path)` makes SIGUSR1 append one JSON line
-to `path`; `render` prints two of them side by side.
+to `path`; `render` prints two of them side by side. With POLAR_SOAK_STRAYS=1, each snapshot after a
+burst also lists what lies in the memory mapped since the baseline (`strays`): what pins a burst's arenas.
 """
 
 from __future__ import annotations
@@ -240,6 +241,121 @@ def traced(top: int = 12) -> list[str]:
     return out
 
 
+def anon_ranges() -> list[tuple[int, int]]:
+    """The process's anonymous mappings (where pymalloc's arenas are), as (start, end) addresses."""
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) == 5:  # no path: anonymous
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                out.append((lo, hi))
+    return out
+
+
+def strays(before: list[tuple[int, int]], top: int = 12, limit: int = 2_000_000) -> dict[str, Any]:
+    """The live objects, and the dict, set and list tables, that lie in memory mapped since `before` (the
+    baseline's anonymous mappings): what keeps the arenas a burst added from being freed, each with the
+    chain of objects the walk reached it through. Every object reachable from the collector's is looked
+    at (frozen ones too, through their referents); what only C code holds (a C extension's own caches)
+    is missed, so an arena may show nothing."""
+    import bisect
+
+    starts = [lo for lo, _ in before]
+
+    def old(addr: int) -> bool:
+        i = bisect.bisect_right(starts, addr) - 1
+        return i >= 0 and addr < before[i][1]
+
+    current = anon_ranges()
+    now = [r for r in current if not old(r[0]) or not old(r[1] - 1)]
+    new_starts = [lo for lo, _ in now]
+
+    def new(addr: int) -> bool:
+        i = bisect.bisect_right(new_starts, addr) - 1
+        return i >= 0 and addr < now[i][1] and not old(addr)
+
+    seen: set[int] = set()
+    stack: list[Any] = list(gc.get_objects())
+    seen.update(map(id, stack))
+    parent: dict[int, Any] = {}  # id -> the object the walk reached it from
+    mine = {id(x) for x in (stack, seen, parent, before, current, now, starts, new_starts)}  # the walk's own
+    found: Counter[str] = Counter()
+    nbytes: Counter[str] = Counter()
+    samples: dict[str, list[str]] = {}
+    holders: Counter[str] = Counter()
+    by_range: Counter[int] = Counter()
+    mine.update(id(x) for x in (mine, found, nbytes, samples, holders, by_range, *before))
+
+    def describe(o: Any) -> str:
+        name = type(o).__name__
+        if isinstance(o, (list, tuple, dict, set)):
+            name += f" len {len(o)}"
+        if isinstance(o, dict) and "__name__" in o:
+            name += f" of {o['__name__']}"
+        elif hasattr(o, "__qualname__"):
+            name += " " + str(getattr(o, "__qualname__", ""))
+        return name
+
+    def chain(o: Any, depth: int = 5) -> str:
+        out = []
+        for _ in range(depth):
+            up = parent.get(id(o))
+            if up is None:  # where the walk began (the collector's objects): ask who refers to it
+                up = next((r for r in gc.get_referrers(o) if id(r) not in mine), None)
+            if up is None:
+                break
+            out.append(describe(up))
+            o = up
+        return " < ".join(out)
+
+    def buffer(o: Any) -> int:
+        """Where a dict's keys table, a set's table or a list's items array is (0: none of those)."""
+        kind = type(o)
+        offset = 32 if issubclass(kind, dict) else 40 if issubclass(kind, (set, frozenset)) else 24
+        if not issubclass(kind, (dict, set, frozenset, list)):
+            return 0
+        return int(ctypes.c_void_p.from_address(id(o) + offset).value or 0)
+
+    while stack and len(seen) < limit:
+        o = stack.pop()
+        if id(o) in mine:
+            continue
+        table = buffer(o)
+        if table and new(table):
+            name = f"table of {type(o).__name__}"
+            found[name] += 1
+            by_range[new_starts[bisect.bisect_right(new_starts, table) - 1]] += 1
+            holders[name + " < " + chain(o, 3)] += 1
+            if len(samples.setdefault(name, [])) < 3:
+                samples[name].append(f"{describe(o)} < {chain(o)}")
+        if new(id(o)):
+            name = type(o).__name__
+            found[name] += 1
+            nbytes[name] += sys.getsizeof(o)
+            by_range[new_starts[bisect.bisect_right(new_starts, id(o)) - 1]] += 1
+            holders[name + " < " + chain(o, 3)] += 1
+            if len(samples.setdefault(name, [])) < 3:
+                try:
+                    text = repr(o)[:60]
+                except Exception:
+                    text = "?"
+                samples[name].append(f"{text} < {chain(o)}")
+        for r in gc.get_referents(o):
+            if id(r) not in seen and id(r) not in mine:
+                seen.add(id(r))
+                parent[id(r)] = o
+                stack.append(r)
+    return {
+        "new_ranges_kib": [(hex(lo), (hi - lo) >> 10) for lo, hi in now],
+        "objects_in_each": sorted(by_range.values(), reverse=True),
+        "looked_at": len(seen),
+        "types": [(n, c, nbytes[n]) for n, c in found.most_common(top)],
+        "samples": {n: samples[n] for n, _ in found.most_common(top)},
+        "holders": holders.most_common(top),
+    }
+
+
 def snapshot(label: str) -> dict[str, Any]:
     return {
         "label": label,
@@ -264,8 +380,15 @@ def install(path: str) -> None:
 
     trace = bool(os.environ.get("POLAR_SOAK_TRACEMALLOC"))
 
+    ranges: list[list[tuple[int, int]]] = []
+
     def handler(signum: int, frame: Any) -> None:
         snap = snapshot(f"#{taken[0]}")
+        if os.environ.get("POLAR_SOAK_STRAYS"):
+            if ranges and taken[0] % 2 == 0:  # after each burst (#2, #4, ...): the walk allocates
+                snap["strays"] = strays(ranges[0])
+            else:
+                ranges.append(anon_ranges())
         if trace and tracemalloc.is_tracing():
             snap["traces"] = traced()
         with open(path, "a") as f:
@@ -327,6 +450,9 @@ def render(rows: list[tuple[str, dict[str, Any]]]) -> str:
         lines.append(f"{label} holders: " + " <- ".join(s.get("holders", [])))
     for label, s in rows:
         lines.append(f"{label} uncollected garbage: {s.get('garbage')}")
+    for label, s in rows:
+        if "strays" in s:
+            lines.append(f"{label} strays: " + json.dumps(s["strays"]))
     for label, s in rows:
         for t in s.get("traces", []):
             lines.append(f"{label} traced: {t}")

@@ -16,7 +16,8 @@ baseline), PLATEAU (sessions still live: what is held is theirs; a run shorter t
 LEAK (with no session live the RSS grew, while idle or from one burst to the next), HELD (above, none
 live, not growing). The gateway reports where its memory is (bench/memstats.py) at the baseline, each
 burst's peak and its end; POLAR_SOAK_TRACEMALLOC=1 adds what was allocated since the baseline and is still
-live (slow). bench/gateway.py runs the same burst against LiteLLM too.
+live (slow: use a few hundred sessions), POLAR_SOAK_STRAYS=1 what lies in the memory mapped since it (the
+objects that keep a burst's arenas). bench/gateway.py runs the same burst against LiteLLM too.
 
     PYTHONPATH=src .venv/bin/python bench/soak.py                       # 4,000 sessions; ~5 minutes
     PYTHONPATH=src .venv/bin/python bench/soak.py --bursts 2            # a leak shows as growth between them
