@@ -126,9 +126,17 @@ class SessionCache:
 class RecentHashes:
     """The blob hashes most recently written, so a blob seen again skips its INSERT: two generations of
     at most `limit` each (a hit moves a hash to the current one), so hot blobs — system prompts, tool
-    lists — stay and memory is bounded (~100 bytes a hash; the unbounded set reached 2M hashes)."""
+    lists, a group's shared history — stay and memory is bounded (the unbounded set reached 2M hashes).
 
-    def __init__(self, limit: int = 1 << 16) -> None:
+    Each hash is a small object in CPython's 1 MiB arenas (64 bytes). Two generations of 65,536 (~8 MiB)
+    filled new arenas during a burst of sessions, and the few long-lived objects allocated beside them
+    (metric values, the loop's timers) kept those arenas from ever being freed: +10-11 % RSS after a
+    4,000-session burst had gone idle (bench/soak.py, docs/benchmarks.md). At 4,096 (~0.5 MiB) that is
+    gone; a hot blob still hits (it is seen every session), a session's own later calls skip their
+    known blobs through its chain (`SessionCache`), and a blob that comes back after 8,192 newer ones
+    costs one INSERT OR IGNORE."""
+
+    def __init__(self, limit: int = 1 << 12) -> None:
         self._limit = limit
         self._current: set[bytes] = set()
         self._previous: set[bytes] = set()
