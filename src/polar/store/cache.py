@@ -133,7 +133,7 @@ class RecentHashes:
     (metric values, the loop's timers) kept those arenas from ever being freed: +10-11 % RSS after a
     4,000-session burst had gone idle (bench/soak.py, docs/benchmarks.md). At 4,096 (~0.5 MiB) that is
     gone; a hot blob still hits (it is seen every session), a session's own later calls skip their
-    known blobs through its chain (`SessionCache`), and a blob that comes back after 8,192 newer ones
+    known blobs through its chain (`SessionCache`), and a blob that comes back after 4,096-8,192 newer ones
     costs one INSERT OR IGNORE."""
 
     def __init__(self, limit: int = 1 << 12) -> None:
