@@ -262,3 +262,16 @@ async def test_writes_commit_on_the_loop_by_pass_unless_commits_wait_for_the_dis
     await pending
     with SQLiteStore(tmp_path / "w.db") as store:
         assert len(store.completions("s1")) == 7
+
+
+def test_a_writer_that_commits_on_the_loop_serves_one_loop(tmp_path: Path) -> None:
+    """Its callers' futures are resolved on the loop that commits: a write from a second loop is refused
+    instead of being resolved from the wrong thread."""
+    writer = AsyncWriter(tmp_path / "w.db")
+    asyncio.run(writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {}))))
+    with pytest.raises(RuntimeError, match="serves the loop that first wrote"):
+        asyncio.run(writer.write(lambda w: w.close_session("s1")))
+    writer.close()
+    with SQLiteStore(tmp_path / "w.db") as store:
+        info = store.session("s1")
+        assert info is not None and info.status == "open"

@@ -92,6 +92,7 @@ class AsyncWriter:
         self._lock = threading.Lock()  # one user of the connection at a time: the thread or an inline write
         self.on_loop = durability == "normal" if on_loop is None else on_loop
         self._pending: list[tuple[WriteOp, asyncio.Future[None]]] = []  # on the loop: the next commit's
+        self._loop: asyncio.AbstractEventLoop | None = None  # on the loop: the one it serves
         self._thread: threading.Thread | None = None
         if not self.on_loop:
             self._thread = threading.Thread(target=self._run, name="polar-store-writer", daemon=True)
@@ -108,7 +109,12 @@ class AsyncWriter:
         hand-offs. On the loop every write waits for the next pass of the loop, whatever `alone` says.
         """
         if self.on_loop:
-            fut_here: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            if self._loop is None:
+                self._loop = loop
+            elif loop is not self._loop:  # its callers' futures are resolved from that loop's thread
+                raise RuntimeError("a store writer that commits on the loop serves the loop that first wrote")
+            fut_here: asyncio.Future[None] = loop.create_future()
             self._pending.append((op, fut_here))
             if len(self._pending) == 1:  # the first write of this pass: commit after it, with the others
                 fut_here.get_loop().call_soon(self._flush)
