@@ -200,10 +200,10 @@ async def sweep_idle(registry: SessionRegistry, writer: AsyncWriter, every_s: fl
 async def release_memory(registry: SessionRegistry, writer: AsyncWriter) -> int:
     """With no session live, hand the memory a burst of sessions used back to the system; the resident
     bytes returned (also counted in `registry.released` and logged). Evicting them frees their objects,
-    but the process keeps the pages: the records were built on this loop and written on the writer's
-    thread (another glibc arena), and CPython and glibc keep freed memory for reuse. So: the registry's
-    table, the writer's caches and both connections' SQLite page caches go, a full collection runs, and
-    glibc trims every arena (measured with bench/soak.py, docs/benchmarks.md)."""
+    but the process keeps the pages: CPython and glibc keep freed memory for reuse (and where records are
+    written on a thread, `durability="full"` or `--workers`, that thread has a glibc arena of its own).
+    So: the registry's table, the writer's caches and both connections' SQLite page caches go, a full
+    collection runs, and glibc trims every arena (measured with bench/soak.py, docs/benchmarks.md)."""
     before = memory.rss_bytes()
     registry.compact()
     with contextlib.suppress(Exception):
