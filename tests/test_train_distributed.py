@@ -54,6 +54,7 @@ if world.leader:
 else:
     trainer.serve()
 distributed.leave()
+distributed.end_process()
 """
 PROBE = ([5, 9, 2], [7, 7, 30, 1])
 

@@ -141,7 +141,7 @@ def train(
         if saved:
             cfg = cfg.model_copy(update={"resume": str(saved[-1])})
         run_training(cfg, tasks, None, upload_roots(cfg, config))
-        return
+        _end_rank()
     try:
         with locked(run_dir):
             cfg, start = _start(cfg, run_dir, resume_latest=resume_latest, overwrite=overwrite)
@@ -164,6 +164,16 @@ def train(
             f"last reward {last.reward_mean:.3f}; metrics {Path(cfg.out) / 'metrics.jsonl'}, "
             f"checkpoints {Path(cfg.out) / 'checkpoints'}"
         )
+    _end_rank()
+
+
+def _end_rank() -> None:
+    """Under torchrun, a rank that trained to the end exits here, without the interpreter's finalization
+    (`polar.train.distributed.end_process` says which race that avoids); a single process returns."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from polar.train import distributed
+
+        distributed.end_process(0)
 
 
 def _start(cfg: TrainConfig, out: Path, *, resume_latest: bool, overwrite: bool) -> tuple[TrainConfig, str]:

@@ -21,11 +21,14 @@ Backends: `gloo` on CPU (tested here with 2 processes), `nccl` on GPUs (each ran
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import torch
 import torch.distributed as dist
@@ -73,6 +76,29 @@ def leave(clean: bool = True) -> None:
         if clean:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def end_process(code: int = 0) -> NoReturn:
+    """End a torchrun rank's process after `leave`: the exit handlers run, logs and stdio are flushed, and
+    the process exits without finalizing the interpreter.
+
+    Why: a Gloo worker thread drops the collective it ran only *after* the caller was told it finished. When
+    that work held a tensor made in Python (`broadcast_object_list`'s), dropping it takes the GIL, and a
+    thread that takes the GIL while the interpreter finalizes is ended by `pthread_exit`, whose unwinding
+    through Gloo's frames is `std::terminate`: "terminate called without an active exception", SIGABRT, a
+    rank reported failed after its work was done (core dump: `ProcessGroupGloo::runLoop` ->
+    `~AsyncBroadcastWork` -> `decref_pyobject` -> `take_gil` -> `PyThread_exit_thread`; about 1 run in 25
+    of tests/test_train_distributed.py with other work on the two cores). `destroy_process_group` would
+    join those threads, but a `DistributedDataParallel` once built keeps the group alive (torch 2.13: its
+    worker threads outlive both the destroy and the module), so skipping finalization is what ends the race."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+            pass
+    os._exit(code)
 
 
 def shard(lengths: Sequence[int], size: int) -> list[list[int]]:
