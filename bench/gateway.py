@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import litellm_proxy, wrk  # noqa: E402
-from bench.processes import rss_mib, start  # noqa: E402
+from bench.processes import rss_mib, start, start_gateway  # noqa: E402
 from bench.sides import (  # noqa: E402
     PATHS,
     Side,
@@ -359,32 +359,19 @@ def storage(backend: str, tmp: Path) -> None:
     db = tmp / "growth.db"
     sizes = []
     for calls in (0, 200):
-        gport, cport = free_port(), free_port()
-        gw, control = f"http://127.0.0.1:{gport}", f"http://127.0.0.1:{cport}"
-        token = secrets.token_urlsafe(32)
-        argv = [sys.executable, "-m", "polar", "gateway", "--backend", backend, "--model", "m"]
-        argv += [
-            "--port",
-            str(gport),
-            "--control-port",
-            str(cport),
-            "--store",
-            str(db),
-            "--log-level",
-            "warning",
-        ]
-        proc = start(argv, gw, {"POLAR_TOKEN": token})
+        gateway = start_gateway(backend, db)
         try:
             if calls:
-                admin = {"authorization": f"Bearer {token}"}
-                key = httpx.post(control + "/sessions", json={"task_id": "growth"}, headers=admin).json()
-                sid = key["session_id"]
-                _, sent = growing_session(gw, sid, calls)
-                got = httpx.get(f"{control}/sessions/{sid}/completions", timeout=120, headers=admin)
-                recs = got.raise_for_status().json()["completions"]
+                sid = gateway.session("growth")["session_id"]
+                _, sent = growing_session(gateway.url, sid, calls)
+                url = f"{gateway.control}/sessions/{sid}/completions"
+                recs = (
+                    httpx.get(url, timeout=120, headers=gateway.admin)
+                    .raise_for_status()
+                    .json()["completions"]
+                )
         finally:
-            proc.terminate()
-            proc.wait(30)
+            gateway.stop()
         sizes.append(stopped_size(db))
     prompt_ids = sum(len(r["prompt_ids"]) for r in recs)
     grew = sizes[1] - sizes[0]

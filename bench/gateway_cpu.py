@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import secrets
 import statistics
 import subprocess
 import sys
@@ -25,14 +24,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway import bodies, load  # noqa: E402
-from bench.processes import cpu_seconds, start  # noqa: E402
+from bench.processes import cpu_seconds, start, start_gateway  # noqa: E402
 
 from polar.serving import free_port  # noqa: E402
 
@@ -51,36 +49,22 @@ def worktree(ref: str) -> Iterator[Path]:
 def one(src: Path, concurrency: list[int], calls: int) -> dict[int, dict[str, float]]:
     """A fresh fake backend and gateway (polar from `src`), measured at each concurrency."""
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
-    bport, gport, cport = free_port(), free_port(), free_port()
-    backend, gw, control = (f"http://127.0.0.1:{p}" for p in (bport, gport, cport))
-    token = secrets.token_urlsafe(32)
+    bport = free_port()
+    backend = f"http://127.0.0.1:{bport}"
     fake = start([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend)
-    argv = [
-        sys.executable,
-        "-m",
-        "polar",
-        "gateway",
-        "--backend",
-        backend,
-        "--model",
-        "m",
-        "--port",
-        str(gport),
-    ]
-    argv += ["--control-port", str(cport), "--store", str(tmp / "bench.db"), "--log-level", "warning"]
-    gateway = start(argv, gw, env={"POLAR_TOKEN": token}, pythonpath=f"{ROOT}:{src}")
+    gateway = start_gateway(backend, tmp / "bench.db", pythonpath=f"{ROOT}:{src}")
+    gw = gateway.url
     out: dict[int, dict[str, float]] = {}
     try:
-        admin = {"authorization": f"Bearer {token}"}
-        key = httpx.post(control + "/sessions", json={"task_id": "cpu"}, headers=admin).json()["session_id"]
+        key = gateway.session("cpu")["session_id"]
         auth = {"authorization": f"Bearer {key}", "content-type": "application/json"}
         path, body = bodies(False)["chat"]
         raw = orjson.dumps(body)
         asyncio.run(load(gw + path, raw, auth, 16, 300))  # warm-up: caches, first-call imports
         for c in concurrency:
-            before = cpu_seconds(gateway.pid)
+            before = cpu_seconds(gateway.proc.pid)
             lat = asyncio.run(load(gw + path, raw, auth, c, calls))
-            used = cpu_seconds(gateway.pid) - before
+            used = cpu_seconds(gateway.proc.pid) - before
             wall = -lat.pop()
             lat.sort()
             direct = asyncio.run(load(backend + path, raw, auth, c, calls))
@@ -93,9 +77,9 @@ def one(src: Path, concurrency: list[int], calls: int) -> dict[int, dict[str, fl
                 "direct_rps": calls / direct_wall,
             }
     finally:
-        for proc in (gateway, fake):
+        for proc in (gateway.proc, fake):
             proc.terminate()
-        for proc in (gateway, fake):
+        for proc in (gateway.proc, fake):
             proc.wait(10)
     return out
 

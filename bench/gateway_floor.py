@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import httpx
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway import bodies, load  # noqa: E402
-from bench.processes import cpu_seconds, start  # noqa: E402
+from bench.processes import cpu_seconds, rotation, start, start_gateway  # noqa: E402
 
 from polar.serving import free_port  # noqa: E402
 
@@ -46,52 +44,45 @@ def main() -> None:
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="polar-floor-"))
-    bport, pport, gport, cport = (free_port() for _ in range(4))
-    backend, passthrough, gw, control = (f"http://127.0.0.1:{p}" for p in (bport, pport, gport, cport))
-    token = secrets.token_urlsafe(32)
+    bport, pport = free_port(), free_port()
+    backend, passthrough = f"http://127.0.0.1:{bport}", f"http://127.0.0.1:{pport}"
     py = sys.executable
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(start([py, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend))
         cmd = [py, str(ROOT / "bench" / "passthrough.py"), "--backend", backend, "--port", str(pport)]
         procs.append(start(cmd, passthrough))
-        argv = [py, "-m", "polar", "gateway", "--backend", backend, "--model", "m", "--port", str(gport)]
-        argv += ["--control-port", str(cport), "--store", str(tmp / "floor.db"), "--log-level", "warning"]
-        procs.append(start(argv, gw, env={"POLAR_TOKEN": token}))
-        admin = {"authorization": f"Bearer {token}"}
-        key = httpx.post(control + "/sessions", json={"task_id": "floor"}, headers=admin).json()["session_id"]
+        gateway = start_gateway(backend, tmp / "floor.db")
+        procs.append(gateway.proc)
+        key = gateway.session("floor")["session_id"]
         path, body = bodies(False)["chat"]
         raw = orjson.dumps(body)
         plain = {"content-type": "application/json"}
         where = {
             "direct": (backend, plain, procs[0].pid),
             "pass-through": (passthrough, plain, procs[1].pid),
-            "polar": (gw, {**plain, "authorization": f"Bearer {key}"}, procs[2].pid),
+            "polar": (gateway.url, {**plain, "authorization": f"Bearer {key}"}, procs[2].pid),
         }
         for url, headers, _ in where.values():  # warm-up: imports, pools, caches
             asyncio.run(load(url + path, raw, headers, 16, 500))
 
         cells: dict[tuple[str, int], list[dict[str, float]]] = {}
-        turn = 0
         for r in range(args.repeats):
-            for c in args.concurrency:
-                order = SIDES[turn % 3 :] + SIDES[: turn % 3]
-                turn += 1
-                for side in order:
-                    url, headers, pid = where[side]
-                    before = cpu_seconds(pid)
-                    lat = asyncio.run(load(url + path, raw, headers, c, args.calls))
-                    used = cpu_seconds(pid) - before
-                    wall = -lat.pop()
-                    lat.sort()
-                    cells.setdefault((side, c), []).append(
-                        {
-                            "rps": args.calls / wall,
-                            "cpu": used / args.calls * 1000,
-                            "p50": lat[len(lat) // 2] * 1000,
-                            "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
-                        }
-                    )
+            for c, side in rotation(args.concurrency, SIDES, r):
+                url, headers, pid = where[side]
+                before = cpu_seconds(pid)
+                lat = asyncio.run(load(url + path, raw, headers, c, args.calls))
+                used = cpu_seconds(pid) - before
+                wall = -lat.pop()
+                lat.sort()
+                cells.setdefault((side, c), []).append(
+                    {
+                        "rps": args.calls / wall,
+                        "cpu": used / args.calls * 1000,
+                        "p50": lat[len(lat) // 2] * 1000,
+                        "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+                    }
+                )
             print(f"round {r + 1} of {args.repeats} done", flush=True)
     finally:
         for p in procs:

@@ -20,7 +20,6 @@ answered calls, per side.
 from __future__ import annotations
 
 import argparse
-import secrets
 import shutil
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import wrk  # noqa: E402
 from bench.gateway import bodies  # noqa: E402
-from bench.processes import cpu_seconds, start  # noqa: E402
+from bench.processes import cpu_seconds, rotation, start, start_gateway  # noqa: E402
 from bench.sides import PATHS, base, load_average  # noqa: E402
 
 from polar.serving import free_port  # noqa: E402
@@ -96,35 +95,19 @@ def measure(side: Side, path: str, c: int, seconds: float) -> None:
     )
 
 
-def start_gateway(
+def start_side(
     name: str, workers: int, backend: str, tmp: Path, procs: list[subprocess.Popen[bytes]], shared: bool
 ) -> Side:
-    gport, cport = free_port(), free_port()
-    gw, control = f"http://127.0.0.1:{gport}", f"http://127.0.0.1:{cport}"
-    token = secrets.token_urlsafe(32)
-    argv = [sys.executable, "-m", "polar", "gateway", "--backend", backend, "--model", "m"]
-    argv += [
-        "--port",
-        str(gport),
-        "--control-port",
-        str(cport),
-        "--store",
-        str(tmp / f"{workers}-{shared}.db"),
-    ]
-    argv += ["--log-level", "warning", "--workers", str(workers)]
-    proc = start(argv, gw, {"POLAR_TOKEN": token}, log=tmp / f"{name}.log")
-    procs.append(proc)
-    admin = {"authorization": f"Bearer {token}"}
+    gateway = start_gateway(
+        backend, tmp / f"{workers}-{shared}.db", "--workers", str(workers), log=tmp / f"{name}.log"
+    )
+    procs.append(gateway.proc)
     by_worker: dict[str, str] = {}
     while len(by_worker) < (1 if shared else workers):  # one session on each worker
-        made = (
-            httpx.post(control + "/sessions", json={"task_id": "bench"}, headers=admin)
-            .raise_for_status()
-            .json()
-        )
-        by_worker.setdefault(made.get("base_url", gw), made["session_id"])
-    targets = [(gw, key) for key in by_worker.values()] if shared else sorted(by_worker.items())
-    return Side(name, proc.pid, targets, control, token)
+        made = gateway.session()
+        by_worker.setdefault(made.get("base_url", gateway.url), made["session_id"])
+    targets = [(gateway.url, key) for key in by_worker.values()] if shared else sorted(by_worker.items())
+    return Side(name, gateway.proc.pid, targets, gateway.control, gateway.token)
 
 
 def store_figures(side: Side) -> str:
@@ -176,11 +159,11 @@ def main() -> None:
         fake = start([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend)
         procs.append(fake)
         sides = [Side("direct", fake.pid, [(backend, "direct")])]
-        sides.append(start_gateway("1 worker", 1, backend, tmp, procs, shared=False))
+        sides.append(start_side("1 worker", 1, backend, tmp, procs, shared=False))
         n = opts.workers
-        sides.append(start_gateway(f"{n} workers", n, backend, tmp, procs, shared=False))
+        sides.append(start_side(f"{n} workers", n, backend, tmp, procs, shared=False))
         if not opts.no_shared:
-            sides.append(start_gateway(f"{n} workers, shared port", n, backend, tmp, procs, shared=True))
+            sides.append(start_side(f"{n} workers, shared port", n, backend, tmp, procs, shared=True))
         print(f"load before: {load_average()}; sides: {', '.join(s.name for s in sides)}", flush=True)
         for side in sides:  # warm-up: first-call imports, pools, caches
             for path in opts.paths:
@@ -189,10 +172,8 @@ def main() -> None:
         cells = [(p, c) for p in opts.paths for c in opts.concurrency]
         for r in range(opts.rounds):
             t = time.monotonic()
-            for i, (path, c) in enumerate(cells):
-                k = (r + i) % len(sides)
-                for side in sides[k:] + sides[:k]:
-                    measure(side, path, c, opts.seconds)
+            for (path, c), side in rotation(cells, sides, r):
+                measure(side, path, c, opts.seconds)
             print(
                 f"round {r + 1}/{opts.rounds}: {time.monotonic() - t:.0f} s, load {load_average()}",
                 flush=True,

@@ -4,12 +4,23 @@ their event loop)."""
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
+import sys
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar, cast
+
+import httpx
+
+from polar.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+C = TypeVar("C")
+S = TypeVar("S")
 
 
 def start(
@@ -82,3 +93,56 @@ def rss_mib(pid: int) -> float:
         except OSError:
             continue
     return total / 1024
+
+
+@dataclass
+class Gateway:
+    """A `polar gateway` a benchmark started: its process, model API and control URLs, and control token."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    control: str
+    token: str
+
+    @property
+    def admin(self) -> dict[str, str]:
+        return {"authorization": f"Bearer {self.token}"}
+
+    def session(self, task_id: str = "bench") -> dict[str, Any]:
+        """Open a session (its `session_id` is the model API key; under `--workers`, `base_url` its worker)."""
+        made = httpx.post(self.control + "/sessions", json={"task_id": task_id}, headers=self.admin)
+        return cast(dict[str, Any], made.raise_for_status().json())
+
+    def stop(self, timeout_s: float = 30) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout_s)
+
+
+def start_gateway(
+    backend: str,
+    store: Path,
+    *extra: str,
+    pythonpath: str | None = None,
+    log: Path | None = None,
+    log_level: str = "warning",
+) -> Gateway:
+    """`polar gateway` over `backend` (model `m`) with capture into `store`, on free ports, a fresh control
+    token; `extra`: more of its options (`--workers 2`). Returns once it answers."""
+    port, cport = free_port(), free_port()
+    url, control = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{cport}"
+    token = secrets.token_urlsafe(32)
+    argv = [sys.executable, "-m", "polar", "gateway", "--backend", backend, "--model", "m"]
+    argv += ["--port", str(port), "--control-port", str(cport), "--store", str(store)]
+    argv += ["--log-level", log_level, *extra]
+    proc = start(argv, url, {"POLAR_TOKEN": token}, pythonpath=pythonpath, log=log)
+    return Gateway(proc, url, control, token)
+
+
+def rotation(cells: Sequence[C], sides: Sequence[S], round_: int) -> Iterator[tuple[C, S]]:
+    """One round of a side-by-side benchmark: every cell for each side in turn, the order of the sides
+    rotating with each cell and round, so that a busy moment of this shared machine falls on every side
+    alike rather than always on the one measured first."""
+    for i, cell in enumerate(cells):
+        k = (round_ + i) % len(sides)
+        for side in [*sides[k:], *sides[:k]]:
+            yield cell, side

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 from bench import soak, wrk
-from bench.processes import cpu_seconds, rss_mib
+from bench.processes import cpu_seconds, rotation, rss_mib
 
 Bodies = Callable[[bool], dict[str, tuple[str, dict[str, Any]]]]  # bench.gateway.bodies
 
@@ -108,15 +108,12 @@ def measure(side: Side, path: str, concurrency: int, seconds: float, bodies: Bod
 
 
 def rounds(sides: list[Side], opts: argparse.Namespace, bodies: Bodies) -> None:
-    """Every (path, concurrency) cell for each side in turn, the order rotating with each cell and round,
-    so that a busy moment of the shared machine falls on every side alike."""
+    """Every (path, concurrency) cell for each side in turn (`rotation`), `opts.rounds` times."""
     cells = [(p, c) for p in opts.paths for c in opts.concurrency]
     for r in range(opts.rounds):
         t = time.monotonic()
-        for i, (path, c) in enumerate(cells):
-            k = (r + i) % len(sides)
-            for side in sides[k:] + sides[:k]:
-                measure(side, path, c, opts.seconds, bodies)
+        for (path, c), side in rotation(cells, sides, r):
+            measure(side, path, c, opts.seconds, bodies)
         print(f"round {r + 1}/{opts.rounds}: {time.monotonic() - t:.0f} s, load {load_average()}", flush=True)
 
 
