@@ -68,16 +68,16 @@ def log_level_option(f: F) -> F:
 
 
 def allow_callback_option(f: F) -> F:
-    """`--allow-callback`, repeatable: where task-given URLs (callbacks, side-call backends) may point
-    beyond public addresses (see `polar.netguard`)."""
+    """`--allow-callback`, repeatable: where task-given URLs (callbacks, side-call and judge backends) may
+    point beyond public addresses (see `polar.netguard`)."""
     return click.option(
         "--allow-callback",
         "allow_callback",
         multiple=True,
         metavar="HOST_OR_CIDR",
-        help="Let task callback and side-call URLs reach this IP, CIDR or host name although it is not a "
-        "public address (e.g. 127.0.0.1, 10.0.0.0/8, trainer.internal); repeatable. Link-local and cloud "
-        "metadata addresses stay refused.",
+        help="Let task callback, side-call and judge backend URLs reach this IP, CIDR or host name although "
+        "it is not a public address (e.g. 127.0.0.1, 10.0.0.0/8, trainer.internal); repeatable. Link-local "
+        "and cloud metadata addresses stay refused.",
     )(f)
 
 

@@ -14,9 +14,10 @@ closest registered name, before anything starts. Unknown fields get the closest 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -25,6 +26,11 @@ from polar.jsontypes import JSON
 from polar.rollout.skillpaths import SkillPathError, inline_skill_paths
 from polar.rollout.uploads import confine_upload
 from polar.task import Task, UploadAction
+
+if TYPE_CHECKING:
+    from polar.netguard import OutboundPolicy
+
+Locate = Callable[[tuple[Any, ...]], str]
 
 
 class TaskFileError(ValueError):
@@ -98,11 +104,12 @@ def parse_tasks(
     *,
     resolve_imports: bool = False,
     num_samples: int | None = None,
+    outbound: OutboundPolicy | None = None,
 ) -> list[Task]:
     """The tasks in `text`; with `base` (the file's directory) their uploads are anchored there and, with
     `resolve_imports`, the import paths they name are resolved relative to it and trusted, and each task is
-    checked as the server would (`check_local`: a local run of the user's own file). `num_samples` replaces
-    each task's (`polar train`'s `group_size`)."""
+    checked as the server would (`check_local`: a local run of the user's own file; `outbound`: its URLs,
+    `check_outbound_urls`). `num_samples` replaces each task's (`polar train`'s `group_size`)."""
     try:
         doc = yamlpos.parse(text, source)
     except yamlpos.YAMLSyntaxError as exc:
@@ -130,6 +137,7 @@ def parse_tasks(
         for i, item in enumerate(items)
     ]
     tasks: list[Task] = []
+    located: list[tuple[Task, Locate]] = []
     for item, locate in [*generated, *written]:
         if base is not None:
             try:
@@ -155,6 +163,9 @@ def parse_tasks(
             if resolve_imports:
                 check_local(task, base, locate)
         tasks.append(task)
+        located.append((task, locate))
+    if outbound is not None:
+        check_outbound_urls(located, outbound)
     ids = [t.task_id for t in tasks]
     dupes = sorted({t for t in ids if ids.count(t) > 1})
     if dupes:
@@ -250,17 +261,42 @@ def anchor_uploads(task: Task, base: Path) -> Task:
 
 
 def load_tasks(
-    path: str | Path, *, resolve_imports: bool = True, num_samples: int | None = None
+    path: str | Path,
+    *,
+    resolve_imports: bool = True,
+    num_samples: int | None = None,
+    outbound: OutboundPolicy | None = None,
 ) -> list[Task]:
     """Tasks from a file; upload `src` paths are taken relative to the file's directory and must stay in it,
     and so are import paths (trusted for this process, and every task checked as the server would) unless
     `resolve_imports` is False (a file sent to a remote server, which decides what code it runs and checks
-    the names itself). `num_samples` replaces each task's."""
+    the names itself). `num_samples` replaces each task's. `outbound`: the policy the local run's server
+    will hold the tasks' callback, side-call and judge URLs to, checked here at each URL's line."""
     p = Path(path)
     try:
         text = p.read_text()
     except OSError as exc:
         raise TaskFileError(f"{p}: cannot read: {exc.strerror}") from None
     return parse_tasks(
-        text, str(p), p.resolve().parent, resolve_imports=resolve_imports, num_samples=num_samples
+        text,
+        str(p),
+        p.resolve().parent,
+        resolve_imports=resolve_imports,
+        num_samples=num_samples,
+        outbound=outbound,
     )
+
+
+def check_outbound_urls(checked: list[tuple[Task, Locate]], policy: OutboundPolicy) -> None:
+    """The tasks' callback, side-call and judge URLs against `policy`, as the rollout server vets them at
+    submit (`polar.rollout.server.validate.check_outbound`), the first refused one a `TaskFileError` at its
+    line: a local run would otherwise start and then have its submission refused."""
+    from polar.rollout.server.validate import SubmitError, check_outbound
+
+    try:
+        asyncio.run(check_outbound([(task, f"{i}.") for i, (task, _) in enumerate(checked)], policy))
+    except SubmitError as exc:
+        index, _, field = exc.param.partition(".")
+        locate = checked[int(index)][1]
+        message = exc.message.removeprefix(f"{exc.param}: ")
+        raise TaskFileError(f"{locate(yamlpos.parse_field_path(field))}: {message}") from None
