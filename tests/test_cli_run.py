@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -13,6 +17,8 @@ import yaml
 
 from polar.store.sqlite import SQLiteStore
 from tests.conftest import SERVED_MODEL
+from tests.fakes.fake_vllm import Reply
+from tests.judge_support import judge_config, scripted_judge
 from tests.node_support import CALL_GATEWAY, fake_policy
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
@@ -107,3 +113,51 @@ def test_run_refuses_a_bad_task_file_with_its_line(tmp_path: Path) -> None:
     assert f"{taskfile}:5: tasks[0].runtime.backend" in proc.stderr
     missing = polar("run", str(tmp_path / "nope.yaml"), "--backend", "http://127.0.0.1:9")
     assert missing.returncode != 0 and "nope.yaml" in missing.stderr
+
+
+def test_run_says_when_a_group_is_being_judged(tmp_path: Path) -> None:
+    """A judge_group task's results wait for its group's judgement: with stdout not a terminal, `polar run`
+    prints a line when the server starts judging the group, before the session lines it releases."""
+    caller = tmp_path / "call_gateway.py"
+    caller.write_text(CALL_GATEWAY)
+
+    def slow_judge(body: dict[str, Any]) -> Reply:
+        time.sleep(1.5)  # longer than the run's one-second look at the server's group phases
+        labels = re.findall(r'<outcome id="(\d+)">', body["messages"][-1]["content"])
+        return Reply(content=json.dumps({"reasoning": "alike", "scores": dict.fromkeys(labels, 6)}))
+
+    with fake_policy() as (url, _backend), scripted_judge(slow_judge) as (judge_url, _judge):
+        task = {
+            "task_id": "grouped",
+            "instruction": "sign it",
+            "num_samples": 2,
+            "timeout_seconds": 60,
+            "runtime": {"prepare": [{"type": "upload", "src": caller.name, "dst": "call.py"}]},
+            "agent": {
+                "harness": "shell",
+                "settings": {"command": f'{sys.executable} call.py 1 && echo "by $POLAR_SESSION_ID" > a.md'},
+            },
+            "evaluator": {
+                "strategy": "judge_group",
+                "config": judge_config(judge_url, files=["a.md"], answer=False, repeats=1),
+                "timeout_seconds": 60,
+            },
+        }
+        taskfile = tmp_path / "tasks.yaml"
+        taskfile.write_text(yaml.safe_dump({"tasks": [task]}))
+        out = tmp_path / "out"
+        refused = polar("run", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out))
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert f"{taskfile}:13: tasks[0].evaluator.config.backend.url: '{judge_url}' is refused: " in (
+            refused.stderr
+        )  # the local server would refuse the loopback judge at submit: said at its line, nothing started
+        assert not out.exists()
+        argv = ["--backend", url, "--model", SERVED_MODEL, "--out", str(out), "--allow-callback", "127.0.0.1"]
+        proc = polar("run", str(taskfile), *argv)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    said = [i for i, line in enumerate(lines) if line == "judging the group of grouped: 2 session(s)"]
+    released = [i for i, line in enumerate(lines) if line.startswith("[") and " grouped sample " in line]
+    assert len(said) == 1 and len(released) == 2 and said[0] < min(released), proc.stdout
+    results = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
+    assert [r["reward"] for r in results] == [0.6, 0.6], results

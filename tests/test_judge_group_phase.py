@@ -226,8 +226,12 @@ async def test_the_server_holds_the_group_then_releases_it_judged(tmp_path: Path
                 await eventually(lambda: _judging(judge), "the judge asked")
                 held = await _results(client, "g1")
                 assert held["results"] == [] and held["tasks"] == {"g1": "ACTIVE"}
+                status = (await client.get("/rollout/status")).json()
+                assert status["groups"] == {"held_sessions": 3, "judging": {"g1": 3}}
                 judge.gate.set()
                 got = await _collect(client, "g1", 3)
+                status = (await client.get("/rollout/status")).json()
+                assert status["groups"] == {"held_sessions": 0, "judging": {}}
         store_path = node.config.gateway.store_path
     finally:
         server.stop()
@@ -329,3 +333,17 @@ async def test_a_restarted_server_resumes_the_phase_and_a_cancel_releases_masked
 
 async def _asked_since(judge: Judge, seen: int) -> bool:
     return judge.seen > seen
+
+
+def test_polar_status_shows_the_results_held_and_the_groups_being_judged() -> None:
+    from rich.console import Console
+
+    from polar.cli.status import _overview
+
+    console = Console(record=True, width=200)
+    groups = {"held_sessions": 5, "judging": {"g1": 3}}
+    _overview(console, {"tasks": {"ACTIVE": 2}, "sessions": {"COMPLETED": 5}, "groups": groups}, [])
+    assert "groups:   5 result(s) held for judge_group; judging g1 (3)" in console.export_text()
+    console = Console(record=True, width=200)
+    _overview(console, {"tasks": {}, "sessions": {}, "groups": {"held_sessions": 0, "judging": {}}}, [])
+    assert "groups:" not in console.export_text()

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import itertools
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -155,6 +156,7 @@ async def _run(
     tasks: list[Task], plan: RunPlan, state: RunState, sink: ResultsFile, launch: Launch, console: Console
 ) -> None:
     from polar.client import RolloutClient
+    from polar.evaluate.judge_group import group_evaluator
     from polar.stack import local_stack
 
     live = console.is_terminal
@@ -167,6 +169,7 @@ async def _run(
         disable=not live,
     )
     capacity = launch.rollout.capacity
+    grouped = any(group_evaluator(t) is not None for t in tasks)  # results wait for a judge_group phase
     async with local_stack(
         state.out,
         launch.policy,
@@ -184,17 +187,29 @@ async def _run(
         with progress:
             done = progress.add_task("sessions finished", total=state.total, completed=len(state.results))
             stages = {s: progress.add_task(f"  {s.lower():<12}", total=capacity) for s in STAGES}
+            judging = progress.add_task(f"  {'judging':<12}", total=state.total, visible=False)
+            async with RolloutClient(stack.server_url, token=stack.token) as client:
 
-            async def watch() -> None:
-                while True:
-                    by_stage = stack.by_stage()
-                    for stage, bar in stages.items():
-                        progress.update(bar, completed=by_stage.get(stage, 0))
-                    await asyncio.sleep(0.25)
+                async def watch() -> None:
+                    """The node's stages four times a second; with judge_group tasks, the server's group
+                    phases once a second (a bar, or a line per group when stdout is not a terminal)."""
+                    announced: set[str] = set()
+                    for tick in itertools.count():
+                        if live:
+                            by_stage = stack.by_stage()
+                            for stage, bar in stages.items():
+                                progress.update(bar, completed=by_stage.get(stage, 0))
+                        if grouped and tick % 4 == 0:
+                            now = await _judging(client)
+                            if live:
+                                progress.update(judging, completed=sum(now.values()), visible=bool(now))
+                            for task_id in sorted(now.keys() - announced) if not live else ():
+                                click.echo(f"judging the group of {task_id}: {now[task_id]} session(s)")
+                            announced |= now.keys()
+                        await asyncio.sleep(0.25)
 
-            watcher = asyncio.create_task(watch()) if live else None
-            try:
-                async with RolloutClient(stack.server_url, token=stack.token) as client:
+                watcher = asyncio.create_task(watch()) if live or grouped else None
+                try:
                     fresh = [t for t in tasks if t.task_id not in plan.known]
                     if fresh:
                         await client.submit(fresh)
@@ -206,13 +221,25 @@ async def _run(
                         progress.update(done, advance=1)
                         if not live:
                             click.echo(session_line(result, len(state.results), state.total))
-            finally:
-                if watcher is not None:
-                    watcher.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watcher
-                for bar in stages.values():  # every session has left its stage
-                    progress.update(bar, completed=0)
+                finally:
+                    if watcher is not None:
+                        watcher.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await watcher
+                    for bar in (*stages.values(), judging):  # every session has left its stage
+                        progress.update(bar, completed=0)
+
+
+async def _judging(client: Any) -> dict[str, int]:
+    """Tasks whose group the server is judging now, with their sessions (`GET /rollout/status`); none when
+    the server does not answer (it is stopping: the results loop reports that)."""
+    from polar.client import RolloutError
+
+    try:
+        status = await client.status()
+    except RolloutError:
+        return {}
+    return dict((status.get("groups") or {}).get("judging") or {})
 
 
 def policy_server(
@@ -311,7 +338,7 @@ def run_taskfile(
     from polar.rollout.taskfile import TaskFileError, load_tasks
 
     try:
-        tasks = load_tasks(taskfile)
+        tasks = load_tasks(taskfile, outbound=outbound_policy(rollout.allow_callback))
     except TaskFileError as exc:
         raise click.ClickException(str(exc)) from None
     backend, capacity = rollout.policy, rollout.capacity

@@ -22,6 +22,11 @@ def _counts(counts: dict[str, int]) -> str:
 def _overview(console: Console, status: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
     console.print(f"tasks:    {_counts(status['tasks'])}")
     console.print(f"sessions: {_counts(status['sessions'])}")
+    groups = status.get("groups") or {}
+    if groups.get("held_sessions"):
+        judging = groups.get("judging") or {}
+        now = ", ".join(f"{task_id} ({n})" for task_id, n in judging.items()) or "none yet"
+        console.print(f"groups:   {groups['held_sessions']} result(s) held for judge_group; judging {now}")
     security = status.get("security") or {}
     if security.get("auth_refused") or security.get("results_refused"):
         console.print(

@@ -6,7 +6,7 @@ Trainers:   POST   /rollout/task/submit      Task | [Task] | {"tasks": [...]} ->
             GET    /rollout/task/{id}        state, counts, sessions, callbacks, results (?results=false: without)
             DELETE /rollout/task/{id}        cancel -> {"cancelled": bool, "state"}
             GET    /rollout/results          ?task=A&task=B&after=N&wait=S: long poll for finished sessions
-            GET    /rollout/status           tasks by state, sessions by status, node capacity
+            GET    /rollout/status           tasks by state, sessions by status, node capacity, judge_group phases
             GET    /events                   SSE (?kinds=a,b to filter)
 Operators:  GET    /metrics                  Prometheus (docs/prometheus.md)
             POST   /nodes/{id}/drain         DrainRequest (optional) -> 202: the node drains, then leaves
@@ -296,6 +296,7 @@ async def rollout_status(request: Request) -> Response:
                 "capacity": sum(v.capacity for v in views if v.healthy and not v.lost),
                 "load": sum(v.load for v in views),
             },
+            "groups": svc.groups_view(),
             "security": svc.security.view(),
         }
     )

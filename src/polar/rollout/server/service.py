@@ -222,6 +222,15 @@ class RolloutService:
         finally:
             self._judging.discard(task_id)
 
+    def groups_view(self) -> dict[str, Any]:
+        """`judge_group` tasks at a glance: results kept back for their group, and the tasks whose group
+        is being judged now with how many sessions each."""
+        held = self.store.held_counts()
+        return {
+            "held_sessions": sum(held.values()),
+            "judging": {task_id: held.get(task_id, 0) for task_id in sorted(self._judging)},
+        }
+
     def _release_unjudged(self, task_id: str, why: str) -> None:
         """Release what a task holds without judging it (the task ended another way): masked."""
         task = self.store.task(task_id)

@@ -487,6 +487,14 @@ class ServerStore:
         )
         return bool(rows)
 
+    def held_counts(self) -> dict[str, int]:
+        """Results kept back for their group, by task."""
+        rows = self._all(
+            "SELECT task_id, COUNT(*) FROM sessions WHERE finish_seq IS NULL AND result IS NOT NULL "
+            "GROUP BY task_id"
+        )
+        return {task_id: n for task_id, n in rows}
+
     def held_task_ids(self) -> list[str]:
         """Tasks with results kept back (a server that stopped during a group phase resumes them)."""
         rows = self._all(
