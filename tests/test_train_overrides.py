@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from polar.cli import main
@@ -160,3 +161,31 @@ def test_help_shows_an_override_example() -> None:
     result = CliRunner().invoke(train, ["--help"])
     assert result.exit_code == 0
     assert "--set loss.eps_high=0.3 --set optimizer.lr=2e-6" in result.output and "KEY=VALUE" in result.output
+
+
+def test_a_judge_the_run_would_refuse_is_an_error_at_its_line_unless_allowed(tmp_path: Path) -> None:
+    """The trainer's local server vets task-given URLs (callbacks, side calls, judge backends) at submit;
+    a judge on this machine's loopback needs `allow_callback`, and without it the config says so at the
+    URL's line instead of the run failing once training has started."""
+    judge = {"rubric": "r", "backend": {"url": "http://127.0.0.1:9/v1", "kind": "vllm", "model": "j"}}
+    task = {"task_id": "t", "instruction": "x", "evaluator": {"strategy": "judge", "config": judge}}
+    text = yaml.safe_dump({"tasks": [task]}, sort_keys=False)
+    with pytest.raises(Exception) as err:
+        parse_config(text, "cfg.yaml", tmp_path)
+    assert str(err.value).startswith(
+        "cfg.yaml:9: tasks[0].evaluator.config.backend.url: 'http://127.0.0.1:9/v1' is refused: 127.0.0.1 is a "
+    ), str(err.value)
+    config, tasks = parse_config(text + "allow_callback: [127.0.0.1]\n", "cfg.yaml", tmp_path)
+    assert config.allow_callback == ["127.0.0.1"] and [t.task_id for t in tasks] == ["t"]
+    (tmp_path / "tasks.yaml").write_text(yaml.safe_dump({"tasks": [task]}, sort_keys=False))
+    with pytest.raises(Exception) as err:  # the same from a task file, at the file's own line
+        parse_config("tasks: tasks.yaml\n", "cfg.yaml", tmp_path)
+    assert "tasks.yaml:9: tasks[0].evaluator.config.backend.url: 'http://127.0.0.1:9/v1' is refused" in str(
+        err.value
+    )
+    with pytest.raises(Exception) as err:
+        parse_config(text + "allow_callback: ['not a host!']\n", "cfg.yaml", tmp_path)
+    line = len(text.splitlines()) + 1
+    assert str(err.value) == (
+        f"cfg.yaml:{line}: allow_callback: allowlist entry 'not a host!' is neither an IP, a CIDR nor a host name"
+    )

@@ -41,11 +41,13 @@ from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from polar import hints, yamlpos
 from polar.jsontypes import JSON
+from polar.netguard import OutboundPolicy
 from polar.rollout.taskfile import (
     TaskFileError,
     UploadOutside,
     anchor_uploads,
     check_local,
+    check_outbound_urls,
     load_tasks,
     locator,
 )
@@ -294,6 +296,11 @@ class EvalSection(_Section):
         return self._loaded
 
 
+def outbound(allow: list[str]) -> OutboundPolicy:
+    """The run's outbound policy for task-given URLs (`allow_callback`); a bad entry is a ValueError."""
+    return OutboundPolicy(allow=tuple(allow))
+
+
 class TrainConfig(_Section):
     """A `polar train` run: the policy, its tasks, the GRPO batch, the loss and optimizer, where it runs."""
 
@@ -439,6 +446,12 @@ class TrainConfig(_Section):
         "server's rendering drifts from what was sampled; docs/backends.md).",
     )
     capacity: int = Field(4, ge=1, description="Sessions the local gateway node runs at once.")
+    allow_callback: list[str] = Field(
+        default_factory=list,
+        description="Where task-given URLs (callbacks, side-call and judge backends) may point although "
+        "they are not public addresses: IPs, CIDRs or host names (e.g. 127.0.0.1 for a judge served on "
+        "this machine); link-local and cloud metadata addresses stay refused (`polar run --allow-callback`).",
+    )
     drain_timeout_s: float = Field(
         600.0,
         gt=0.0,
@@ -451,6 +464,12 @@ class TrainConfig(_Section):
         "does (mean logprob difference <= 0.1); a server that does not is paused and the sync fails.",
     )
     metrics: MetricsSection = Field(default_factory=MetricsSection, description="See the metrics section.")
+
+    @field_validator("allow_callback")
+    @classmethod
+    def _allow_callback(cls, v: list[str]) -> list[str]:
+        outbound(v)  # a bad entry is this field's error
+        return v
 
     @field_validator("backend")
     @classmethod
@@ -567,10 +586,11 @@ def parse_config(
         config = TrainConfig.model_validate(data)
     except ValidationError as exc:
         raise _error(exc, doc, overrides) from None
-    tasks = _load_tasks(config.tasks, ("tasks",), config.group_size, doc, overrides, base)
+    policy = outbound(config.allow_callback)
+    tasks = _load_tasks(config.tasks, ("tasks",), config.group_size, doc, overrides, base, policy)
     if config.eval is not None:
         held_out = _load_tasks(
-            config.eval.tasks, ("eval", "tasks"), config.eval.samples, doc, overrides, base
+            config.eval.tasks, ("eval", "tasks"), config.eval.samples, doc, overrides, base, policy
         )
         config.eval._loaded = held_out
     return config, tasks
@@ -583,19 +603,22 @@ def _load_tasks(
     doc: Document,
     overrides: Sequence[Override],
     base: Path | None,
+    policy: OutboundPolicy,
 ) -> list[Task]:
     """The tasks a config names at `key`: a task file relative to `base` (to the current directory when an
-    override set it), or inline ones (uploads relative to `base`); each error at its line."""
+    override set it), or inline ones (uploads relative to `base`); each error at its line, the URLs the
+    run's server would refuse (`policy`: `allow_callback`) included."""
     by = culprit(key, overrides)
     base = Path.cwd() if by is not None else (base or Path.cwd())
     fail = OverrideError if by is not None else ConfigError
     where = by.label if by is not None else doc.at(key)
     if isinstance(source, str):
         try:
-            return load_tasks(base / source, num_samples=num_samples)
+            return load_tasks(base / source, num_samples=num_samples, outbound=policy)
         except TaskFileError as exc:
             raise fail(f"{where}: {exc}") from None
     tasks = []
+    located = []
     for i, item in enumerate(source):
         try:
             task = Task.model_validate(item)
@@ -613,6 +636,11 @@ def _load_tasks(
         except TaskFileError as exc:
             raise fail(str(exc)) from None
         tasks.append(task)
+        located.append((task, locate))
+    try:
+        check_outbound_urls(located, policy)
+    except TaskFileError as exc:
+        raise fail(str(exc)) from None
     ids = [t.task_id for t in tasks]
     dupes = sorted({t for t in ids if ids.count(t) > 1})
     if dupes:

@@ -523,6 +523,7 @@ def train(
                 PolicyServer(urls, "vllm", model, render=config.render),
                 config.capacity,
                 stop_reason="training ended",
+                allow_callback=tuple(config.allow_callback),
                 upload_roots=upload_roots,
                 dashboard=DashboardOptions(train_dir=out),
             ) as stack:
