@@ -1,16 +1,18 @@
 """How much of the gateway's CPU per call is its own work: `polar gateway` beside a pass-through on the same
 libraries (bench/passthrough.py: uvicorn with httptools, aiohttp upstream, nothing parsed or
-recorded) and beside the backend called directly (issue 30 point 1).
+recorded), beside the least a Python relay can cost (bench/passthrough_raw.py: asyncio protocols with
+httptools' parsers, no framework) and beside the backend called directly (issue 30 point 1).
 
     .venv/bin/python bench/gateway_floor.py                      # chat, concurrency 1 16 64, 5 rounds
     .venv/bin/python bench/gateway_floor.py --concurrency 16 --repeats 3 --calls 2000
 
-One fake vLLM (tests/fakes), one pass-through and one `polar gateway` (capture on, a fresh store) are
+One fake vLLM (tests/fakes), the two relays and one `polar gateway` (capture on, a fresh store) are
 started once and warmed; then each round runs every (concurrency, side) cell with bench/gateway.py's chat
 body (7 kB, 1,610 prompt tokens) from an aiohttp closed loop, the sides' order rotating from cell to cell.
 "CPU ms/call" is the serving process's user + system time over the cell (for direct, the fake's own), from
 /proc; the table gives medians over rounds. polar minus pass-through is what parsing, translating,
-recording and committing cost; the pass-through is the floor no change inside polar can go below.
+recording and committing cost; the pass-through is the floor on the gateway's libraries, the raw relay that of
+any relay written in Python on asyncio.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from bench.processes import cpu_seconds, rotation, start, start_gateway  # noqa:
 
 from polar.serving import free_port  # noqa: E402
 
-SIDES = ("direct", "pass-through", "polar")
+SIDES = ("direct", "raw relay", "pass-through", "polar")
 
 
 def main() -> None:
@@ -44,14 +46,17 @@ def main() -> None:
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="polar-floor-"))
-    bport, pport = free_port(), free_port()
+    bport, pport, rport = free_port(), free_port(), free_port()
     backend, passthrough = f"http://127.0.0.1:{bport}", f"http://127.0.0.1:{pport}"
+    relay = f"http://127.0.0.1:{rport}"
     py = sys.executable
     procs: list[subprocess.Popen[bytes]] = []
     try:
         procs.append(start([py, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], backend))
         cmd = [py, str(ROOT / "bench" / "passthrough.py"), "--backend", backend, "--port", str(pport)]
         procs.append(start(cmd, passthrough))
+        cmd = [py, str(ROOT / "bench" / "passthrough_raw.py"), "--backend", backend, "--port", str(rport)]
+        procs.append(start(cmd, relay))
         gateway = start_gateway(backend, tmp / "floor.db")
         procs.append(gateway.proc)
         key = gateway.session("floor")["session_id"]
@@ -60,8 +65,9 @@ def main() -> None:
         plain = {"content-type": "application/json"}
         where = {
             "direct": (backend, plain, procs[0].pid),
+            "raw relay": (relay, plain, procs[2].pid),
             "pass-through": (passthrough, plain, procs[1].pid),
-            "polar": (gateway.url, {**plain, "authorization": f"Bearer {key}"}, procs[2].pid),
+            "polar": (gateway.url, {**plain, "authorization": f"Bearer {key}"}, gateway.proc.pid),
         }
         for url, headers, _ in where.values():  # warm-up: imports, pools, caches
             asyncio.run(load(url + path, raw, headers, 16, 500))
