@@ -36,6 +36,10 @@ from bench.processes import cpu_seconds, rotation, start, start_gateway  # noqa:
 from polar.serving import free_port  # noqa: E402
 
 SIDES = ("direct", "raw relay", "pass-through", "polar")
+MIXES = {  # --mixes: one half of the pass-through's libraries at a time (passthrough_raw.py's options)
+    "uvicorn + raw client": ["--server", "uvicorn"],
+    "raw server + aiohttp": ["--client", "aiohttp"],
+}
 
 
 def main() -> None:
@@ -43,7 +47,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--calls", type=int, default=3000, help="calls per cell (default 3000)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--mixes", action="store_true", help="also the relays with one of uvicorn or aiohttp")
     args = ap.parse_args()
+    sides = (*SIDES[:3], *(MIXES if args.mixes else ()), SIDES[3])
 
     tmp = Path(tempfile.mkdtemp(prefix="polar-floor-"))
     bport, pport, rport = free_port(), free_port(), free_port()
@@ -57,6 +63,12 @@ def main() -> None:
         procs.append(start(cmd, passthrough))
         cmd = [py, str(ROOT / "bench" / "passthrough_raw.py"), "--backend", backend, "--port", str(rport)]
         procs.append(start(cmd, relay))
+        mixes = {}
+        for name, options in MIXES.items() if args.mixes else ():
+            port = free_port()
+            mixes[name] = f"http://127.0.0.1:{port}"
+            cmd = [py, str(ROOT / "bench" / "passthrough_raw.py"), "--backend", backend, "--port", str(port)]
+            procs.append(start([*cmd, *options], mixes[name]))
         gateway = start_gateway(backend, tmp / "floor.db")
         procs.append(gateway.proc)
         key = gateway.session("floor")["session_id"]
@@ -68,13 +80,14 @@ def main() -> None:
             "raw relay": (relay, plain, procs[2].pid),
             "pass-through": (passthrough, plain, procs[1].pid),
             "polar": (gateway.url, {**plain, "authorization": f"Bearer {key}"}, gateway.proc.pid),
+            **{name: (url, plain, procs[3 + i].pid) for i, (name, url) in enumerate(mixes.items())},
         }
         for url, headers, _ in where.values():  # warm-up: imports, pools, caches
             asyncio.run(load(url + path, raw, headers, 16, 500))
 
         cells: dict[tuple[str, int], list[dict[str, float]]] = {}
         for r in range(args.repeats):
-            for c, side in rotation(args.concurrency, SIDES, r):
+            for c, side in rotation(args.concurrency, sides, r):
                 url, headers, pid = where[side]
                 before = cpu_seconds(pid)
                 lat = asyncio.run(load(url + path, raw, headers, c, args.calls))
@@ -103,7 +116,7 @@ def main() -> None:
     print("| conc | side | calls/s | vs direct | CPU ms/call | p50 ms | p99 ms |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for c in args.concurrency:
-        for side in SIDES:
+        for side in sides:
             ratio = "" if side == "direct" else f"{med(side, c, 'rps') / med('direct', c, 'rps'):.2f}x"
             print(
                 f"| {c} | {side} | {med(side, c, 'rps'):.0f} | {ratio} | {med(side, c, 'cpu'):.3f} "

@@ -7,7 +7,12 @@ and `polar gateway`: how much of a call's CPU a lean HTTP server and client unde
 (issue 30 point 1). It relays fixed-length bodies only (no chunked answers: the fake's JSON calls), one
 request at a time per connection (no pipelining), and has no timeouts or limits: a measurement, not a server.
 
+`--server uvicorn` serves the same relay as an ASGI app on uvicorn (httptools), `--client aiohttp` sends
+upstream with a pooled aiohttp session: the two halves of bench/passthrough.py, one at a time, to tell which
+of the gateway's libraries costs what.
+
     .venv/bin/python bench/passthrough_raw.py --backend http://127.0.0.1:8000 --port 8101
+    .venv/bin/python bench/passthrough_raw.py --backend http://127.0.0.1:8000 --port 8102 --server uvicorn
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import httptools
+import uvicorn
 
 Reply = Callable[[int, bytes], None]
 
@@ -94,7 +102,7 @@ class Pool:
 class Downstream(asyncio.Protocol):
     """One client connection: each complete request relayed through the pool, its answer written back."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool | AiohttpPool) -> None:
         self.pool = pool
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
@@ -134,8 +142,56 @@ class Downstream(asyncio.Protocol):
         self.transport.write(head % (status, len(body)) + body)
 
 
-async def serve(backend: str, port: int) -> None:
-    pool = Pool(backend)
+class AiohttpPool:
+    """`Pool`'s `send` over one pooled aiohttp session (a task per call, as an aiohttp caller has)."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend.rstrip("/")
+        self.http: aiohttp.ClientSession | None = None
+        self.calls: set[asyncio.Task[None]] = set()
+
+    def send(self, path: bytes, body: bytes, reply: Reply) -> None:
+        async def call() -> None:
+            if self.http is None:
+                self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+            url = self.backend + path.decode()
+            async with self.http.post(url, data=body, headers={"content-type": "application/json"}) as r:
+                reply(r.status, await r.read())
+
+        task = asyncio.get_running_loop().create_task(call())
+        self.calls.add(task)
+        task.add_done_callback(self.calls.discard)
+
+
+class Relay:
+    """The relay as an ASGI app (for `--server uvicorn`): the request read, `pool.send`, the answer sent."""
+
+    def __init__(self, pool: Pool | AiohttpPool) -> None:
+        self.pool = pool
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        answer: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        if scope["path"] == "/health":
+            answer.set_result((200, b"ok"))
+        else:
+            self.pool.send(
+                scope["path"].encode(), body, lambda status, data: answer.set_result((status, data))
+            )
+        status, data = await answer
+        headers = [(b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+
+async def serve(pool: Pool | AiohttpPool, port: int) -> None:
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: Downstream(pool), "127.0.0.1", port)
     async with server:
@@ -146,8 +202,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", required=True)
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--server", choices=["raw", "uvicorn"], default="raw")
+    ap.add_argument("--client", choices=["raw", "aiohttp"], default="raw")
     args = ap.parse_args()
-    asyncio.run(serve(args.backend, args.port))
+    pool = Pool(args.backend) if args.client == "raw" else AiohttpPool(args.backend)
+    if args.server == "raw":
+        asyncio.run(serve(pool, args.port))
+        return
+    uvicorn.run(
+        Relay(pool),
+        host="127.0.0.1",
+        port=args.port,
+        loop="asyncio",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":
