@@ -223,9 +223,11 @@ async def test_a_call_cancelled_mid_answer_closes_its_connection() -> None:
     assert len(app.clients) == 2
 
 
-def test_only_plain_http_origins() -> None:
+def test_only_plain_http_origins_and_the_host_header_as_the_url_writes_it() -> None:
     with pytest.raises(ValueError, match="http://host"):
         h1.H1Pool("https://example.com", HEADERS, 1, 1)
+    assert h1.H1Pool("http://[::1]:8000/v1", HEADERS, 1, 1)._head.startswith(b"Host: [::1]:8000\r\n")
+    assert h1.H1Pool("http://vllm.internal", HEADERS, 1, 1)._head.startswith(b"Host: vllm.internal\r\n")
 
 
 async def test_the_upstream_client_maps_the_lean_clients_failures_as_it_maps_aiohttps() -> None:

@@ -142,6 +142,7 @@ def train(
             cfg = cfg.model_copy(update={"resume": str(saved[-1])})
         run_training(cfg, tasks, None, upload_roots(cfg, config))
         _end_rank()
+        return
     try:
         with locked(run_dir):
             cfg, start = _start(cfg, run_dir, resume_latest=resume_latest, overwrite=overwrite)

@@ -110,8 +110,10 @@ class H1Pool:
         self.host, self.port = parts.hostname, parts.port or 80
         self.prefix = parts.path.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
-        host = f"{self.host}:{self.port}" if parts.port else self.host
-        fixed = {"Host": host, **headers}
+        fixed = {
+            "Host": parts.netloc.rpartition("@")[2],
+            **headers,
+        }  # as written: [::1]:8000 keeps its brackets
         self._head = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
         self.max_connections = max_connections
         self._loop: asyncio.AbstractEventLoop | None = None
