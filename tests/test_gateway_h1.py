@@ -289,3 +289,23 @@ def test_a_pool_used_from_a_second_event_loop_starts_over() -> None:
 
     asyncio.run(main())
     assert len(app.clients) == 2
+
+
+def test_the_pool_runs_on_uvloop() -> None:
+    """Ray's actors run their event loop on uvloop, whose transports are not asyncio.Transport subclasses
+    (a gateway node on Ray could not start when the client asserted they were)."""
+    uvloop = pytest.importorskip("uvloop")
+    app = Echo()
+
+    async def main() -> None:
+        async with uvicorn_server(app) as url:
+            p = pool(url)
+            try:
+                for _ in range(2):
+                    assert (await p.request("POST", "/x", b"{}"))[0] == 200
+            finally:
+                await p.aclose()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+    assert len(app.clients) == 1

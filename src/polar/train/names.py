@@ -370,6 +370,7 @@ NAMES: tuple[NameRow, ...] = (
     NameRow("served_model", NONE, NONE),
     NameRow("render", NONE, NONE),
     NameRow("capacity", Equivalent(note="TRL generates in-process; no harness sessions"), NONE),
+    NameRow("allow_callback", NONE, NONE),
     NameRow("drain_timeout_s", NONE, NONE),
     NameRow("verify_weight_sync", NONE, NONE),
     NameRow(
