@@ -147,11 +147,7 @@ class UpstreamClient:
                 status = resp.status
         except (OutboundRefused, TimeoutError, aiohttp.ClientError) as e:
             raise self._failure(e) from None
-        if status < 300:
-            return _decode(raw, status, decode)
-        if status in _RETRY_STATUS:
-            raise _Retryable(map_status(status, raw))
-        raise map_status(status, raw)
+        return _answered(status, raw, decode)
 
     async def _attempt_h1(
         self, pool: h1.H1Pool, method: str, path: str, payload: bytes | None, decode: Decoder
@@ -162,24 +158,10 @@ class UpstreamClient:
                 status, raw = await pool.request(method, path, payload)
         except (TimeoutError, h1.Unreachable, h1.Dropped, h1.Malformed) as e:
             raise self._failure(e) from None
-        if status < 300:
-            return _decode(raw, status, decode)
-        if status in _RETRY_STATUS:
-            raise _Retryable(map_status(status, raw))
-        raise map_status(status, raw)
+        return _answered(status, raw, decode)
 
     def _failure(self, e: BaseException) -> Exception:
         """What a failed connection attempt means: a `GatewayError`, or `_Retryable` when nothing came back."""
-        if isinstance(e, h1.Unreachable):
-            return _Retryable(
-                GatewayError("upstream_error", f"inference server unreachable at {self.base_url}")
-            )
-        if isinstance(e, h1.Dropped):
-            return _Retryable(
-                GatewayError(
-                    "upstream_error", f"inference server at {self.base_url} dropped the connection ({e})"
-                )
-            )
         if isinstance(e, h1.Malformed):
             return GatewayError(
                 "upstream_error", f"inference server at {self.base_url} sent a malformed HTTP answer: {e}"
@@ -192,12 +174,13 @@ class UpstreamClient:
                 "timeout",
                 f"inference server at {self.base_url} did not answer within {self.options.timeout_s:g} s",
             )
-        if isinstance(e, aiohttp.ClientConnectorError):
+        if isinstance(e, aiohttp.ClientConnectorError | h1.Unreachable):
             return _Retryable(
                 GatewayError("upstream_error", f"inference server unreachable at {self.base_url}")
             )
         if isinstance(
-            e, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | aiohttp.ClientPayloadError
+            e,
+            aiohttp.ServerDisconnectedError | aiohttp.ClientOSError | aiohttp.ClientPayloadError | h1.Dropped,
         ):
             # A pooled keep-alive connection the server had already closed lands here; a new one works.
             return _Retryable(
@@ -320,6 +303,15 @@ def _decode(raw: bytes, status: int, decode: Decoder = orjson.loads) -> JSON:
             "upstream_error",
             f"inference server answered HTTP {status} with a body that is not JSON: {_snippet(raw)}",
         ) from None
+
+
+def _answered(status: int, raw: bytes, decode: Decoder) -> JSON:
+    """A whole answer: its decoded body (2xx), else `_Retryable` (502/503/504) or its `GatewayError`."""
+    if status < 300:
+        return _decode(raw, status, decode)
+    if status in _RETRY_STATUS:
+        raise _Retryable(map_status(status, raw))
+    raise map_status(status, raw)
 
 
 def _snippet(raw: bytes, limit: int = 200) -> str:
