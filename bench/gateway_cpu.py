@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/gateway_cpu.py --ref HEAD~1                 # chat, concurrency 16, 5 rounds
     .venv/bin/python bench/gateway_cpu.py --ref v0.3 --concurrency 1 16 64 --repeats 3
+    .venv/bin/python bench/gateway_cpu.py --ref HEAD~1 --path chat-stream  # streamed, to the last chunk
 
 Each round starts, for each side, a fresh fake vLLM (tests/fakes) and a fresh `polar gateway` with capture
 on (the earlier commit's from a temporary `git worktree`), warms it with 300 calls, then sends `--calls`
-calls of bench/gateway.py's chat body (7 kB: a system prompt, six tools, a tool round trip) from an aiohttp
+calls of bench/gateway.py's `--path` body (7 kB: a system prompt, six tools, a tool round trip) from an aiohttp
 closed loop at each concurrency, and reads the gateway process's CPU time from /proc before and after.
 Sides alternate within a round, so a busy moment of this shared machine hits both; the table gives medians
 over rounds. "direct" is the same client calling the fake backend itself: the issue's limit (calls/s).
@@ -46,7 +47,7 @@ def worktree(ref: str) -> Iterator[Path]:
         subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT, check=False)
 
 
-def one(src: Path, concurrency: list[int], calls: int) -> dict[int, dict[str, float]]:
+def one(src: Path, concurrency: list[int], calls: int, which: str = "chat") -> dict[int, dict[str, float]]:
     """A fresh fake backend and gateway (polar from `src`), measured at each concurrency."""
     tmp = Path(tempfile.mkdtemp(prefix="polar-bench-"))
     bport = free_port()
@@ -58,8 +59,11 @@ def one(src: Path, concurrency: list[int], calls: int) -> dict[int, dict[str, fl
     try:
         key = gateway.session("cpu")["session_id"]
         auth = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-        path, body = bodies(False)["chat"]
+        stream = which.endswith("-stream")
+        path, body = bodies(stream)[which.removesuffix("-stream")]
         raw = orjson.dumps(body)
+        direct_path, direct_body = bodies(stream)["chat"]  # the backend serves Chat: the issue's limit
+        direct_raw = orjson.dumps(direct_body)
         asyncio.run(load(gw + path, raw, auth, 16, 300))  # warm-up: caches, first-call imports
         for c in concurrency:
             before = cpu_seconds(gateway.proc.pid)
@@ -67,7 +71,7 @@ def one(src: Path, concurrency: list[int], calls: int) -> dict[int, dict[str, fl
             used = cpu_seconds(gateway.proc.pid) - before
             wall = -lat.pop()
             lat.sort()
-            direct = asyncio.run(load(backend + path, raw, auth, c, calls))
+            direct = asyncio.run(load(backend + direct_path, direct_raw, auth, c, calls))
             direct_wall = -direct.pop()
             out[c] = {
                 "cpu_ms": used / calls * 1000,
@@ -90,20 +94,26 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[16])
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--path",
+        default="chat",
+        choices=["chat", "chat-stream", "anthropic", "anthropic-stream"],
+        help="The route and mode called (a stream is timed to its last chunk); direct is always Chat.",
+    )
     args = ap.parse_args()
 
     runs: dict[str, list[dict[int, dict[str, float]]]] = {args.ref: [], "this checkout": []}
     with worktree(args.ref) as old:
         for r in range(args.repeats):
             for side, src in ((args.ref, old / "src"), ("this checkout", ROOT / "src")):
-                runs[side].append(one(src, args.concurrency, args.calls))
+                runs[side].append(one(src, args.concurrency, args.calls, args.path))
                 m = runs[side][-1]
                 print(
                     f"round {r + 1} {side}: " + ", ".join(f"c={c} {m[c]['cpu_ms']:.3f} ms" for c in m),
                     flush=True,
                 )
             time.sleep(1)
-    print(f"\nchat, {args.calls} calls per point, medians of {args.repeats} interleaved rounds")
+    print(f"\n{args.path}, {args.calls} calls per point, medians of {args.repeats} interleaved rounds")
     print("| side | concurrency | CPU ms/call | calls/s | vs direct | p50 ms | p99 ms | p99/p50 |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for c in args.concurrency:

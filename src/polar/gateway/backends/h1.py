@@ -7,9 +7,13 @@ is one `write` of the request's bytes on a kept-alive connection and one future 
 response parser (the parser uvicorn uses) when the answer's last byte has arrived; chunked answers are
 decoded by the parser.
 
-It serves `UpstreamClient`'s non-streamed requests to an `http://` server the operator configured (no
-outbound policy to apply per connection: task-named URLs and `https://` stay on aiohttp, as do streams).
-What it does not do, because vLLM, SGLang and polar's engine never need it there: TLS, redirects,
+A stream (`H1Pool.open_stream`) hands its body on as it arrives: whatever has come in since the last read
+in one piece, the socket's reading paused while more than `STREAM_BUFFER` bytes wait for the reader, and
+one deadline timer for the whole answer instead of a timeout around each read (a 24-token stream is 26
+reads; aiohttp spent several objects on each).
+
+It serves `UpstreamClient`'s requests to an `http://` server the operator configured (no outbound policy to
+apply per connection: task-named URLs and `https://` stay on aiohttp). What it does not do, because vLLM, SGLang and polar's engine never need it there: TLS, redirects,
 compression, proxies, answers delimited by closing the connection (one ends as `Dropped`), pipelining.
 """
 
@@ -26,6 +30,8 @@ import httptools
 # vLLM and SGLang serve through uvicorn, which closes a keep-alive connection idle for 5 s: letting go first
 # avoids sending on one the server is closing (aiohttp's `keepalive_timeout` was set the same).
 KEEPALIVE_S = 4.0
+# Bytes of a streamed body that may wait for the reader before the socket's reading is paused.
+STREAM_BUFFER = 1 << 20
 
 
 class Unreachable(Exception):
@@ -52,6 +58,7 @@ class _Conn(asyncio.Protocol):
         self.closed = False
         self.reusable = False
         self.idle_since = 0.0
+        self.stream: Stream | None = None  # set while a streamed answer is read
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport, though not always a subclass of asyncio's: uvloop's (Ray's actors run on
@@ -63,7 +70,7 @@ class _Conn(asyncio.Protocol):
         self._fail(Dropped(str(exc) if exc else "the server closed the connection"))
 
     def data_received(self, data: bytes) -> None:
-        if self.waiter is None:  # bytes nobody asked for: the connection's state is unknown
+        if self.waiter is None and self.stream is None:  # bytes nobody asked for: the state is unknown
             self.close()
             return
         try:
@@ -71,16 +78,35 @@ class _Conn(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(Malformed(str(exc)))
             self.close()
+        if self.stream is not None:
+            self.stream.wake()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.stream is not None and name.lower() == b"content-type":
+            self.stream.content_type = value.split(b";", 1)[0].strip().lower().decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        if self.stream is not None:
+            self._resolve((self.parser.get_status_code(), b""))
 
     def on_body(self, body: bytes) -> None:
-        self.parts.append(body)
+        if self.stream is not None:
+            self.stream.arrived(body)
+        else:
+            self.parts.append(body)
 
     def on_message_complete(self) -> None:
         self.reusable = self.parser.should_keep_alive()
-        waiter, self.waiter = self.waiter, None
+        if self.stream is not None:
+            self.stream.ended = True
+            return
         body, self.parts = b"".join(self.parts), []
+        self._resolve((self.parser.get_status_code(), body))
+
+    def _resolve(self, answer: tuple[int, bytes]) -> None:
+        waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.parser.get_status_code(), body))
+            waiter.set_result(answer)
 
     def send(self, data: bytes) -> asyncio.Future[tuple[int, bytes]]:
         assert self.transport is not None
@@ -98,13 +124,102 @@ class _Conn(asyncio.Protocol):
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
+        if self.stream is not None:
+            self.stream.failed(exc)
+
+
+class Stream:
+    """A streamed answer on one connection, from its head on: `status`, `content_type` (its media type,
+    lower case, without parameters), then `read()` until it returns `b""`. Exactly one of `release()` (the
+    whole body read: the connection may serve again) or `close()` (abandoned: the connection is closed,
+    which is how vLLM and SGLang learn to abort a generation) ends it; both give its pool slot back."""
+
+    def __init__(self, pool: H1Pool, conn: _Conn, slot: asyncio.Semaphore | None, deadline: float) -> None:
+        self.pool, self.conn, self._slot = pool, conn, slot
+        self.status = 0
+        self.content_type = ""
+        self.ended = False
+        self._pieces: list[bytes] = []
+        self._buffered = 0
+        self._paused = False
+        self._error: Exception | None = None
+        self._more: asyncio.Future[None] | None = None
+        self._finished = False
+        self._timer = conn.loop.call_at(deadline, self._expire)
+
+    # -- called by the connection as its bytes are parsed ---------------------------------------------
+    def arrived(self, piece: bytes) -> None:
+        self._pieces.append(piece)
+        self._buffered += len(piece)
+        if self._buffered > STREAM_BUFFER and not self._paused and self.conn.transport is not None:
+            self._paused = True
+            self.conn.transport.pause_reading()
+
+    def failed(self, exc: Exception) -> None:
+        if self._error is None and not self.ended:
+            self._error = exc
+        self.wake()
+
+    def wake(self) -> None:
+        more, self._more = self._more, None
+        if more is not None and not more.done():
+            more.set_result(None)
+
+    def _expire(self) -> None:
+        self.conn._fail(TimeoutError("the answer did not end before its deadline"))  # head or body
+        self.conn.close()
+
+    # -- the reader --------------------------------------------------------------------------------------
+    async def read(self) -> bytes:
+        """All the body that has arrived since the last read (waiting for some), `b""` at its end."""
+        while not self._pieces:
+            if self._error is not None:
+                raise self._error
+            if self.ended:
+                return b""
+            self._more = self.conn.loop.create_future()
+            await self._more
+        piece = self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
+        self._pieces.clear()
+        self._buffered = 0
+        if self._paused and self.conn.transport is not None:
+            self._paused = False
+            self.conn.transport.resume_reading()
+        return piece
+
+    async def read_all(self) -> bytes:
+        parts = []
+        while piece := await self.read():
+            parts.append(piece)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        self._finish(reuse=self.ended and not self._pieces)
+
+    def close(self) -> None:
+        self._finish(reuse=False)
+
+    def _finish(self, reuse: bool) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._timer.cancel()
+        self.conn.stream = None
+        self.pool._done(self.conn, reuse)
+        if self._slot is not None:
+            self._slot.release()
 
 
 class H1Pool:
     """Kept-alive connections to one `http://host:port` origin, at most `max_connections` in use."""
 
     def __init__(
-        self, base_url: str, headers: dict[str, str], max_connections: int, connect_timeout_s: float
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        max_connections: int,
+        connect_timeout_s: float,
+        stream_headers: dict[str, str] | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
@@ -112,11 +227,9 @@ class H1Pool:
         self.host, self.port = parts.hostname, parts.port or 80
         self.prefix = parts.path.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
-        fixed = {
-            "Host": parts.netloc.rpartition("@")[2],
-            **headers,
-        }  # as written: [::1]:8000 keeps its brackets
-        self._head = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
+        host = parts.netloc.rpartition("@")[2]  # as written: [::1]:8000 keeps its brackets
+        self._head = _head({"Host": host, **headers})
+        self._stream_head = _head({"Host": host, **headers, **(stream_headers or {})})
         self.max_connections = max_connections
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: asyncio.Semaphore | None = None
@@ -134,25 +247,51 @@ class H1Pool:
 
     async def _request(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
         conn = self._idle_conn() or await self._connect()
-        data = b"%s %s HTTP/1.1\r\n" % (method.encode(), (self.prefix + path).encode())
-        data += self._head
-        if body is not None:
-            data += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
-        else:
-            data += b"\r\n"
         try:
-            answer = await conn.send(data)
+            answer = await conn.send(self._message(method, path, self._head, body))
         except BaseException:  # dropped, malformed, or cancelled mid-answer: never reused
-            conn.close()
-            self._all.discard(conn)
+            self._done(conn, reuse=False)
             raise
-        if conn.reusable and not conn.closed:
+        self._done(conn, reuse=True)
+        return answer
+
+    async def open_stream(self, path: str, body: bytes, deadline: float) -> Stream:
+        """A POST whose answer is read as it arrives, once its head is in: the `Stream` holds a connection
+        slot until it is released or closed. `deadline` (the loop's clock) bounds the whole answer, its
+        head included: past it a read raises TimeoutError and the connection is closed."""
+        if asyncio.get_running_loop() is not self._loop:
+            self._bind()
+        slot = self._slots
+        if slot is not None:
+            await slot.acquire()
+        try:
+            conn = self._idle_conn() or await self._connect()
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        stream = conn.stream = Stream(self, conn, slot, deadline)
+        try:
+            stream.status, _ = await conn.send(self._message("POST", path, self._stream_head, body))
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    def _message(self, method: str, path: str, head: bytes, body: bytes | None) -> bytes:
+        data = b"%s %s HTTP/1.1\r\n" % (method.encode(), (self.prefix + path).encode()) + head
+        if body is not None:
+            return data + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        return data + b"\r\n"
+
+    def _done(self, conn: _Conn, reuse: bool) -> None:
+        """A connection's answer is over: back to the idle ones if it may serve again, else closed."""
+        if reuse and conn.reusable and not conn.closed:
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:
             conn.close()
             self._all.discard(conn)
-        return answer
 
     def _bind(self) -> None:
         """Start over on the running loop: a connection belongs to the loop that made it, and a client used
@@ -191,3 +330,7 @@ class H1Pool:
             conn.close()
         self._all.clear()
         self._idle.clear()
+
+
+def _head(headers: dict[str, str]) -> bytes:
+    return "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode("latin-1")

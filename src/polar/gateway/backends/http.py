@@ -1,7 +1,7 @@
 """The one HTTP client every backend uses: pooled connections, timeouts, retries, error mapping.
 
-Non-streamed calls to an `http://` server the operator configured go over `polar.gateway.backends.h1` (kept-
-alive connections and httptools' parser: a sixth of the gateway's CPU per call less than aiohttp); streams,
+Calls to an `http://` server the operator configured, streamed or not, go over `polar.gateway.backends.h1`
+(kept-alive connections and httptools' parser: a sixth of the gateway's CPU per call less than aiohttp);
 `https://` servers and task-named URLs (vetted at every connection by the outbound policy) over one aiohttp
 `ClientSession` per backend. Either keeps connections alive across calls (a gateway makes thousands per
 minute to the same server). Bodies go out as orjson bytes and come back as raw bytes parsed by orjson,
@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -69,7 +69,11 @@ class UpstreamClient:
         self._h1: h1.H1Pool | None = None
         if options.outbound is None and self.base_url.startswith("http://"):
             self._h1 = h1.H1Pool(
-                self.base_url, self._headers, options.max_connections, options.connect_timeout_s
+                self.base_url,
+                self._headers,
+                options.max_connections,
+                options.connect_timeout_s,
+                stream_headers=_SSE_HEADERS,
             )
 
     async def start(self) -> None:
@@ -204,17 +208,22 @@ class UpstreamClient:
         is a `GatewayError`. Leaving the iteration early closes the connection, which makes vLLM and SGLang
         abort the generation."""
         payload = _encode(body)
-        if self._session is None or self._session.closed:
-            await self.start()
-        url = self.base_url + path
-        resp = await self._with_retries(lambda: self._open_stream(url, payload))
+        answer: _Streamed
+        if self._h1 is not None:
+            pool = self._h1
+            answer = await self._with_retries(lambda: self._open_stream_h1(pool, path, payload))
+        else:
+            if self._session is None or self._session.closed:
+                await self.start()
+            url = self.base_url + path
+            answer = await self._with_retries(lambda: self._open_stream(url, payload))
         done = False
         try:
-            async for data in _sse_data(resp.content):
+            async for data in _sse_data(answer):
                 if data == b"[DONE]":
                     # Read the body's end too, so the connection goes back to the pool (a closed one
                     # costs the next call a new connection).
-                    while await resp.content.readany():
+                    while await answer.read():
                         pass
                     done = True
                     return
@@ -228,48 +237,92 @@ class UpstreamClient:
             raise GatewayError(
                 "upstream_error", f"inference server at {self.base_url} ended the stream early"
             )
-        except (TimeoutError, aiohttp.ClientError) as e:
+        except (TimeoutError, aiohttp.ClientError, h1.Dropped, h1.Malformed) as e:
             failure = self._failure(e)
             err = failure.failure if isinstance(failure, _Retryable) else failure
             assert isinstance(err, GatewayError)
             raise GatewayError(err.kind, f"{err.message} mid-stream") from None
         finally:
             if done:
-                resp.release()
+                answer.release()
             else:
-                resp.close()  # closing the connection is how vLLM learns to abort the generation
+                answer.close()  # closing the connection is how vLLM learns to abort the generation
 
-    async def _open_stream(self, url: str, payload: bytes) -> aiohttp.ClientResponse:
+    async def _open_stream(self, url: str, payload: bytes) -> _Streamed:
         """One attempt to start a streamed answer: the open 2xx response, a GatewayError or `_Retryable`."""
         assert self._session is not None
         try:
             resp = await self._session.post(url, data=payload, headers=_SSE_HEADERS, allow_redirects=False)
         except (OutboundRefused, TimeoutError, aiohttp.ClientError) as e:
             raise self._failure(e) from None
-        if resp.status < 300 and resp.content_type == "text/event-stream":
-            return resp
+        return await self._opened(_AiohttpStream(resp))
+
+    async def _open_stream_h1(self, pool: h1.H1Pool, path: str, payload: bytes) -> _Streamed:
+        """`_open_stream` over the lean client, the attempt's whole answer bounded by `timeout_s`."""
+        deadline = asyncio.get_running_loop().time() + self.options.timeout_s
         try:
-            raw = await resp.read()
-        except (TimeoutError, aiohttp.ClientError):
-            raw = b""
+            stream = await pool.open_stream(path, payload, deadline)
+        except (TimeoutError, h1.Unreachable, h1.Dropped, h1.Malformed) as e:
+            raise self._failure(e) from None
+        return await self._opened(stream)
+
+    async def _opened(self, answer: _Streamed) -> _Streamed:
+        """`answer` if it is a 2xx event stream; else its body is read and the error it means raised."""
+        if answer.status < 300 and answer.content_type == "text/event-stream":
+            return answer
+        parts = []
+        try:
+            while piece := await answer.read():
+                parts.append(piece)
+        except (TimeoutError, aiohttp.ClientError, h1.Dropped, h1.Malformed):
+            pass
         finally:
-            resp.release()
-        if resp.status < 300:
-            _decode(raw, resp.status)  # not JSON either: says so
+            answer.release()
+        raw = b"".join(parts)
+        if answer.status < 300:
+            _decode(raw, answer.status)  # not JSON either: says so
             raise GatewayError(
                 "upstream_error",
-                f"inference server answered a streamed request with {resp.content_type}, not an event stream",
+                f"inference server answered a streamed request with {answer.content_type}, not an event stream",
             )
-        if resp.status in _RETRY_STATUS:
-            raise _Retryable(map_status(resp.status, raw))
-        raise map_status(resp.status, raw)
+        if answer.status in _RETRY_STATUS:
+            raise _Retryable(map_status(answer.status, raw))
+        raise map_status(answer.status, raw)
 
 
-async def _sse_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+class _Streamed(Protocol):
+    """An answer read as it arrives (`h1.Stream`, or aiohttp's response through `_AiohttpStream`): `read()`
+    gives what has arrived, `b""` at the end; `release()` once it is all read, `close()` to abandon it."""
+
+    status: int
+    content_type: str
+
+    async def read(self) -> bytes: ...
+    def release(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class _AiohttpStream:
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.resp = resp
+        self.status = resp.status
+        self.content_type = resp.content_type
+
+    async def read(self) -> bytes:
+        return await self.resp.content.readany()
+
+    def release(self) -> None:
+        self.resp.release()
+
+    def close(self) -> None:
+        self.resp.close()
+
+
+async def _sse_data(answer: _Streamed) -> AsyncIterator[bytes]:
     """The data of each server-sent event (its `data:` lines joined by newlines); other fields are skipped."""
     buf = b""
     data: list[bytes] = []
-    async for piece in content.iter_any():
+    while piece := await answer.read():
         lines = (buf + piece).split(b"\n")
         buf = lines.pop()
         for line in lines:
