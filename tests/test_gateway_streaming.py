@@ -399,6 +399,8 @@ def test_harness_that_goes_away_leaves_a_failure_record(gateway: Gateway, fake_b
             if failures:
                 break
             time.sleep(0.02)
+        # ...and the gateway hung up on the upstream in turn: how vLLM learns to stop generating.
+        assert faults.aborted.wait(10)
     finally:
         faults.release()
     assert [f["message"] for f in failures] == ["the client closed the stream before it ended"]

@@ -183,7 +183,7 @@ class FakeInferenceServer:
         if isinstance(body, StreamWriter):
             headers = [(b"content-type", b"text/event-stream")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-            async for piece in stream_body(body, self.streaming):
+            async for piece in stream_body(body, self.streaming, receive):
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b""})
             return

@@ -21,7 +21,7 @@ import asyncio
 import codecs
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +40,8 @@ class StreamFaults:
     is dropped mid-answer (no `[DONE]`, the chunked body unterminated). `error_after_tokens`: after N token
     chunks an in-stream error event `{"error": {...}}` (vLLM's shape) and `[DONE]`. `garbage_after_tokens`:
     after N token chunks a `data:` line that is not JSON. `hold_after_tokens`: after N token chunks the
-    stream waits until `release()`; `held` is set while it waits (an event a test can wait on)."""
+    stream waits until `release()`; `held` is set while it waits (an event a test can wait on), and
+    `aborted` if the client hangs up meanwhile (the body then ends: how vLLM stops generating)."""
 
     token_delay_s: float = 0.0
     drop_after_tokens: int | None = None
@@ -49,6 +50,7 @@ class StreamFaults:
     hold_after_tokens: int | None = None
     held: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
+    aborted: threading.Event = field(default_factory=threading.Event)
 
     def release(self) -> None:
         self.released.set()
@@ -203,15 +205,24 @@ class StreamWriter:
         return _sse(first), out, [closing + b"data: [DONE]\n\n"]
 
 
-async def stream_body(writer: StreamWriter, faults: StreamFaults) -> AsyncIterator[bytes]:
-    """The SSE body, with the faults applied; raises `DroppedConnection` to drop the connection."""
+async def stream_body(
+    writer: StreamWriter, faults: StreamFaults, receive: Callable[[], Awaitable[dict[str, Any]]]
+) -> AsyncIterator[bytes]:
+    """The SSE body, with the faults applied; raises `DroppedConnection` to drop the connection. While
+    held, it watches `receive` (the ASGI request's) for the client hanging up."""
     first, tokens, closing = writer.chunks()
     yield first
     for k, chunk in enumerate(tokens):
         if faults.hold_after_tokens is not None and k == faults.hold_after_tokens:
             faults.held.set()
             while not faults.released.is_set():
-                await asyncio.sleep(0.002)
+                try:
+                    message = await asyncio.wait_for(receive(), 0.01)
+                except TimeoutError:
+                    continue
+                if message["type"] == "http.disconnect":
+                    faults.aborted.set()
+                    return
         if faults.drop_after_tokens is not None and k == faults.drop_after_tokens:
             raise DroppedConnection(f"fake: dropped the connection after {k} tokens")
         if faults.error_after_tokens is not None and k == faults.error_after_tokens:
