@@ -6,6 +6,11 @@ bytes after a body shorter than its `Content-Length`, read as the next request â
 harnesses and polar's own clients would fail on the body instead of reporting the error. Every uvicorn that
 polar starts uses `http_protocol()` (`uvicorn.Config(http=...)` takes a protocol class).
 
+The httptools protocol also writes through `CorkedTransport`: what an answer writes in one pass of the event
+loop goes out in one `send`. A streamed answer writes a piece per upstream event; when several arrived in
+one read (vLLM under load, a fast server), they were as many syscalls, which were the largest single cost
+of a streamed call (bench/gateway_cpu.py --path chat-stream, docs/benchmarks.md).
+
 The same protocols close a connection whose request headers are not complete within `header_timeout_s`.
 uvicorn times out only an idle keep-alive connection (and stops that timer at the first byte of the next
 request): a client that sends half a request line and then nothing held its connection, and a descriptor,
@@ -17,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-from typing import Any
+from typing import Any, cast
 
 import h11
 import orjson
@@ -89,6 +94,41 @@ class _HeaderDeadline:
         self.transport.close()
 
 
+class CorkedTransport:
+    """A transport whose writes in one pass of the loop are sent together at the start of the next (one
+    `call_soon` per pass). Closing sends what is held first; aborting drops it, as an abort does. Anything
+    else is the wrapped transport's, flow control included: its buffer limits apply to what is sent."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if not self._held:
+            self._loop.call_soon(self._send)
+        self._held.append(data)
+
+    def _send(self) -> None:
+        held, self._held = self._held, []
+        if held and not self._transport.is_closing():
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        self._send()
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._held = []
+        self._transport.abort()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._held))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class JSONErrorH11Protocol(_HeaderDeadline, H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -123,7 +163,8 @@ if HttpToolsProtocol is not None:
 
     class JSONErrorHttpToolsProtocol(_HeaderDeadline, HttpToolsProtocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
+            corked = cast(asyncio.Transport, CorkedTransport(transport, asyncio.get_running_loop()))
+            super().connection_made(corked)
             self._await_headers()
 
         def on_message_begin(self) -> None:  # the first byte of a request (a keep-alive connection's next)
