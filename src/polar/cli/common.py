@@ -192,6 +192,19 @@ async def start_servers(start: Awaitable[None], command: str, database: Path | N
         raise
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def release_signals(loop: asyncio.AbstractEventLoop) -> None:
+    """Take the stop handlers off `loop` before it closes, so a signal during teardown has its default
+    effect. asyncio's `loop.close()` (CPython 3.11) closes the loop's self-pipe first and removes the
+    handlers after: a signal in between is written to the closed wakeup fd and printed as "Exception
+    ignored when trying to write to the signal wakeup fd" with a traceback (a gateway worker stopped by
+    its supervisor while its own start-up failed; tests/test_cli_signals.py reproduces it)."""
+    for sig in STOP_SIGNALS:
+        loop.remove_signal_handler(sig)
+
+
 def serve_until_stopped(
     servers: Sequence[EmbeddedServer],
     *,
@@ -213,8 +226,14 @@ def serve_until_stopped(
         # cleanly instead of raising KeyboardInterrupt through asyncio ("Aborted!", exit 1).
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
+        try:
+            await serve(stop)
+        finally:
+            release_signals(loop)
+
+    async def serve(stop: asyncio.Event) -> None:
         await start_servers(start_all(servers), command, database)
         if started is not None:
             started()
