@@ -137,7 +137,7 @@ class Stream:
     def __init__(self, pool: H1Pool, conn: _Conn, slot: asyncio.Semaphore | None, deadline: float) -> None:
         self.pool, self.conn, self._slot = pool, conn, slot
         self.status = 0
-        self.content_type = ""
+        self.content_type = "application/octet-stream"  # when the answer names none, as aiohttp says
         self.ended = False
         self._pieces: list[bytes] = []
         self._buffered = 0
