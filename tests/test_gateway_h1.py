@@ -223,6 +223,29 @@ async def test_a_call_cancelled_mid_answer_closes_its_connection() -> None:
     assert len(app.clients) == 2
 
 
+async def test_a_call_past_its_deadline_times_out_waiting_for_its_answer_or_for_a_slot() -> None:
+    """Deadlines are checked by one sweep for all calls in flight (no timer per call): a call whose answer
+    has not come by then fails with TimeoutError and its connection is closed; one still waiting for a
+    free connection fails the same way; the sweep stops once nothing is in flight."""
+    app = Echo()
+    async with uvicorn_server(app) as url:
+        p = pool(url, max_connections=1)
+        loop = asyncio.get_running_loop()
+        try:
+            slow = asyncio.create_task(p.request("POST", "/slow", b"{}", loop.time() + 0.2))
+            await asyncio.sleep(0.05)  # it holds the only connection
+            with pytest.raises(TimeoutError):
+                await p.request("POST", "/x", b"{}", loop.time() + 0.05)  # never got a slot
+            with pytest.raises(TimeoutError):
+                await slow
+            assert not p._idle and not p._all and not p._deadlines
+            assert (await p.request("POST", "/x", b"{}", loop.time() + 5))[0] == 200
+            await asyncio.sleep(2 * h1.SWEEP_S)
+            assert p._sweeper is None  # nothing in flight: no sweeping
+        finally:
+            await p.aclose()
+
+
 def test_only_plain_http_origins_and_the_host_header_as_the_url_writes_it() -> None:
     with pytest.raises(ValueError, match="http://host"):
         h1.H1Pool("https://example.com", HEADERS, 1, 1)

@@ -157,9 +157,9 @@ class UpstreamClient:
         self, pool: h1.H1Pool, method: str, path: str, payload: bytes | None, decode: Decoder
     ) -> JSON:
         """`_attempt` over the lean client; the same outcomes for the same failures."""
+        deadline = asyncio.get_running_loop().time() + self.options.timeout_s
         try:
-            async with asyncio.timeout(self.options.timeout_s):
-                status, raw = await pool.request(method, path, payload)
+            status, raw = await pool.request(method, path, payload, deadline)
         except (TimeoutError, h1.Unreachable, h1.Dropped, h1.Malformed) as e:
             raise self._failure(e) from None
         return _answered(status, raw, decode)
