@@ -104,6 +104,23 @@ async def test_an_abandoned_stream_closes_its_connection_so_the_server_stops_and
             await p.aclose()
 
 
+async def test_a_stream_waiting_for_a_free_connection_is_bounded_by_its_deadline() -> None:
+    app = Events()
+    async with uvicorn_server(app) as url:
+        p = pool(url, max_connections=1)
+        try:
+            held = await p.open_stream("/hold", b"{}", deadline(10))  # the only connection
+            with pytest.raises(TimeoutError):
+                await p.open_stream("/v1/chat", b"{}", deadline(0.1))
+            held.close()
+            app.go.set()
+            stream = await p.open_stream("/v1/chat", b"{}", deadline(10))  # the slot came back
+            assert stream.status == 200
+            stream.close()
+        finally:
+            await p.aclose()
+
+
 async def test_a_stream_past_its_deadline_is_a_timeout_in_its_head_or_its_body() -> None:
     def stall_after_one_event(writer: asyncio.StreamWriter, n: int) -> None:
         if n == 1:  # the head and one chunk, then nothing

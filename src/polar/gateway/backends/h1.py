@@ -10,11 +10,13 @@ decoded by the parser.
 A stream (`H1Pool.open_stream`) hands its body on as it arrives: whatever has come in since the last read
 in one piece, the socket's reading paused while more than `STREAM_BUFFER` bytes wait for the reader, and
 one deadline timer for the whole answer instead of a timeout around each read (a 24-token stream is 26
-reads; aiohttp spent several objects on each).
+reads; aiohttp spent several objects on each). A plain request has no timer of its own: one sweep every
+`SWEEP_S` fails the calls in flight whose deadline has passed.
 
 It serves `UpstreamClient`'s requests to an `http://` server the operator configured (no outbound policy to
-apply per connection: task-named URLs and `https://` stay on aiohttp). What it does not do, because vLLM, SGLang and polar's engine never need it there: TLS, redirects,
-compression, proxies, answers delimited by closing the connection (one ends as `Dropped`), pipelining.
+apply per connection: task-named URLs and `https://` stay on aiohttp). What it does not do, because vLLM,
+SGLang and polar's engine never need it there: TLS, redirects, compression, proxies, answers delimited by
+closing the connection (one ends as `Dropped`), pipelining.
 """
 
 from __future__ import annotations
@@ -189,12 +191,6 @@ class Stream:
             self.conn.transport.resume_reading()
         return piece
 
-    async def read_all(self) -> bytes:
-        parts = []
-        while piece := await self.read():
-            parts.append(piece)
-        return b"".join(parts)
-
     def release(self) -> None:
         self._finish(reuse=self.ended and not self._pieces)
 
@@ -268,7 +264,7 @@ class H1Pool:
         if deadline is not None:
             self._deadlines[conn] = deadline
             if self._sweeper is None:
-                self._sweeper = conn.loop.call_later(SWEEP_S, self._sweep)
+                self._sweeper = conn.loop.call_later(SWEEP_S, self._sweep, conn.loop)
         try:
             answer = await conn.send(self._message(method, path, self._head, body))
         except BaseException:  # dropped, malformed, timed out or cancelled mid-answer: never reused
@@ -280,18 +276,19 @@ class H1Pool:
         self._done(conn, reuse=True)
         return answer
 
-    def _sweep(self) -> None:
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         """Fail the calls whose deadline has passed (their connections closed); again while any remain."""
+        if loop is not self._loop:  # armed before the pool moved to another loop: not this one's calls
+            return
         self._sweeper = None
-        assert self._loop is not None
-        now = self._loop.time()
+        now = loop.time()
         for conn, deadline in list(self._deadlines.items()):
             if deadline <= now:
                 del self._deadlines[conn]
                 conn._fail(TimeoutError("the answer did not come before its deadline"))
                 conn.close()
         if self._deadlines:
-            self._sweeper = self._loop.call_later(SWEEP_S, self._sweep)
+            self._sweeper = loop.call_later(SWEEP_S, self._sweep, loop)
 
     async def open_stream(self, path: str, body: bytes, deadline: float) -> Stream:
         """A POST whose answer is read as it arrives, once its head is in: the `Stream` holds a connection
@@ -301,7 +298,11 @@ class H1Pool:
             self._bind()
         slot = self._slots
         if slot is not None:
-            await slot.acquire()
+            if slot.locked():  # waits for a free connection: bounded by the same deadline
+                async with asyncio.timeout_at(deadline):
+                    await slot.acquire()
+            else:
+                await slot.acquire()
         try:
             conn = self._idle_conn() or await self._connect()
         except BaseException:
@@ -370,6 +371,9 @@ class H1Pool:
             conn.close()
         self._all.clear()
         self._idle.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
 
 
 def _head(headers: dict[str, str]) -> bytes:
