@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from polar.http_server import CorkedTransport
+from polar.http_server import CORK_LIMIT, CorkedTransport
 from polar.serving import ServerThread
 
 
@@ -52,6 +52,21 @@ async def test_the_writes_of_one_pass_leave_in_one_send_and_closing_sends_what_i
     corked.close()
     assert sent[-1] == b"data: 3\n\n" and corked.is_closing()
     assert await _read_all(theirs) == b"HTTP/1.1 200 OK\r\n\r\ndata: 1\n\ndata: 2\n\ndata: 3\n\n"
+    theirs.close()
+
+
+async def test_a_large_answer_written_in_one_pass_is_not_held_back() -> None:
+    """Past CORK_LIMIT held bytes the cork sends at once, so the wrapped transport's own buffer limits (and
+    uvicorn's flow control on them) still see a large answer written without yielding to the loop."""
+    transport, sent, theirs = await _pair()
+    corked = CorkedTransport(transport, asyncio.get_running_loop())
+    piece = b"x" * (CORK_LIMIT // 4)
+    for _ in range(10):
+        corked.write(piece)
+    assert sum(map(len, sent)) >= 8 * len(piece)  # before the loop's next pass
+    assert corked.get_write_buffer_size() >= 10 * len(piece) - sum(map(len, sent))
+    corked.close()
+    assert len(await _read_all(theirs)) == 10 * len(piece)
     theirs.close()
 
 

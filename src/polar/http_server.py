@@ -31,6 +31,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 DEFAULT_HEADER_TIMEOUT_S = 30.0
 HEADER_TIMEOUT_ENV = "POLAR_HEADER_TIMEOUT_S"  # an operator's (or a test's) override, in seconds
 
+# Bytes a `CorkedTransport` holds before it sends them without waiting for the loop's next pass.
+CORK_LIMIT = 64 * 1024
+
 HINT = (
     "The request line, headers or framing could not be parsed (for example, bytes past the body's "
     "Content-Length are read as a next request)."
@@ -96,21 +99,27 @@ class _HeaderDeadline:
 
 class CorkedTransport:
     """A transport whose writes in one pass of the loop are sent together at the start of the next (one
-    `call_soon` per pass). Closing sends what is held first; aborting drops it, as an abort does. Anything
-    else is the wrapped transport's, flow control included: its buffer limits apply to what is sent."""
+    `call_soon` per pass), or at once when `CORK_LIMIT` bytes are held: a large answer written in one pass
+    still reaches the wrapped transport, whose buffer limits pause its writer (uvicorn's flow control).
+    Closing sends what is held first; aborting drops it, as an abort does. Anything else is the wrapped
+    transport's."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] = []
+        self._held_bytes = 0
 
     def write(self, data: bytes) -> None:
         if not self._held:
             self._loop.call_soon(self._send)
         self._held.append(data)
+        self._held_bytes += len(data)
+        if self._held_bytes >= CORK_LIMIT:
+            self._send()
 
     def _send(self) -> None:
-        held, self._held = self._held, []
+        held, self._held, self._held_bytes = self._held, [], 0
         if held and not self._transport.is_closing():
             self._transport.write(held[0] if len(held) == 1 else b"".join(held))
 
@@ -119,11 +128,11 @@ class CorkedTransport:
         self._transport.close()
 
     def abort(self) -> None:
-        self._held = []
+        self._held, self._held_bytes = [], 0
         self._transport.abort()
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(map(len, self._held))
+        return self._transport.get_write_buffer_size() + self._held_bytes
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
