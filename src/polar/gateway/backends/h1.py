@@ -9,9 +9,9 @@ decoded by the parser.
 
 A stream (`H1Pool.open_stream`) hands its body on as it arrives: whatever has come in since the last read
 in one piece, the socket's reading paused while more than `STREAM_BUFFER` bytes wait for the reader, and
-one deadline timer for the whole answer instead of a timeout around each read (a 24-token stream is 26
-reads; aiohttp spent several objects on each). A plain request has no timer of its own: one sweep every
-`SWEEP_S` fails the calls in flight whose deadline has passed.
+one deadline for the whole answer instead of a timeout around each read (a 24-token stream is 26 reads;
+aiohttp spent several objects on each). No call has a timer of its own: one sweep every `SWEEP_S` fails
+the answers in flight, streamed or not, whose deadline has passed.
 
 It serves `UpstreamClient`'s requests to an `http://` server the operator configured (no outbound policy to
 apply per connection: task-named URLs and `https://` stay on aiohttp). What it does not do, because vLLM,
@@ -138,7 +138,7 @@ class Stream:
     whole body read: the connection may serve again) or `close()` (abandoned: the connection is closed,
     which is how vLLM and SGLang learn to abort a generation) ends it; both give its pool slot back."""
 
-    def __init__(self, pool: H1Pool, conn: _Conn, slot: asyncio.Semaphore | None, deadline: float) -> None:
+    def __init__(self, pool: H1Pool, conn: _Conn, slot: asyncio.Semaphore | None) -> None:
         self.pool, self.conn, self._slot = pool, conn, slot
         self.status = 0
         self.content_type = "application/octet-stream"  # when the answer names none, as aiohttp says
@@ -149,7 +149,6 @@ class Stream:
         self._error: Exception | None = None
         self._more: asyncio.Future[None] | None = None
         self._finished = False
-        self._timer = conn.loop.call_at(deadline, self._expire)
 
     # -- called by the connection as its bytes are parsed ---------------------------------------------
     def arrived(self, piece: bytes) -> None:
@@ -168,10 +167,6 @@ class Stream:
         more, self._more = self._more, None
         if more is not None and not more.done():
             more.set_result(None)
-
-    def _expire(self) -> None:
-        self.conn._fail(TimeoutError("the answer did not end before its deadline"))  # head or body
-        self.conn.close()
 
     # -- the reader --------------------------------------------------------------------------------------
     async def read(self) -> bytes:
@@ -201,7 +196,7 @@ class Stream:
         if self._finished:
             return
         self._finished = True
-        self._timer.cancel()
+        self.pool._deadlines.pop(self.conn, None)
         self.conn.stream = None
         self.pool._done(self.conn, reuse)
         if self._slot is not None:
@@ -242,29 +237,19 @@ class H1Pool:
         """(status, body) of one request; Unreachable, Dropped, Malformed, or TimeoutError once the loop's
         clock passes `deadline` (checked every `SWEEP_S`: one sweep for all calls in flight instead of a
         timer per call, which cost ~3 % of the gateway's CPU a call)."""
-        if asyncio.get_running_loop() is not self._loop:
-            self._bind()
-        slots = self._slots
-        if slots is None:
-            return await self._request(method, path, body, deadline)
-        if slots.locked() and deadline is not None:  # waits for a slot: bounded by the same deadline
-            async with asyncio.timeout_at(deadline):
-                await slots.acquire()
-        else:
-            await slots.acquire()
+        slot = await self._acquire(deadline)
         try:
             return await self._request(method, path, body, deadline)
         finally:
-            slots.release()
+            if slot is not None:
+                slot.release()
 
     async def _request(
         self, method: str, path: str, body: bytes | None, deadline: float | None
     ) -> tuple[int, bytes]:
         conn = self._idle_conn() or await self._connect()
         if deadline is not None:
-            self._deadlines[conn] = deadline
-            if self._sweeper is None:
-                self._sweeper = conn.loop.call_later(SWEEP_S, self._sweep, conn.loop)
+            self._watch(conn, deadline)
         try:
             answer = await conn.send(self._message(method, path, self._head, body))
         except BaseException:  # dropped, malformed, timed out or cancelled mid-answer: never reused
@@ -275,6 +260,26 @@ class H1Pool:
                 self._deadlines.pop(conn, None)
         self._done(conn, reuse=True)
         return answer
+
+    async def _acquire(self, deadline: float | None) -> asyncio.Semaphore | None:
+        """Bound to the running loop, a connection slot taken (the semaphore to give it back to, None when
+        unlimited); waiting for one ends with TimeoutError at `deadline`."""
+        if asyncio.get_running_loop() is not self._loop:
+            self._bind()
+        slot = self._slots
+        if slot is not None:
+            if slot.locked() and deadline is not None:
+                async with asyncio.timeout_at(deadline):
+                    await slot.acquire()
+            else:
+                await slot.acquire()
+        return slot
+
+    def _watch(self, conn: _Conn, deadline: float) -> None:
+        """Fail `conn`'s answer at `deadline` (until it leaves `_deadlines`), by the next sweep."""
+        self._deadlines[conn] = deadline
+        if self._sweeper is None:
+            self._sweeper = conn.loop.call_later(SWEEP_S, self._sweep, conn.loop)
 
     def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         """Fail the calls whose deadline has passed (their connections closed); again while any remain."""
@@ -294,22 +299,15 @@ class H1Pool:
         """A POST whose answer is read as it arrives, once its head is in: the `Stream` holds a connection
         slot until it is released or closed. `deadline` (the loop's clock) bounds the whole answer, its
         head included: past it a read raises TimeoutError and the connection is closed."""
-        if asyncio.get_running_loop() is not self._loop:
-            self._bind()
-        slot = self._slots
-        if slot is not None:
-            if slot.locked():  # waits for a free connection: bounded by the same deadline
-                async with asyncio.timeout_at(deadline):
-                    await slot.acquire()
-            else:
-                await slot.acquire()
+        slot = await self._acquire(deadline)
         try:
             conn = self._idle_conn() or await self._connect()
         except BaseException:
             if slot is not None:
                 slot.release()
             raise
-        stream = conn.stream = Stream(self, conn, slot, deadline)
+        stream = conn.stream = Stream(self, conn, slot)
+        self._watch(conn, deadline)
         try:
             stream.status, _ = await conn.send(self._message("POST", path, self._stream_head, body))
         except BaseException:

@@ -37,6 +37,9 @@ _RETRY_STATUS = frozenset((502, 503, 504))
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 _SSE_HEADERS = {"Accept": "text/event-stream"}
 T = TypeVar("T")
+# What the lean client raises for a call that failed, and what reading either client's streamed answer can.
+_H1_FAILURES = (TimeoutError, h1.Unreachable, h1.Dropped, h1.Malformed)
+_READ_FAILURES = (TimeoutError, aiohttp.ClientError, h1.Dropped, h1.Malformed)
 # How an answer's bytes become data: `orjson.loads`, or a backend's reader that takes some part apart
 # itself (`polar.gateway.backends.prompt_ids`); either raises `orjson.JSONDecodeError` on a non-JSON body.
 Decoder = Callable[[bytes], JSON]
@@ -157,12 +160,15 @@ class UpstreamClient:
         self, pool: h1.H1Pool, method: str, path: str, payload: bytes | None, decode: Decoder
     ) -> JSON:
         """`_attempt` over the lean client; the same outcomes for the same failures."""
-        deadline = asyncio.get_running_loop().time() + self.options.timeout_s
         try:
-            status, raw = await pool.request(method, path, payload, deadline)
-        except (TimeoutError, h1.Unreachable, h1.Dropped, h1.Malformed) as e:
+            status, raw = await pool.request(method, path, payload, self._deadline())
+        except _H1_FAILURES as e:
             raise self._failure(e) from None
         return _answered(status, raw, decode)
+
+    def _deadline(self) -> float:
+        """When an attempt starting now must have its whole answer, on the loop's clock."""
+        return asyncio.get_running_loop().time() + self.options.timeout_s
 
     def _failure(self, e: BaseException) -> Exception:
         """What a failed connection attempt means: a `GatewayError`, or `_Retryable` when nothing came back."""
@@ -237,7 +243,7 @@ class UpstreamClient:
             raise GatewayError(
                 "upstream_error", f"inference server at {self.base_url} ended the stream early"
             )
-        except (TimeoutError, aiohttp.ClientError, h1.Dropped, h1.Malformed) as e:
+        except _READ_FAILURES as e:
             failure = self._failure(e)
             err = failure.failure if isinstance(failure, _Retryable) else failure
             assert isinstance(err, GatewayError)
@@ -259,10 +265,9 @@ class UpstreamClient:
 
     async def _open_stream_h1(self, pool: h1.H1Pool, path: str, payload: bytes) -> _Streamed:
         """`_open_stream` over the lean client, the attempt's whole answer bounded by `timeout_s`."""
-        deadline = asyncio.get_running_loop().time() + self.options.timeout_s
         try:
-            stream = await pool.open_stream(path, payload, deadline)
-        except (TimeoutError, h1.Unreachable, h1.Dropped, h1.Malformed) as e:
+            stream = await pool.open_stream(path, payload, self._deadline())
+        except _H1_FAILURES as e:
             raise self._failure(e) from None
         return await self._opened(stream)
 
@@ -274,7 +279,7 @@ class UpstreamClient:
         try:
             while piece := await answer.read():
                 parts.append(piece)
-        except (TimeoutError, aiohttp.ClientError, h1.Dropped, h1.Malformed):
+        except _READ_FAILURES:
             pass
         finally:
             answer.release()
@@ -285,9 +290,7 @@ class UpstreamClient:
                 "upstream_error",
                 f"inference server answered a streamed request with {answer.content_type}, not an event stream",
             )
-        if answer.status in _RETRY_STATUS:
-            raise _Retryable(map_status(answer.status, raw))
-        raise map_status(answer.status, raw)
+        raise _refused(answer.status, raw)
 
 
 class _Streamed(Protocol):
@@ -362,9 +365,12 @@ def _answered(status: int, raw: bytes, decode: Decoder) -> JSON:
     """A whole answer: its decoded body (2xx), else `_Retryable` (502/503/504) or its `GatewayError`."""
     if status < 300:
         return _decode(raw, status, decode)
-    if status in _RETRY_STATUS:
-        raise _Retryable(map_status(status, raw))
-    raise map_status(status, raw)
+    raise _refused(status, raw)
+
+
+def _refused(status: int, raw: bytes) -> Exception:
+    """A non-2xx answer: `_Retryable` for 502/503/504, else its `GatewayError`."""
+    return _Retryable(map_status(status, raw)) if status in _RETRY_STATUS else map_status(status, raw)
 
 
 def _snippet(raw: bytes, limit: int = 200) -> str:
