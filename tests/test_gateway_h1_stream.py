@@ -17,6 +17,8 @@ from polar.gateway.errors import GatewayError
 from tests.test_gateway_h1 import HEADERS, raw_server, uvicorn_server
 
 SSE = {"Accept": "text/event-stream"}
+# A raw server's head of an event stream in chunks (the blank line ends it; chunks follow).
+CHUNKED_SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
 
 
 class Events:
@@ -124,9 +126,7 @@ async def test_a_stream_waiting_for_a_free_connection_is_bounded_by_its_deadline
 async def test_a_stream_past_its_deadline_is_a_timeout_in_its_head_or_its_body() -> None:
     def stall_after_one_event(writer: asyncio.StreamWriter, n: int) -> None:
         if n == 1:  # the head and one chunk, then nothing
-            writer.write(
-                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
-            )
+            writer.write(CHUNKED_SSE_HEAD)
             writer.write(b"\r\n9\r\ndata: 1\n\n\r\n")
         # the second request gets no answer at all
 
@@ -147,7 +147,7 @@ async def test_a_stream_past_its_deadline_is_a_timeout_in_its_head_or_its_body()
 
 async def test_a_stream_cut_short_is_dropped() -> None:
     def cut(writer: asyncio.StreamWriter, n: int) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n")
+        writer.write(CHUNKED_SSE_HEAD)
         writer.write(b"\r\n9\r\ndata: 1\n\n\r\n")
         writer.close()  # no last chunk
 
@@ -217,7 +217,7 @@ async def test_the_upstream_client_streams_over_the_lean_client_with_the_same_ou
     assert len(app.clients) == 1  # kept alive across calls, the failed ones included
 
     def cut(writer: asyncio.StreamWriter, n: int) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n")
+        writer.write(CHUNKED_SSE_HEAD)
         writer.write(b'\r\n10\r\ndata: {"i": 0}\n\n\r\n')
         writer.close()
 
