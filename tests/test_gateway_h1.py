@@ -177,6 +177,27 @@ async def test_connection_close_in_the_answer_is_honoured() -> None:
             await p.aclose()
 
 
+async def test_an_answer_without_length_or_chunks_ends_where_the_server_closes() -> None:
+    """RFC 9112 section 6.3's last rule, as an HTTP/1.0 server answers (Python's http.server): no
+    content-length, no chunks, the close is the end. Twice, so each call opens its own connection."""
+
+    def http10(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n")
+        writer.write(b'{"n": %d, ' % n)
+        writer.write(b'"pad": "%s"}' % (b"x" * 100_000))  # more than one read's worth
+        writer.close()
+
+    async with raw_server(http10) as url:
+        p = pool(url)
+        try:
+            for n in (1, 2):
+                status, raw = await p.request("POST", "/x", b"{}")
+                assert status == 200 and orjson.loads(raw)["n"] == n and len(raw) > 100_000
+                assert not p._idle and not p._all  # closed: never reused
+        finally:
+            await p.aclose()
+
+
 @pytest.mark.parametrize(
     ("answer", "error"),
     [

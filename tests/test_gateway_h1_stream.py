@@ -164,6 +164,28 @@ async def test_a_stream_cut_short_is_dropped() -> None:
             await p.aclose()
 
 
+async def test_a_stream_without_length_or_chunks_ends_where_the_server_closes() -> None:
+    """An event stream from an HTTP/1.0 server (no chunks: the close ends it) is whole, not dropped."""
+
+    def http10(writer: asyncio.StreamWriter, n: int) -> None:
+        writer.write(b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
+        writer.write(b"data: 1\n\ndata: [DONE]\n\n")
+        writer.close()
+
+    async with raw_server(http10) as url:
+        p = pool(url)
+        try:
+            stream = await p.open_stream("/x", b"{}", deadline(10))
+            body = b""
+            while piece := await stream.read():
+                body += piece
+            assert body == b"data: 1\n\ndata: [DONE]\n\n" and stream.content_type == "text/event-stream"
+            stream.release()
+            assert not p._all
+        finally:
+            await p.aclose()
+
+
 async def test_a_reader_that_falls_behind_pauses_the_socket_and_loses_nothing() -> None:
     size = 3 * h1.STREAM_BUFFER
     body = bytes(range(256)) * (size // 256)

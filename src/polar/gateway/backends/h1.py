@@ -63,6 +63,8 @@ class _Conn(asyncio.Protocol):
         self.reusable = False
         self.idle_since = 0.0
         self.stream: Stream | None = None  # set while a streamed answer is read
+        self.in_body = False  # the answer's head is parsed, its end not yet
+        self.framed = False  # the answer says where its body ends (content-length or chunked)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport, though not always a subclass of asyncio's: uvloop's (Ray's actors run on
@@ -71,6 +73,14 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if exc is None and self.in_body and not self.framed:
+            # An answer with neither a length nor chunks ends where its server closes the connection
+            # (RFC 9112 section 6.3, last rule: HTTP/1.0 servers, Python's http.server). httptools has no
+            # way to be told of that end (llhttp_finish is not exposed), so it is this close.
+            self.on_message_complete()
+            if self.stream is not None:
+                self.stream.wake()
+            return
         self._fail(Dropped(str(exc) if exc else "the server closed the connection"))
 
     def data_received(self, data: bytes) -> None:
@@ -86,10 +96,14 @@ class _Conn(asyncio.Protocol):
             self.stream.wake()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.stream is not None and name.lower() == b"content-type":
+        name = name.lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.framed = True
+        elif self.stream is not None and name == b"content-type":
             self.stream.content_type = value.split(b";", 1)[0].strip().lower().decode("latin-1")
 
     def on_headers_complete(self) -> None:
+        self.in_body = True
         if self.stream is not None:
             self._resolve((self.parser.get_status_code(), b""))
 
@@ -100,6 +114,7 @@ class _Conn(asyncio.Protocol):
             self.parts.append(body)
 
     def on_message_complete(self) -> None:
+        self.in_body = self.framed = False
         self.reusable = self.parser.should_keep_alive()
         if self.stream is not None:
             self.stream.ended = True
