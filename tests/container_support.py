@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -58,6 +59,7 @@ def docker_daemon() -> Iterator[str | None]:
     run = Path("/tmp/polar-test-dockerd")
     run.mkdir(exist_ok=True)
     sock = run / "docker.sock"
+    _stop_leftover_dockerd(run / "dockerd.pid")
     # Images live in the cache, so the base image is imported once per machine, not per run.
     argv = ["dockerd", "--data-root", str(CACHE / "docker-data"), "--exec-root", str(run / "exec")]
     argv += ["--pidfile", str(run / "dockerd.pid"), "-H", f"unix://{sock}"]
@@ -84,6 +86,24 @@ def docker_daemon() -> Iterator[str | None]:
             os.environ.pop("DOCKER_HOST", None)
         else:
             os.environ["DOCKER_HOST"] = old
+
+
+def _stop_leftover_dockerd(pidfile: Path) -> None:
+    """Stop the dockerd an earlier run left on our pidfile (a suite killed before its teardown): a second
+    dockerd refuses to start while the pidfile names a live process, and it would hold the data root."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return  # no pidfile, or its process is gone: dockerd replaces a stale pidfile itself
+    if b"dockerd" not in cmdline or str(pidfile).encode() not in cmdline:
+        return  # the pid was reused by another process: not ours to stop
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if Path(f"/proc/{pid}").exists():
+        os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
