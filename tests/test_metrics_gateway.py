@@ -105,6 +105,7 @@ def test_calls_tokens_refusals_and_failures_are_counted(gateway: Gateway, fake_b
     commits = value(after, "polar_gateway_store_commits_total")
     assert commits >= 3  # the session, two records, a failure
     assert value(after, "polar_gateway_store_writes_total") >= commits
+    assert value(after, "polar_gateway_store_lock_retries_total") == 0  # one process: the lock is its own
 
 
 def test_pause_shows_in_the_metrics(gateway: Gateway) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from polar.store import codec
+from polar.store import writer as writer_module
 from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
 from polar.store.sqlite import SQLiteStore
 from polar.store.writer import AsyncWriter, completion
@@ -262,6 +264,60 @@ async def test_writes_commit_on_the_loop_by_pass_unless_commits_wait_for_the_dis
     await pending
     with SQLiteStore(tmp_path / "w.db") as store:
         assert len(store.completions("s1")) == 7
+
+
+async def test_on_the_loop_a_write_lock_held_elsewhere_is_waited_for_without_blocking_the_loop(
+    tmp_path: Path,
+) -> None:
+    """Another process (here another connection) holding the store's write lock, as a second gateway worker
+    does: the loop goes on (its connection never waits inside SQLite), the writes wait encoded, later writes
+    join them, and all commit in one transaction once the lock is free, reading back exactly."""
+    writer = AsyncWriter(tmp_path / "w.db")
+    await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
+    other = sqlite3.connect(tmp_path / "w.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # the lock is another's
+    first = [make_record(i, list(range(i + 5))) for i in range(5)]
+    waiting = [asyncio.ensure_future(writer.write(completion(r))) for r in first]
+    ticks = 0
+    for _ in range(20):  # the loop keeps turning while they wait
+        await asyncio.sleep(0.005)
+        ticks += 1
+    assert ticks == 20 and not any(w.done() for w in waiting) and writer.lock_retries > 0
+    later = make_record(5, list(range(10)))  # a delta over records that are not committed yet
+    waiting.append(asyncio.ensure_future(writer.write(completion(later))))
+    await asyncio.sleep(0.01)
+    commits = writer.commits
+    other.execute("COMMIT")
+    await asyncio.wait_for(asyncio.gather(*waiting), 5)
+    assert writer.commits == commits + 1  # the ones that waited, together
+    writer.close()
+    other.close()
+    with SQLiteStore(tmp_path / "w.db") as store:
+        assert store.completions("s1") == [*first, later]
+
+
+async def test_on_the_loop_a_write_lock_held_past_the_timeout_fails_the_waiting_writes_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `LOCK_TIMEOUT_S` (the busy timeout the thread's connection has) the waiting writes fail with
+    SQLite's own error; their cached state is forgotten, so the writes after them still read back exactly."""
+    monkeypatch.setattr(writer_module, "LOCK_TIMEOUT_S", 0.1)
+    writer = AsyncWriter(tmp_path / "w.db")
+    await writer.write(lambda w: w.add_session(SessionInfo("s1", 1.0, "open", {})))
+    done = make_record(0, list(range(5)))
+    await writer.write(completion(done))
+    other = sqlite3.connect(tmp_path / "w.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    lost = [make_record(i, list(range(i + 5))) for i in (1, 2)]
+    results = await asyncio.gather(*[writer.write(completion(r)) for r in lost], return_exceptions=True)
+    assert all(isinstance(r, sqlite3.OperationalError) and "locked" in str(r) for r in results)
+    other.execute("COMMIT")
+    after = make_record(3, list(range(8)))
+    await writer.write(completion(after))
+    writer.close()
+    other.close()
+    with SQLiteStore(tmp_path / "w.db") as store:
+        assert store.completions("s1") == [done, after]
 
 
 def test_a_writer_that_commits_on_the_loop_serves_one_loop(tmp_path: Path) -> None:

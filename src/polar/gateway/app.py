@@ -302,9 +302,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         cache = SessionCache(config.session_cache_bytes, config.session_idle_s)
-        # Commits on this loop, unless they wait for fsync or for other workers' lock (polar.store.writer).
-        on_loop = config.durability == "normal" and workers is None
-        writer = AsyncWriter(config.store_path, config.durability, cache=cache, on_loop=on_loop)
+        # Commits on this loop, unless they wait for fsync (polar.store.writer).
+        writer = AsyncWriter(config.store_path, config.durability, cache=cache)
         reader = SQLiteStore(config.store_path, config.durability)
         sweeper: asyncio.Task[None] | None = None
         backend = _backend(config)

@@ -243,3 +243,8 @@ def live(proxy: Watched | None) -> Iterator[Metric]:
         "Writes (records, failures, sessions) in those commits; writes per commit is the group-commit batch.",
         {(): writer.writes},
     )
+    yield counter(
+        "polar_gateway_store_lock_retries",
+        "Commits put off because another process (a gateway worker) held the store's write lock.",
+        {(): writer.lock_retries},
+    )

@@ -13,8 +13,13 @@ each of its socket calls, and made both sides hand it over (bench/gateway_cpu.py
 -> 0.56 ms of CPU per call at concurrency 16, 0.66 -> 0.51 at 64). A commit of `normal` durability does not
 wait for the disk (WAL: only a checkpoint, every ~4 MB of log, calls fsync), so the loop rarely does.
 
-On a thread (`durability="full"`, whose commits wait for fsync; and processes sharing one store, whose
-transactions may wait for another's lock, `polar gateway --workers`): every request hands its write to one
+Processes sharing one store (`polar gateway --workers`) commit on their loops too: another worker may hold
+the store's write lock, so the loop's connection never waits for it (busy timeout 0): a `BEGIN IMMEDIATE`
+that finds it taken is tried again a moment later (`LOCK_RETRY_S`, backing off as SQLite's own busy handler
+does, up to the same 30 s), the batch's records already encoded and the writes that arrive meanwhile joining
+it. The thread they used instead cost ~20 % more CPU a call (bench/gateway_workers.py, docs/benchmarks.md).
+
+On a thread (`durability="full"`, whose commits wait for fsync): every request hands its write to one
 thread, which takes everything queued, runs it in one transaction, commits, and only then releases the
 waiting requests; when the caller knows it is alone (no other call in flight) and nothing is queued, it
 commits its one record itself, saving the two hand-offs. A lock keeps the connection to one user at a time.
@@ -30,7 +35,9 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +50,14 @@ log = logging.getLogger(__name__)
 
 WriteOp = Callable[[RecordWriter], None]
 _STOP = object()
+# On the loop, the waits before trying the store's write lock again while another process holds it: short
+# first (a worker holds it for one batch's inserts, ~0.1-0.5 ms), then SQLite's own busy handler's steps.
+LOCK_RETRY_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.025, 0.05, 0.1)
+LOCK_TIMEOUT_S = 30.0  # as the connection's busy_timeout: past it the batch fails ("database is locked")
+_BUSY_TIMEOUT_MS = int(LOCK_TIMEOUT_S * 1000)
+# A write waiting on the loop: the write, its inserts once encoded, its caller's future.
+_Waiting = tuple[WriteOp, WriteOp | None, asyncio.Future[None]]
+_Staged = tuple[WriteOp, WriteOp, asyncio.Future[None]]
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,14 @@ class AsyncWriter:
         self.on_loop = durability == "normal" if on_loop is None else on_loop
         self._pending: list[tuple[WriteOp, asyncio.Future[None]]] = []  # on the loop: the next commit's
         self._loop: asyncio.AbstractEventLoop | None = None  # on the loop: the one it serves
+        # On the loop, while another process holds the write lock: the writes staged for the next try
+        # (each with its stage's inserts), the try's timer, and when the first try found the lock taken.
+        self._waiting: list[_Waiting] = []
+        self._retry: asyncio.TimerHandle | None = None
+        self._busy_since, self._tries = 0.0, 0
+        self.lock_retries = 0
+        if self.on_loop:
+            self._conn.execute("PRAGMA busy_timeout=0")  # the loop never waits for another's lock
         self._thread: threading.Thread | None = None
         if not self.on_loop:
             self._thread = threading.Thread(target=self._run, name="polar-store-writer", daemon=True)
@@ -116,8 +139,8 @@ class AsyncWriter:
                 raise RuntimeError("a store writer that commits on the loop serves the loop that first wrote")
             fut_here: asyncio.Future[None] = loop.create_future()
             self._pending.append((op, fut_here))
-            if len(self._pending) == 1:  # the first write of this pass: commit after it, with the others
-                fut_here.get_loop().call_soon(self._flush)
+            if len(self._pending) == 1 and self._retry is None:  # the first of this pass: commit after it
+                loop.call_soon(self._flush)
             await fut_here
             return
         if alone and self._queue.empty() and self._lock.acquire(blocking=False):
@@ -150,13 +173,83 @@ class AsyncWriter:
         await self.write(_release)
 
     def _flush(self) -> None:
-        """Commit the writes of the last pass of the loop (`max_batch` at a time) and release their callers."""
-        pending, self._pending = self._pending, []
-        for i in range(0, len(pending), self._max_batch):
-            part = pending[i : i + self._max_batch]
+        """Commit the writes of the last pass of the loop (`max_batch` at a time) and release their callers;
+        when another process holds the store's write lock, try again later (`LOCK_RETRY_S`)."""
+        self._retry = None
+        self._waiting += [(op, None, fut) for op, fut in self._pending]
+        self._pending = []
+        while self._waiting:
+            part = self._stage(self._waiting[: self._max_batch])
+            del self._waiting[: self._max_batch]
             with self._lock:
-                results = self._commit_ops([op for op, _ in part])
-            _resolve([(fut, exc) for (_, fut), exc in zip(part, results, strict=True)])
+                outcome = self._commit_staged(part) if part else []
+            if outcome is None:  # the lock is another's: this part, encoded, and the rest wait for a next try
+                self._waiting[:0] = part
+                self._try_later()
+                return
+            _resolve([(fut, exc) for (_, _, fut), exc in zip(part, outcome, strict=True)])
+        self._busy_since, self._tries = 0.0, 0
+
+    def _stage(self, part: list[_Waiting]) -> list[_Staged]:
+        """`part` with each write's encoding done (once: a write that waited for the lock keeps its own); a
+        write whose encoding fails is answered with its error and left out, its cached state forgotten."""
+        staged: list[_Staged] = []
+        for op, insert, fut in part:
+            if insert is None:
+                try:
+                    insert = _staged(op, self._writer)
+                except Exception as exc:
+                    log.exception("store write failed")
+                    self._writer.reset()
+                    _resolve([(fut, exc)])
+                    continue
+            staged.append((op, insert, fut))
+        return staged
+
+    def _commit_staged(self, part: list[_Staged]) -> list[BaseException | None] | None:
+        """Insert `part`'s encoded rows in one transaction; what each raised, or None when the write lock is
+        another process's and waiting for it is not over (`LOCK_TIMEOUT_S`)."""
+        try:
+            self._conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # any BUSY_*, extended codes included
+                return self._one_by_one(part)
+            now = time.monotonic()
+            self._busy_since = self._busy_since or now
+            if now - self._busy_since < LOCK_TIMEOUT_S:
+                return None
+            self._writer.reset()  # these rows will never land: what the cache counts of them is forgotten
+            return [exc] * len(part)
+        try:
+            for _, insert, _ in part:
+                insert(self._writer)
+            self._conn.execute("COMMIT")
+        except Exception:
+            return self._one_by_one(part)
+        self.commits += 1
+        self.writes += len(part)
+        return [None] * len(part)
+
+    def _one_by_one(self, part: list[_Staged]) -> list[BaseException | None]:
+        """One bad write must not take its batch-mates down: roll back (the cache too, since staged records
+        count as written), then commit each alone, encoded again, waiting for the lock if need be."""
+        self._rollback()
+        self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        try:
+            results = [self._commit_one(op) for op, _, _ in part]
+        finally:
+            self._conn.execute("PRAGMA busy_timeout=0")
+        self.commits += 1
+        self.writes += len(part)
+        return results
+
+    def _try_later(self) -> None:
+        assert self._loop is not None
+        self._retry = self._loop.call_later(
+            LOCK_RETRY_S[min(self._tries, len(LOCK_RETRY_S) - 1)], self._flush
+        )
+        self._tries += 1
+        self.lock_retries += 1
 
     def _run(self) -> None:
         while True:
@@ -229,7 +322,12 @@ class AsyncWriter:
     def close(self) -> None:
         """Commit everything written so far, then stop the thread (it closes the connection) or, on the
         loop, close the connection."""
-        if self._pending:  # on the loop: written during the last pass, not committed yet
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._pending or self._waiting:  # on the loop: written, not committed yet
+            # No later try: wait for the lock here, as long as the connection's busy timeout, then give up.
+            self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            self._busy_since = time.monotonic() - LOCK_TIMEOUT_S
             self._flush()
         if self._thread is None:
             with self._lock:
