@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from polar.http_server import CORK_LIMIT, CorkedTransport
+from polar.http_server import CORK_LIMIT, READ_SIZE, CorkedTransport, small_reads
 from polar.serving import ServerThread
 
 
@@ -109,5 +109,55 @@ def test_a_polar_server_still_streams_each_piece_as_it_is_written(slow_stream: A
             assert next(pieces) == b"data: first\n\n"
             slow_stream.got_first = True
             assert b"".join(pieces) == b"data: second\n\n"
+    finally:
+        server.stop()
+
+
+async def test_small_reads_caps_an_asyncio_transports_read_and_leaves_others_alone() -> None:
+    """asyncio's socket transport reads `max_size` (256 KiB) at a time, allocated whole for each read (and
+    served by mmap past glibc's threshold, bench/socket_reads.py); `small_reads` caps it, and a transport
+    without the attribute (uvloop's) is left as it is."""
+    transport, _, theirs = await _pair()
+    assert transport.max_size == 256 * 1024  # type: ignore[attr-defined]  # asyncio's, CPython 3.11
+    small_reads(transport)
+    assert transport.max_size == READ_SIZE  # type: ignore[attr-defined]
+    theirs.sendall(b"x" * (3 * READ_SIZE))  # more than one read's worth still arrives whole
+    transport.close()
+    theirs.close()
+
+    class Other(asyncio.BaseTransport):
+        pass
+
+    other = Other()
+    small_reads(other)
+    assert not hasattr(other, "max_size")
+
+
+def test_a_polar_server_and_the_lean_client_read_at_most_read_size(slow_stream: Any) -> None:
+    """Both ends of a call the gateway serves: the connection its server accepted and the one its upstream
+    client opened read at most READ_SIZE."""
+    from polar.gateway.backends import h1
+
+    server = ServerThread(slow_stream, lifespan="off").start()
+    try:
+
+        async def call() -> tuple[int, int]:
+            pool = h1.H1Pool(server.url, {}, 1, connect_timeout_s=5)
+            try:
+                status, _ = await pool.request("GET", "/", None)
+                (conn,) = pool._all
+                assert conn.transport is not None
+                return status, conn.transport.max_size  # type: ignore[attr-defined]
+            finally:
+                await pool.aclose()
+
+        status, client_read = asyncio.run(call())
+        assert status == 200 and client_read == READ_SIZE
+        with httpx.Client(timeout=10) as client:  # kept alive: its server-side connection is still open
+            assert client.get(server.url + "/").status_code == 200
+            uv = server.servers[0]._server
+            assert uv is not None
+            reads = {p.transport.max_size for p in uv.server_state.connections}  # type: ignore[attr-defined]
+            assert reads == {READ_SIZE}
     finally:
         server.stop()

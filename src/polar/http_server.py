@@ -11,6 +11,10 @@ loop goes out in one `send`. A streamed answer writes a piece per upstream event
 one read (vLLM under load, a fast server), they were as many syscalls, which were the largest single cost
 of a streamed call (bench/gateway_cpu.py --path chat-stream, docs/benchmarks.md).
 
+They also read at most `READ_SIZE` at a time (`small_reads`): asyncio's socket transport reads with
+`sock.recv(256 KiB)`, and CPython allocates that much for every read, a size glibc serves with mmap and
+munmap, before shrinking it to what came.
+
 The same protocols close a connection whose request headers are not complete within `header_timeout_s`.
 uvicorn times out only an idle keep-alive connection (and stops that timer at the first byte of the next
 request): a client that sends half a request line and then nothing held its connection, and a descriptor,
@@ -33,6 +37,8 @@ HEADER_TIMEOUT_ENV = "POLAR_HEADER_TIMEOUT_S"  # an operator's (or a test's) ove
 
 # Bytes a `CorkedTransport` holds before it sends them without waiting for the loop's next pass.
 CORK_LIMIT = 64 * 1024
+# The most one read of a socket takes (`small_reads`).
+READ_SIZE = 64 * 1024
 
 HINT = (
     "The request line, headers or framing could not be parsed (for example, bytes past the body's "
@@ -97,6 +103,19 @@ class _HeaderDeadline:
         self.transport.close()
 
 
+def small_reads(transport: asyncio.BaseTransport) -> None:
+    """Have `transport` read at most `READ_SIZE` at a time, if it is asyncio's socket transport.
+
+    CPython 3.11's `_SelectorSocketTransport` reads with `sock.recv(max_size)`, 256 KiB: the bytes object is
+    allocated at that size and shrunk to what arrived, and glibc serves 256 KiB with mmap and munmap (past its
+    128 KiB mmap threshold, where polar.memory also fixes it so memory is given back). Measured here, a 7 kB request
+    sent and read took 19.1 us against 4.0 us at 64 KiB, 60 kB 46.5 against 8.9 us (bench/socket_reads.py);
+    a call reads at least twice (the request, the upstream answer) and a stream once per upstream event.
+    uvloop's transport reads into a buffer of its own and has no `max_size`: left as it is."""
+    if hasattr(transport, "max_size"):
+        transport.max_size = READ_SIZE
+
+
 class CorkedTransport:
     """A transport whose writes in one pass of the loop are sent together at the start of the next (one
     `call_soon` per pass), or at once when `CORK_LIMIT` bytes are held: a large answer written in one pass
@@ -140,6 +159,7 @@ class CorkedTransport:
 
 class JSONErrorH11Protocol(_HeaderDeadline, H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        small_reads(transport)
         super().connection_made(transport)
         self._await_headers()
 
@@ -172,6 +192,7 @@ if HttpToolsProtocol is not None:
 
     class JSONErrorHttpToolsProtocol(_HeaderDeadline, HttpToolsProtocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            small_reads(transport)
             corked = cast(asyncio.Transport, CorkedTransport(transport, asyncio.get_running_loop()))
             super().connection_made(corked)
             self._await_headers()

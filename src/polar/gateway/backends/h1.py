@@ -29,6 +29,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from polar.http_server import small_reads
+
 # vLLM and SGLang serve through uvicorn, which closes a keep-alive connection idle for 5 s: letting go first
 # avoids sending on one the server is closing (aiohttp's `keepalive_timeout` was set the same).
 KEEPALIVE_S = 4.0
@@ -69,6 +71,7 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport, though not always a subclass of asyncio's: uvloop's (Ray's actors run on
         # uvloop) is its own class with the same methods.
+        small_reads(transport)
         self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
