@@ -35,6 +35,8 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS sessions_task ON sessions (task_id);
 CREATE TABLE IF NOT EXISTS blobs (hash BLOB PRIMARY KEY, data BLOB NOT NULL) WITHOUT ROWID;
+-- A rowid table: a record's row (~1 kB and up) is more than a WITHOUT ROWID b-tree keeps in its page (~1 kB
+-- of 4 kB), so each spilled onto an overflow page of its own. Stores made before 2026-12-05 keep that layout.
 CREATE TABLE IF NOT EXISTS completions (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -61,8 +63,8 @@ CREATE TABLE IF NOT EXISTS completions (
     flags TEXT NOT NULL,
     tags TEXT NOT NULL,
     upstream_id TEXT,              -- the inference server's id (completion_id is the gateway's own)
-    PRIMARY KEY (session_id, seq)
-) WITHOUT ROWID;
+    UNIQUE (session_id, seq)
+);
 CREATE TABLE IF NOT EXISTS failures (
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
