@@ -273,6 +273,8 @@ async def test_staged_completions_fail_alone_whether_encoding_or_insert_fails(
     writes = [*good[:10], dup, unencodable, *good[10:]]
     results = await asyncio.gather(*[writer.write(completion(r)) for r in writes], return_exceptions=True)
     assert sum(isinstance(r, BaseException) for r in results) == 2
+    # Each alone waited for the lock as a busy timeout would; the loop's connection is back to never waiting.
+    assert writer._conn.execute("PRAGMA busy_timeout").fetchone()[0] == (0 if on_loop else 30000)
     later = [make_record(i, list(range(i + 5))) for i in range(20, 30)]
     await asyncio.gather(*[writer.write(completion(r)) for r in later])
     await writer.write(completion(make_record(30, list(range(35)))), alone=True)

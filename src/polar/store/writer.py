@@ -209,39 +209,38 @@ class AsyncWriter:
     def _commit_staged(self, part: list[_Staged]) -> list[BaseException | None] | None:
         """Insert `part`'s encoded rows in one transaction; what each raised, or None when the write lock is
         another process's and waiting for it is not over (`LOCK_TIMEOUT_S`)."""
+        begun = False
         try:
             self._conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:  # any BUSY_*, extended codes included
-                return self._one_by_one(part)
-            now = time.monotonic()
-            self._busy_since = self._busy_since or now
-            if now - self._busy_since < LOCK_TIMEOUT_S:
-                return None
-            self._writer.reset()  # these rows will never land: what the cache counts of them is forgotten
-            return [exc] * len(part)
-        try:
+            begun = True
             for _, insert, _ in part:
                 insert(self._writer)
             self._conn.execute("COMMIT")
-        except Exception:
-            return self._one_by_one(part)
-        self.commits += 1
-        self.writes += len(part)
-        return [None] * len(part)
-
-    def _one_by_one(self, part: list[_Staged]) -> list[BaseException | None]:
-        """One bad write must not take its batch-mates down: roll back (the cache too, since staged records
-        count as written), then commit each alone, encoded again, waiting for the lock if need be."""
-        self._rollback()
-        self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
-        try:
-            results = [self._commit_one(op) for op, _, _ in part]
-        finally:
-            self._conn.execute("PRAGMA busy_timeout=0")
+            results: list[BaseException | None] = [None] * len(part)
+        except Exception as exc:
+            if not begun and _busy(exc):  # the lock is another process's
+                now = time.monotonic()
+                self._busy_since = self._busy_since or now
+                if now - self._busy_since < LOCK_TIMEOUT_S:
+                    return None
+                self._writer.reset()  # these rows will never land: what the cache counts of them is forgotten
+                return [exc] * len(part)
+            results = self._one_by_one([op for op, _, _ in part])
         self.commits += 1
         self.writes += len(part)
         return results
+
+    def _one_by_one(self, ops: list[WriteOp]) -> list[BaseException | None]:
+        """One bad write must not take its batch-mates down: roll back (the cache too, since staged records
+        count as written), then commit each alone, encoded again; on the loop too this waits for another
+        process's lock (a rare path), the connection's own busy timeout restored after."""
+        self._rollback()
+        (busy_ms,) = self._conn.execute("PRAGMA busy_timeout").fetchone()
+        self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        try:
+            return [self._commit_one(op) for op in ops]
+        finally:
+            self._conn.execute(f"PRAGMA busy_timeout={int(busy_ms)}")
 
     def _try_later(self) -> None:
         assert self._loop is not None
@@ -283,10 +282,7 @@ class AsyncWriter:
             self._conn.execute("COMMIT")
             results: list[BaseException | None] = [None] * len(ops)
         except Exception:
-            # One bad write must not take its batch-mates down: roll back (the cache too, since staged
-            # records count as written), then retry each alone.
-            self._rollback()
-            results = [self._commit_one(op) for op in ops]
+            results = self._one_by_one(ops)
         self.commits += 1
         self.writes += len(ops)
         return results
@@ -338,6 +334,11 @@ class AsyncWriter:
             self._thread.join(timeout=30)
         with self._lock:  # an inline write may still hold the connection
             pass
+
+
+def _busy(exc: Exception) -> bool:
+    """Whether `exc` is SQLite saying the lock is another connection's (any SQLITE_BUSY_*, extended codes too)."""
+    return isinstance(exc, sqlite3.OperationalError) and exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def _evict_idle(w: RecordWriter) -> None:
