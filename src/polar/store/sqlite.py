@@ -22,6 +22,7 @@ from polar.store.files import private_database
 from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
 
 Durability = Literal["normal", "full"]
+BUSY_TIMEOUT_S = 30.0  # how long a transaction waits for another connection's write lock before it fails
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -92,10 +93,10 @@ def connect(path: str | Path, durability: Durability = "normal") -> sqlite3.Conn
     """Open the store, creating the schema. WAL + synchronous=NORMAL survives a killed process (every
     committed transaction is in the WAL); `full` also survives power loss, at an fsync per commit."""
     private_database(path)  # 0600, and so its -wal and -shm (polar.store.files)
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
-    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
     conn.executescript(SCHEMA)
     _migrate(conn)
     return conn

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from polar.store.cache import SessionCache
 from polar.store.records import CompletionRecord
-from polar.store.sqlite import Durability, RecordWriter, connect
+from polar.store.sqlite import BUSY_TIMEOUT_S, Durability, RecordWriter, connect
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,9 @@ _STOP = object()
 # On the loop, the waits before trying the store's write lock again while another process holds it: short
 # first (a worker holds it for one batch's inserts, ~0.1-0.5 ms), then SQLite's own busy handler's steps.
 LOCK_RETRY_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.025, 0.05, 0.1)
-LOCK_TIMEOUT_S = 30.0  # as the connection's busy_timeout: past it the batch fails ("database is locked")
+LOCK_TIMEOUT_S = (
+    BUSY_TIMEOUT_S  # as a connection's busy timeout: past it the batch fails ("database is locked")
+)
 _BUSY_TIMEOUT_MS = int(LOCK_TIMEOUT_S * 1000)
 # A write waiting on the loop: the write, its inserts once encoded, its caller's future.
 _Waiting = tuple[WriteOp, WriteOp | None, asyncio.Future[None]]
