@@ -16,7 +16,7 @@ from polar.store import codec
 from polar.store import sqlite as sqlite_module
 from polar.store import writer as writer_module
 from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
-from polar.store.sqlite import SQLiteStore
+from polar.store.sqlite import TOOL_HASHES, SQLiteStore
 from polar.store.writer import AsyncWriter, completion
 
 OLD_LAYOUT = sqlite_module.SCHEMA.replace(
@@ -51,6 +51,22 @@ def make_record(seq: int, prompt: list[int] | None, sid: str = "s1", **kw: objec
 
 def add_session(store: SQLiteStore, sid: str = "s1", task: str = "t1") -> None:
     store.write(lambda w: w.add_session(SessionInfo(sid, 1.0, "open", {"task_id": task})))
+
+
+def test_tool_lists_read_back_as_written_past_the_remembered_hashes(tmp_path: Path) -> None:
+    """The writer remembers the blob hash of recent tool lists (`TOOL_HASHES`): more lists than that,
+    each coming back, still read back as each record sent them."""
+    lists = [
+        [{"type": "function", "function": {"name": f"tool{i}", "description": "d" * 300}}]
+        for i in range(TOOL_HASHES + 4)
+    ]
+    records = [make_record(i, None, tools=lists[(i * 7) % len(lists)]) for i in range(3 * len(lists))]
+    with SQLiteStore(tmp_path / "s.db") as store:
+        add_session(store)
+        for r in records:
+            store.write(lambda w, r=r: w.add_completion(r))
+    with SQLiteStore(tmp_path / "s.db") as store:
+        assert [r.tools for r in store.completions("s1")] == [r.tools for r in records]
 
 
 def test_round_trip_is_exact(tmp_path: Path) -> None:

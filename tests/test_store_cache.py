@@ -109,6 +109,58 @@ def test_chained_lists_store_what_the_element_path_stored(start: list[Any], step
         assert back == body
 
 
+@given(
+    st.lists(element, min_size=1, max_size=8),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["grow", "same", "rewrite", "truncate"]),
+            st.sampled_from(["as sent", "changed", "extra key", "no tools"]),
+            element,
+        ),
+        max_size=6,
+    ),
+)
+@settings(max_examples=150, deadline=None)
+def test_a_list_split_for_the_request_is_reused_only_where_the_upstream_body_has_it_too(
+    start: list[Any], steps: list[Any]
+) -> None:
+    """The upstream body's split with the request's `splits` is byte for byte the split made alone, whether
+    its lists are the request's, differ from them, or a chain has history the other lacks."""
+    messages = list(start)
+    tools = [{"name": f"t{i}", "schema": "s" * 100} for i in range(3)]
+    chains: dict[str, codec.Chain | None] = {"request": None, "upstream": None}
+    for seq, (op, upstream_op, value) in enumerate([("same", "as sent", None), *steps]):
+        if op == "grow":
+            messages = [*messages, value, "x" * 300]
+        elif op == "rewrite":
+            messages = [value, *messages[1:]]
+        elif op == "truncate":
+            messages = messages[: max(1, len(messages) // 2)]
+        request = {"model": "m", "messages": messages, "tools": tools}
+        upstream: dict[str, Any] = {**request, "logprobs": True}
+        if upstream_op == "changed":
+            upstream["messages"] = [*messages[:-1], {"role": "user", "content": value}]
+        elif upstream_op == "extra key":
+            upstream = {"first": 1, **upstream}
+        elif upstream_op == "no tools":
+            del upstream["tools"]
+        base = seq - 1 if seq else None
+        splits: dict[str, codec.ListSplit] = {}
+        request_split = codec.split_json(request, chains["request"], base, splits)
+        assert request_split == codec.split_json(request, chains["request"], base)
+        before = {key: st for key, st in (chains["upstream"] or {}).items()}
+        reused = codec.split_json(upstream, chains["upstream"], base, splits)
+        assert reused == codec.split_json(upstream, chains["upstream"], base)
+        for key in reused[2]:  # taken over (the same objects) exactly where the request's split fits
+            fits = (
+                key in request_split[2]
+                and orjson.dumps(upstream[key]) == orjson.dumps(request[key])
+                and before.get(key) == (chains["request"] or {}).get(key)
+            )
+            assert (reused[2][key] is request_split[2][key]) == fits
+        chains["request"], chains["upstream"] = request_split[2], reused[2]
+
+
 # -- the cache's accounting ----------------------------------------------------------------------------
 
 
@@ -139,6 +191,33 @@ def test_cache_stays_within_its_budget_and_forgets_closed_and_idle_sessions() ->
     assert before >= 2 and cache.evict_idle() == before - 1 and list(cache._sessions) == ["fresh"]
     cache.forget("fresh")
     assert cache.nbytes == 0 and len(cache) == 0
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["prompt", "chain", "forget"]), st.integers(0, 3), st.integers(0, 5)),
+        max_size=60,
+    )
+)
+@settings(max_examples=100, deadline=None)
+def test_the_cache_counts_each_change_as_a_fresh_count_would(ops: list[tuple[str, int, int]]) -> None:
+    """`nbytes` is kept by each change (prompts rolling over, a chain replaced), never recounted: it must
+    equal counting every session afresh after any sequence of changes."""
+    cache = SessionCache(max_bytes=1 << 30, idle_s=60, prompts_per_session=2, clock=Clock())
+    for seq, (op, session, size) in enumerate(ops):
+        sid = f"s{session}"
+        if op == "prompt":
+            cache.add_prompt(sid, seq, bytes(4 * size))
+        elif op == "chain":
+            state = codec.ListState(bytes(16 * size), size, bytes(32))
+            cache.set_chain(
+                sid, "request" if size % 2 else "upstream", seq, {"messages": state} if size else {}
+            )
+        else:
+            cache.forget(sid)
+        for entry in cache._sessions.values():
+            assert entry.nbytes == entry.measure()
+        assert cache.nbytes == sum(entry.nbytes for entry in cache._sessions.values())
 
 
 def test_recent_hashes_are_bounded_and_keep_hot_ones() -> None:

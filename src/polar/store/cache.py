@@ -31,10 +31,17 @@ class SessionMemory:
     used: float = 0.0
 
     def measure(self) -> int:
-        n = _ENTRY_OVERHEAD + sum(len(ids) + 64 for _, ids in self.prompts)
-        for _, chain in self.chains.values():
-            n += sum(s.nbytes for s in chain.values())
-        return n
+        """Its bytes counted afresh (`nbytes` is kept up to date by each change instead)."""
+        n = _ENTRY_OVERHEAD + sum(_prompt_bytes(ids) for _, ids in self.prompts)
+        return n + sum(_chain_bytes(chain) for _, chain in self.chains.values())
+
+
+def _prompt_bytes(ids: bytes) -> int:
+    return len(ids) + 64
+
+
+def _chain_bytes(chain: codec.Chain) -> int:
+    return sum(s.nbytes for s in chain.values())
 
 
 class SessionCache:
@@ -74,13 +81,17 @@ class SessionCache:
     def add_prompt(self, session_id: str, seq: int, ids: bytes) -> None:
         entry = self._touch(session_id)
         entry.prompts.append((seq, ids))
-        del entry.prompts[: -self._per_session]
-        self._resize(session_id, entry)
+        change = _prompt_bytes(ids)
+        if len(entry.prompts) > self._per_session:
+            change -= sum(_prompt_bytes(old) for _, old in entry.prompts[: -self._per_session])
+            del entry.prompts[: -self._per_session]
+        self._resize(entry, change)
 
     def set_chain(self, session_id: str, column: str, seq: int, chain: codec.Chain) -> None:
         entry = self._touch(session_id)
+        old = entry.chains.get(column)
         entry.chains[column] = (seq, chain)
-        self._resize(session_id, entry)
+        self._resize(entry, _chain_bytes(chain) - (0 if old is None else _chain_bytes(old[1])))
 
     def forget(self, session_id: str, why: str = "closed") -> None:
         entry = self._sessions.pop(session_id, None)
@@ -114,10 +125,9 @@ class SessionCache:
         entry.used = self.clock()
         return entry
 
-    def _resize(self, session_id: str, entry: SessionMemory) -> None:
-        size = entry.measure()
-        self.nbytes += size - entry.nbytes
-        entry.nbytes = size
+    def _resize(self, entry: SessionMemory, change: int) -> None:
+        entry.nbytes += change
+        self.nbytes += change
         self.evict_idle()
         while self.nbytes > self.max_bytes and self._sessions:
             self.forget(next(iter(self._sessions)), "budget")

@@ -204,8 +204,24 @@ def _shared_prefix(full: bytes, prev: ListState | None, digest: HASH) -> bool:
 _ELEMENT_END = (ord(","), ord("]"))
 
 
+@dataclass(frozen=True, slots=True)
+class ListSplit:
+    """How one list was split, for another body of the same record that sends the same list (`split_json`'s
+    `splits`): its JSON, the chain state it extended and from which record, and what that gave."""
+
+    full: bytes
+    prev: ListState | None
+    base: int | None
+    entry: Any  # the skeleton's `lists` entry
+    state: ListState
+    blobs: dict[bytes, bytes]
+
+
 def split_json(
-    obj: dict[str, Any], previous: Chain | None = None, base: int | None = None
+    obj: dict[str, Any],
+    previous: Chain | None = None,
+    base: int | None = None,
+    splits: dict[str, ListSplit] | None = None,
 ) -> tuple[bytes, dict[bytes, bytes], Chain]:
     """Encode a JSON object as (skeleton bytes, {hash: element JSON}, the lists' state for the next body).
 
@@ -215,6 +231,11 @@ def split_json(
     that list is stored as `{"b": base, "n": shared, "t": [new hex, ...]}`: a harness resends its whole
     history every call, so each call then stores only the messages that are new, and encodes and hashes only
     those (the shared prefix is checked with one digest over its bytes).
+
+    `splits` holds the lists split earlier for the same record, by key, and gets this body's: a list whose
+    JSON, previous state and base equal one there is that split again. The gateway's upstream body mostly
+    sends the harness's messages and tools as they came, and proving their prefix again was a second digest
+    over the whole history a call.
     """
     inline: dict[str, Any] = {}
     lists: dict[str, Any] = {}
@@ -228,6 +249,11 @@ def split_json(
                 inline[key] = value
                 continue
             prev = None if previous is None or base is None else previous.get(key)
+            done = None if splits is None else splits.get(key)
+            if done is not None and done.full == full and done.prev == prev and done.base == base:
+                lists[key], state[key] = done.entry, done.state
+                blobs.update(done.blobs)
+                continue
             digest = hashlib.sha256()
             shared = prev is not None and _shared_prefix(full, prev, digest)
             if shared:
@@ -239,15 +265,18 @@ def split_json(
                 n = 0
                 digest = hashlib.sha256(memoryview(full)[: len(full) - 1])
                 known = []
-            new = []
+            new, mine = [], {}
             for v in value[n:]:
                 e = orjson.dumps(v)
                 h = blob_hash(e)
-                blobs[h] = e
+                mine[h] = e
                 new.append(h)
+            blobs.update(mine)
             state[key] = ListState(b"".join(known + new), len(full) - 1, digest.digest())
             tail = [h.hex() for h in new]
             lists[key] = {"b": base, "n": n, "t": tail} if shared else tail
+            if splits is not None:
+                splits[key] = ListSplit(full, prev, base, lists[key], state[key], mine)
         elif isinstance(value, (dict, str)):
             e = orjson.dumps(value)
             if len(e) < INLINE_LIMIT:

@@ -23,6 +23,9 @@ from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
 
 Durability = Literal["normal", "full"]
 BUSY_TIMEOUT_S = 30.0  # how long a transaction waits for another connection's write lock before it fails
+# Tool lists whose blob hash is remembered: a session resends its tools every call (30-60 kB of JSON for
+# some harnesses, ~45 us of blake2b for 40 kB here), and a node serves a handful of harnesses' lists at a time.
+TOOL_HASHES = 16
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -118,6 +121,7 @@ class RecordWriter:
         self.conn = conn
         self.cache = cache if cache is not None else SessionCache()
         self._known_blobs = RecentHashes()
+        self._tool_hashes: dict[bytes, bytes] = {}  # a tool list's JSON -> its blob hash (a pure function)
 
     def reset(self) -> None:
         """Forget cached state after a rollback: cached prompts and blobs may name rows that never landed."""
@@ -158,12 +162,14 @@ class RecordWriter:
         chain: tuple[str, str] | None = None,
         seq: int = 0,
         blobs_into: list[tuple[bytes, bytes]] | None = None,
+        splits: dict[str, codec.ListSplit] | None = None,
     ) -> bytes:
         """Store a body; with `chain` (session, column) its lists extend the previous record's of that chain.
-        `blobs_into`: collect its new blob rows there instead of writing them now."""
+        `blobs_into`: collect its new blob rows there instead of writing them now; `splits`: the lists of the
+        record's other bodies (`codec.split_json`)."""
         prev = self.cache.chain(*chain) if chain is not None else None
         base, previous = prev if prev is not None else (None, None)
-        skeleton, blobs, state = codec.split_json(obj, previous, base)
+        skeleton, blobs, state = codec.split_json(obj, previous, base, splits)
         if blobs_into is None:
             self._put_blobs(blobs)
         else:
@@ -220,16 +226,21 @@ class RecordWriter:
         tools_ref = None
         if r.tools is not None:
             data = orjson.dumps(r.tools)
-            tools_ref = codec.blob_hash(data)
+            tools_ref = self._tool_hashes.get(data)
+            if tools_ref is None:
+                tools_ref = self._tool_hashes[data] = codec.blob_hash(data)
+                if len(self._tool_hashes) > TOOL_HASHES:
+                    del self._tool_hashes[next(iter(self._tool_hashes))]
             self._new_blobs({tools_ref: data}, blob_rows)
+        splits: dict[str, codec.ListSplit] = {}
         row = (
             r.session_id,
             r.seq,
             r.completion_id,
             r.dialect,
             r.created_at,
-            self._put_json(r.request, (r.session_id, "request"), r.seq, blob_rows),
-            self._put_json(r.upstream_request, (r.session_id, "upstream"), r.seq, blob_rows),
+            self._put_json(r.request, (r.session_id, "request"), r.seq, blob_rows, splits),
+            self._put_json(r.upstream_request, (r.session_id, "upstream"), r.seq, blob_rows, splits),
             prompt_len,
             base,
             shared,
