@@ -676,3 +676,25 @@ async def test_vllm_backend_reads_the_embedded_engine() -> None:
             err = info.value
             assert err.kind == "context_length" and err.max_tokens == TEST_CONTEXT
             assert err.prompt_tokens is not None and err.prompt_tokens > TEST_CONTEXT
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [
+        ([{"token": "<tool", "logprob": -0.1}, {"token": "_call>", "logprob": -0.2}], "<tool_call>"),
+        ([], ""),
+        ([{"token": "a"}, {"token": None}], None),
+        ([{"token": "a"}, {"logprob": -1.0}], None),
+        ([{"token": "a"}, "b"], None),
+        ([{"token": "a"}, ["token"]], None),
+        ([{"token": 7}], None),
+        (None, None),
+    ],
+)
+def test_vllm_sampled_text_is_the_tokens_joined_or_nothing(content: Any, text: str | None) -> None:
+    """The sampled text (what tool-call checks read) is `logprobs.content[].token` joined, and nothing at all
+    when any entry is not an object with a string token: never the pieces that happened to be readable."""
+    backend = make_backend("vllm", "http://h")
+    assert isinstance(backend, VLLMBackend)
+    choice = {"token_ids": [1, 2], "logprobs": {"content": content}}
+    assert backend.read_tokens({"prompt_token_ids": [3]}, choice).text == text

@@ -57,10 +57,10 @@ def _token_text(value: JSON) -> str | None:
     content = value.get("content") if isinstance(value, dict) else None
     if type(content) is not list:
         return None
-    pieces = [e.get("token") if isinstance(e, dict) else None for e in content]
-    return (
-        "".join(p for p in pieces if isinstance(p, str)) if all(isinstance(p, str) for p in pieces) else None
-    )
+    try:  # an entry that is not an object, or a token that is missing or not a string, raises: None
+        return "".join([entry["token"] for entry in content])
+    except (TypeError, KeyError):
+        return None
 
 
 def _logprobs(value: JSON) -> list[float] | None:
