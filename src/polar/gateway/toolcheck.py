@@ -76,16 +76,18 @@ def problems(
     calls = list(calls)
     if not offered:
         return []
-    schemas = {}
-    for tool in offered:
-        fn = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            schemas[fn["name"]] = fn.get("parameters")
     found: list[str] = []
     if (content and any(tag in content for tag in START_TAGS)) or (
         sampled is not None and _unparsed(sampled, len(calls))
     ):
         found.append(FLAG_MARKUP)
+    if not calls:  # most answers: the offered tools' schemas are not looked at
+        return found
+    schemas = {}
+    for tool in offered:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            schemas[fn["name"]] = fn.get("parameters")
     for call in calls:
         if call.name not in schemas:
             found.append(FLAG_UNKNOWN_TOOL)
