@@ -39,8 +39,8 @@ class KnownMessages:
     """One session's previous messages: `raw` as decoded, `parsed` as the dialect made them."""
 
     budget: MemoBudget | None = None
-    raw: list[Any] = field(default_factory=list, repr=False)  # a whole history: kept out of reprs and logs
-    parsed: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    raw: list[Any] = field(default_factory=list)
+    parsed: list[dict[str, Any]] = field(default_factory=list)
     size: int = 0  # estimated bytes held
     reused: int = 0  # messages the last call took from here (for tests and curiosity)
 
