@@ -328,7 +328,6 @@ def create_app(
                     classifiers,
                     idle_s=config.session_idle_s,
                     memos=MemoBudget(config.prompt_memo_bytes),
-                    known=MemoBudget(config.message_memo_bytes),
                 ),
                 writer=writer,
                 codec=ReasoningCodec(_reasoning_key(config, reader)),

@@ -9,7 +9,6 @@ from typing import Literal
 from polar.auth import MIN_TOKEN_CHARS, new_token
 from polar.gateway.backends.base import BackendOptions
 from polar.gateway.backends.prompt_ids import DEFAULT_MEMO_BYTES
-from polar.gateway.dialects.known import DEFAULT_MESSAGE_MEMO_BYTES
 from polar.limits import DEFAULT_BODY_TIMEOUT_S
 from polar.netguard import OutboundPolicy
 from polar.store.cache import DEFAULT_CACHE_BYTES, DEFAULT_IDLE_S
@@ -53,9 +52,6 @@ class GatewayConfig:
     # Live sessions' previous prompt ids, so a call decodes only the ids its prompt adds
     # (`polar.gateway.backends.prompt_ids`): at most this many bytes. Smaller only costs CPU.
     prompt_memo_bytes: int = DEFAULT_MEMO_BYTES
-    # Live sessions' previous messages, so a call validates and translates only the messages it adds
-    # (`polar.gateway.dialects.known`; Chat): at most this many bytes. Smaller only costs CPU.
-    message_memo_bytes: int = DEFAULT_MESSAGE_MEMO_BYTES
     # Several servers only: keep a session on the server holding its prefix, and how often each is probed.
     backend_affinity: bool = True
     health_interval_s: float = 5.0
@@ -105,7 +101,5 @@ class GatewayConfig:
             raise ValueError("session_cache_bytes must be zero or more")
         if self.prompt_memo_bytes < 0:
             raise ValueError("prompt_memo_bytes must be zero or more")
-        if self.message_memo_bytes < 0:
-            raise ValueError("message_memo_bytes must be zero or more")
         if not self.session_idle_s > 0:
             raise ValueError("session_idle_s must be positive")

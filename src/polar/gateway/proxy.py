@@ -218,9 +218,7 @@ class Proxy:
         backend): everything before generation."""
         call.body = parse_json(await read_raw(request, self.max_body_bytes, self.body_timeout_s))
         check_nesting(call.body)  # before any generation: whatever is accepted can be stored
-        req = call.dialect.parse(
-            call.body, self.codec, path_model=path_model, path_stream=path_stream, known=call.state.known
-        )
+        req = call.dialect.parse(call.body, self.codec, path_model=path_model, path_stream=path_stream)
         req, quirks = apply_quirks(req)
         req, restored = call.state.tool_arguments.restore(req)
         if restored:

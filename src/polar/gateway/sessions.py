@@ -25,7 +25,6 @@ from typing import Any
 
 from polar import memory
 from polar.gateway.backends.prompt_ids import IdsMemo, MemoBudget
-from polar.gateway.dialects.known import KnownMessages
 from polar.gateway.render.chain import Chain
 from polar.gateway.restore import ToolArguments
 from polar.gateway.routing import Classifiers, SideRoute, side_route
@@ -49,7 +48,6 @@ class SessionState:
         default_factory=IdsMemo
     )  # its last prompt ids (polar.gateway.backends.prompt_ids)
     chain: Chain = field(default_factory=Chain)  # its token chain, where the gateway renders (gateway.render)
-    known: KnownMessages = field(default_factory=KnownMessages)  # its last messages (dialects.known)
     # Calls that took a seq and have not finished: such a session is never evicted, since reloading it would
     # hand out a seq that is in use.
     in_flight: int = 0
@@ -81,11 +79,9 @@ class SessionRegistry:
         idle_s: float = DEFAULT_IDLE_S,
         clock: Callable[[], float] = time.monotonic,
         memos: MemoBudget | None = None,
-        known: MemoBudget | None = None,
     ) -> None:
         self._writer = writer
         self.memos = memos if memos is not None else MemoBudget()  # sessions' prompt-ids memos, bounded
-        self.known = known if known is not None else MemoBudget()  # sessions' last messages, bounded
         self._classifiers = classifiers  # builds side-call routes (polar.gateway.routing)
         self._reader = reader  # used only on the event loop thread
         self._live: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
@@ -104,12 +100,7 @@ class SessionRegistry:
             raise KeyError(sid)
         route = side_route(metadata, self._classifiers)
         state = SessionState(
-            session_id=sid,
-            created_at=time.time(),
-            metadata=metadata,
-            route=route,
-            ids_memo=self.memos.new(),
-            known=KnownMessages(self.known),
+            session_id=sid, created_at=time.time(), metadata=metadata, route=route, ids_memo=self.memos.new()
         )
         info = SessionInfo(session_id=sid, created_at=state.created_at, status="open", metadata=metadata)
         await self._writer.write(lambda w: w.add_session(info))
@@ -138,7 +129,6 @@ class SessionRegistry:
             counts={"completions": info.completions, "failures": info.failures},
             route=side_route(info.metadata, self._classifiers),  # checked when the session was created
             ids_memo=self.memos.new(),
-            known=KnownMessages(self.known),
             used=self.clock(),
         )
         for content, calls in self._reader.tool_call_turns(session_id):

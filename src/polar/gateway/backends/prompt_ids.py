@@ -26,7 +26,6 @@ import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
-from typing import Protocol
 
 import orjson
 
@@ -60,15 +59,6 @@ class IdsMemo:
         self.text, self.ids = b"", None
 
 
-class Memo(Protocol):
-    """What a `MemoBudget` bounds: `IdsMemo`, `polar.gateway.dialects.known.KnownMessages`."""
-
-    @property
-    def nbytes(self) -> int: ...
-
-    def clear(self) -> None: ...
-
-
 class MemoBudget:
     """The memos of every session together, at most `max_bytes`: the least recently updated are emptied
     first. Memos are held weakly: a session the registry forgot takes its memo with it."""
@@ -79,7 +69,7 @@ class MemoBudget:
         self.max_bytes = max_bytes
         self.nbytes = 0
         self.emptied = 0  # memos emptied to stay within the budget
-        self._memos: OrderedDict[int, tuple[weakref.ref[Memo], int]] = OrderedDict()
+        self._memos: OrderedDict[int, tuple[weakref.ref[IdsMemo], int]] = OrderedDict()
 
     def new(self) -> IdsMemo:
         return IdsMemo(self)
@@ -87,7 +77,7 @@ class MemoBudget:
     def __len__(self) -> int:
         return len(self._memos)
 
-    def charge(self, memo: Memo) -> None:
+    def charge(self, memo: IdsMemo) -> None:
         """`memo` was just updated: count its new size, then empty the oldest memos while over budget."""
         key = id(memo)
         old = self._memos.pop(key, None)
@@ -104,7 +94,7 @@ class MemoBudget:
                 stale.clear()
                 self.emptied += 1
 
-    def _gone(self, key: int, ref: weakref.ref[Memo]) -> None:
+    def _gone(self, key: int, ref: weakref.ref[IdsMemo]) -> None:
         entry = self._memos.get(key)
         if entry is not None and entry[0] is ref:
             del self._memos[key]

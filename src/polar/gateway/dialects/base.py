@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from typing import Any, Literal, Protocol
 
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead
-from polar.gateway.dialects.known import KnownMessages
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
 from polar.jsontypes import JSON
@@ -55,13 +54,10 @@ class Dialect(Protocol):
         *,
         path_model: str | None = None,
         path_stream: bool | None = None,
-        known: KnownMessages | None = None,
     ) -> CanonicalRequest:
         """Validate `body` (already JSON-decoded) and normalize it; raise `GatewayError` naming the field.
 
-        `path_model`/`path_stream` come from the URL for dialects that put them there (Gemini). `known`: the
-        session's previous messages, for a dialect that parses only the messages a call adds (Chat:
-        `dialects.known`); the others take every call whole.
+        `path_model`/`path_stream` come from the URL for dialects that put them there (Gemini).
         """
         ...
 

@@ -41,7 +41,6 @@ from polar.gateway.dialects.anthropic import schema as s
 from polar.gateway.dialects.anthropic.blocks import document_text, function_line, functions_block
 from polar.gateway.dialects.anthropic.stream import AnthropicStreamEncoder, MessageStream
 from polar.gateway.dialects.base import SSEOnly, StreamFormat, sse
-from polar.gateway.dialects.known import KnownMessages
 from polar.gateway.dialects.tool_schema import check_tool_schema
 from polar.gateway.dialects.validation import validate
 from polar.gateway.dialects.wire import (
@@ -95,7 +94,6 @@ class AnthropicDialect(SSEOnly):
         *,
         path_model: str | None = None,
         path_stream: bool | None = None,
-        known: KnownMessages | None = None,
     ) -> CanonicalRequest:
         req = validate(s.MESSAGES_REQUEST, body, PLAIN_STYLE)
         params: dict[str, Any] = {"max_tokens": req["max_tokens"]}

@@ -15,7 +15,6 @@ import orjson
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead
 from polar.gateway.dialects.base import SSEOnly, StreamFormat
 from polar.gateway.dialects.chat import schema as s
-from polar.gateway.dialects.known import KnownMessages
 from polar.gateway.dialects.openai_wire import (
     OPENAI_STYLE,
     error_object,
@@ -45,9 +44,8 @@ class ChatDialect(SSEOnly):
         *,
         path_model: str | None = None,
         path_stream: bool | None = None,
-        known: KnownMessages | None = None,
     ) -> CanonicalRequest:
-        req, sent, same, shared = _validate(body, known)
+        req = validate(s.REQUEST, body, OPENAI_STYLE)
         n = req.get("n")
         if n is not None and n != 1:
             # Capture records one sampled sequence per call; n > 1 would need n records per call.
@@ -56,8 +54,7 @@ class ChatDialect(SSEOnly):
             if req.get(legacy) is not None:
                 raise invalid(f"'{legacy}' (legacy function calling) is not supported; use 'tools'.", legacy)
 
-        added = [_message(m) for m in req["messages"]]
-        messages = [*known.parsed[:shared], *added] if known is not None and shared else added
+        messages = [_message(m) for m in req["messages"]]
         tools = [_tool(t, i) for i, t in enumerate(req.get("tools") or ())] or None
 
         params: dict[str, Any] = {}
@@ -83,8 +80,6 @@ class ChatDialect(SSEOnly):
                 params[key] = value
 
         stream_options = req.get("stream_options") or {}
-        if known is not None and sent is not None:
-            known.remember(sent, messages, same, shared)
         return CanonicalRequest(
             model=req["model"],
             messages=messages,
@@ -273,27 +268,6 @@ def _error_object(err: GatewayError) -> dict[str, Any]:
             )
         return error_object(err, message, param=err.param or "messages")
     return error_object(err)
-
-
-def _validate(body: JSON, known: KnownMessages | None) -> tuple[Any, list[Any] | None, int, int]:
-    """`body` validated; with `known`, only its messages after those the session's previous call sent
-    (`dialects.known`), the last one in any case (the body must have one). Returns the validated body, the
-    messages as sent (a list, else None), how many of them the previous call sent, and how many of those
-    were left out of validation."""
-    sent = body.get("messages") if isinstance(body, dict) else None
-    if type(sent) is not list:
-        return validate(s.REQUEST, body, OPENAI_STYLE), None, 0, 0
-    same = known.shared(sent) if known is not None else 0
-    shared = min(same, len(sent) - 1)
-    if shared <= 0:
-        return validate(s.REQUEST, body, OPENAI_STYLE), sent, same, 0
-    assert isinstance(body, dict)
-    try:
-        return validate(s.REQUEST, {**body, "messages": sent[shared:]}, OPENAI_STYLE), sent, same, shared
-    except GatewayError:
-        # Validated whole, the body is refused the same way, naming the message where the caller put it.
-        validate(s.REQUEST, body, OPENAI_STYLE)
-        raise
 
 
 def _message(m: Any) -> dict[str, Any]:

@@ -16,7 +16,6 @@ import orjson
 from polar.gateway.canonical import CanonicalRequest, Completion, StreamChunk, StreamHead
 from polar.gateway.dialects.base import StreamFormat, sse
 from polar.gateway.dialects.gemini.request import encode_signature, parse_request
-from polar.gateway.dialects.known import KnownMessages
 from polar.gateway.dialects.wire import tool_input
 from polar.gateway.errors import GatewayError
 from polar.gateway.signatures import ReasoningCodec
@@ -52,7 +51,6 @@ class GeminiDialect:
         *,
         path_model: str | None = None,
         path_stream: bool | None = None,
-        known: KnownMessages | None = None,
     ) -> CanonicalRequest:
         return parse_request(body, codec, path_model, path_stream)
 

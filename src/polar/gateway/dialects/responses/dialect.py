@@ -12,7 +12,6 @@ from typing import Any
 
 from polar.gateway.canonical import CanonicalRequest, Completion
 from polar.gateway.dialects.base import SSEOnly, StreamFormat
-from polar.gateway.dialects.known import KnownMessages
 from polar.gateway.dialects.openai_wire import OPENAI_STYLE, settle_tool_choice, upstream_effort
 from polar.gateway.dialects.responses import schema as s
 from polar.gateway.dialects.responses.input import convert_history, searched_tools
@@ -39,7 +38,6 @@ class ResponsesDialect(SSEOnly):
         *,
         path_model: str | None = None,
         path_stream: bool | None = None,
-        known: KnownMessages | None = None,
     ) -> CanonicalRequest:
         req = validate(s.REQUEST, body, OPENAI_STYLE)
         _refuse_server_state(req)
