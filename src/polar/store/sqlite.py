@@ -23,6 +23,7 @@ from polar.store.records import CompletionRecord, FailureRecord, SessionInfo
 
 Durability = Literal["normal", "full"]
 BUSY_TIMEOUT_S = 30.0  # how long a transaction waits for another connection's write lock before it fails
+BUSY_TIMEOUT_MS = int(BUSY_TIMEOUT_S * 1000)  # the same, as `PRAGMA busy_timeout` takes it
 # Tool lists whose blob hash is remembered: a session resends its tools every call (30-60 kB of JSON for
 # some harnesses, ~45 us of blake2b for 40 kB here), and a node serves a handful of harnesses' lists at a time.
 TOOL_HASHES = 16
@@ -99,7 +100,7 @@ def connect(path: str | Path, durability: Durability = "normal") -> sqlite3.Conn
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
-    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     conn.executescript(SCHEMA)
     _migrate(conn)
     return conn

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from polar.store.cache import SessionCache
 from polar.store.records import CompletionRecord
-from polar.store.sqlite import BUSY_TIMEOUT_S, Durability, RecordWriter, connect
+from polar.store.sqlite import BUSY_TIMEOUT_MS, BUSY_TIMEOUT_S, Durability, RecordWriter, connect
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,8 @@ _STOP = object()
 # On the loop, the waits before trying the store's write lock again while another process holds it: short
 # first (a worker holds it for one batch's inserts, ~0.1-0.5 ms), then SQLite's own busy handler's steps.
 LOCK_RETRY_S = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.025, 0.05, 0.1)
-LOCK_TIMEOUT_S = (
-    BUSY_TIMEOUT_S  # as a connection's busy timeout: past it the batch fails ("database is locked")
-)
-_BUSY_TIMEOUT_MS = int(LOCK_TIMEOUT_S * 1000)
+# As a connection's busy timeout: past it the batch fails ("database is locked").
+LOCK_TIMEOUT_S = BUSY_TIMEOUT_S
 # A write waiting on the loop: the write, its inserts once encoded, its caller's future.
 _Waiting = tuple[WriteOp, WriteOp | None, asyncio.Future[None]]
 _Staged = tuple[WriteOp, WriteOp, asyncio.Future[None]]
@@ -238,7 +236,7 @@ class AsyncWriter:
         process's lock (a rare path), the connection's own busy timeout restored after."""
         self._rollback()
         (busy_ms,) = self._conn.execute("PRAGMA busy_timeout").fetchone()
-        self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+        self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         try:
             return [self._commit_one(op) for op in ops]
         finally:
@@ -324,7 +322,7 @@ class AsyncWriter:
             self._retry.cancel()
         if self._pending or self._waiting:  # on the loop: written, not committed yet
             # No later try: wait for the lock here, as long as the connection's busy timeout, then give up.
-            self._conn.execute(f"PRAGMA busy_timeout={_BUSY_TIMEOUT_MS}")
+            self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             self._busy_since = time.monotonic() - LOCK_TIMEOUT_S
             self._flush()
         if self._thread is None:
