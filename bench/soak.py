@@ -23,6 +23,8 @@ objects that keep a burst's arenas). bench/gateway.py runs the same burst agains
     PYTHONPATH=src .venv/bin/python bench/soak.py --bursts 2            # a leak shows as growth between them
     PYTHONPATH=src .venv/bin/python bench/soak.py --sessions 400 --idle-s 5 --after-s 15   # a quick look
     PYTHONPATH=src .venv/bin/python bench/soak.py --src ../base/src     # another checkout's gateway
+    PYTHONPATH=src .venv/bin/python bench/soak.py --gateway-arg=--render --gateway-arg=gateway \
+        --gateway-arg=--tokenizer --gateway-arg=DIR                      # the gateway rendering prompts
 """
 
 from __future__ import annotations
@@ -365,7 +367,7 @@ def main() -> None:
     token = secrets.token_urlsafe(32)
     procs = [
         start(
-            [sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)],
+            [sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport), "--model", "m"],
             backend,
             pythonpath=str(ROOT),
         )

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.fakes.chatml import IM_END, IM_START, SPECIAL_TOKENS, FakeTokenizer, assistant_text, logprob
+from tests.fakes.chatml import (
+    BYTE_OFFSET,
+    IM_END,
+    IM_START,
+    SPECIAL_TOKENS,
+    FakeTokenizer,
+    assistant_text,
+    logprob,
+)
 from tests.fakes.fake_vllm import FakeInferenceServer, Reply, make_fake_backend, split_reasoning
 from tests.fakes.server import ServerThread, serve
 
@@ -421,3 +431,80 @@ def test_the_fake_prefix_cache_counts_like_vllm() -> None:
     assert (cache.queries, cache.hits) == (30, 8)
     assert cache.lookup(list(range(8))) == 0  # three blocks were cached since: the oldest went first
     assert b"vllm:prefix_cache_hits_total" in cache.metrics("m")
+
+
+# ---- /v1/completions with token-id prompts (what a gateway rendering prompts itself sends) ----
+
+
+def test_completions_answers_token_ids_and_logprobs_in_vllm_s_shape(
+    servers: dict[str, Any], client: httpx.Client
+) -> None:
+    _, url = fake_of(servers, "vllm", [Reply(content="ok")])
+    body = {"model": "m", "prompt": [5, 6, 7], "max_tokens": 8, "return_token_ids": True, "logprobs": 0}
+    r = client.post(url + "/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["token_ids"] == [ord("o") + BYTE_OFFSET, ord("k") + BYTE_OFFSET, IM_END]
+    assert choice["prompt_token_ids"] == [5, 6, 7]
+    assert len(choice["logprobs"]["token_logprobs"]) == 3
+    assert choice["finish_reason"] == "stop"
+    assert r.json()["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+
+
+def test_completions_cut_by_max_tokens_has_no_end_of_turn(
+    servers: dict[str, Any], client: httpx.Client
+) -> None:
+    _, url = fake_of(servers, "vllm", [Reply(content="a longer answer")])
+    body = {"prompt": [1], "max_tokens": 4, "return_token_ids": True}
+    choice = client.post(url + "/v1/completions", json=body).json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    assert len(choice["token_ids"]) == 4 and IM_END not in choice["token_ids"]
+    assert choice["logprobs"] is None  # not asked for
+
+
+@pytest.mark.parametrize("prompt", ["text", [], [1, -2], [1, "2"]])
+def test_completions_refuses_a_prompt_that_is_not_token_ids(
+    servers: dict[str, Any], client: httpx.Client, prompt: Any
+) -> None:
+    _, url = fake_of(servers, "vllm")
+    r = client.post(url + "/v1/completions", json={"prompt": prompt})
+    assert r.status_code == 400 and "token ids" in r.text
+
+
+@pytest.mark.parametrize("kind", ["sglang", "openai"])
+def test_completions_is_served_by_the_vllm_kind_only(
+    servers: dict[str, Any], client: httpx.Client, kind: str
+) -> None:
+    _, url = fake_of(servers, kind)
+    assert client.post(url + "/v1/completions", json={"prompt": [1]}).status_code == 404
+
+
+def test_a_gateway_rendering_prompts_itself_runs_over_the_fake(tmp_path: Path) -> None:
+    """bench/soak.py's `--render gateway` runs: the gateway renders with Qwen3's template, sends ids to the
+    fake's /v1/completions, reads the answer back and continues the session's chain on the next call."""
+    from polar.engine.tiny import qwen_tokenizer_dir
+    from polar.trajectory import build
+    from tests.conftest import start_gateway
+
+    fake = make_fake_backend("vllm", model="m")
+    with serve(fake) as srv:
+        gw = start_gateway(
+            srv.url, tmp_path, served_model="m", render="gateway", tokenizer=str(qwen_tokenizer_dir())
+        )
+        try:
+            sid = gw.new_session()
+            oai = openai.OpenAI(base_url=gw.url + "/v1", api_key=sid, max_retries=0)
+            messages: list[Any] = [{"role": "user", "content": "hi"}]
+            for n in range(2):
+                answer = oai.chat.completions.create(model="m", messages=messages, max_tokens=32)
+                messages += [answer.choices[0].message.model_dump(exclude_none=True)]
+                messages += [{"role": "user", "content": f"and {n}"}]
+            records = gw.completions(sid)
+        finally:
+            gw.server.stop()
+    assert len(records) == 2
+    assert all(r.response_ids and r.response_ids[-1] == IM_END and r.trainable for r in records)
+    first, second = (body["prompt"] for body in fake.requests[-2:])  # after the gateway's start-up check
+    assert second[: len(first)] == first  # the second call's prompt continues the first's chain
+    assert not [f for r in records[1:] for f in r.flags if f.startswith("chain:")]
+    assert len(build(records, strategy="prefix_merging").traces) == 1

@@ -5,6 +5,12 @@ A raw ASGI app, no framework, so it stays far faster than anything it is used to
 renders prompts with `FakeTokenizer` (see chatml.py for the prefix property this guarantees) and answers in
 the wire shape of its `kind`. Test double only: nothing under src/ may import it.
 
+The vLLM kind also serves `POST /v1/completions` with a prompt of token ids, as a gateway that renders
+prompts itself calls it (`render: gateway`), in vLLM 0.32's shape with `return_token_ids` (the choice's
+`token_ids`, `prompt_token_ids` and `logprobs.token_logprobs`). Unlike vLLM it cannot read the ids (they are
+the gateway's tokenizer's): the reply is the script's for the body, sampled as one id per byte of its text
+(`BYTE_OFFSET` + byte, ids that every real vocabulary of Qwen's size has) and `<|im_end|>`. Not streamed.
+
 Faults are constructor keywords and plain attributes, switchable while it runs (`fake.status = 503`):
 `status` (every call answers this status with the kind's error body), `delay_s`, `garbage` (a non-JSON 200),
 `no_token_ids` (no token fields at all), `max_model_len` (longer prompts get the server's exact overflow
@@ -41,11 +47,18 @@ from urllib.parse import parse_qsl
 import orjson
 
 from polar.gateway.backends.openai import TOKEN_CHECK_MESSAGES
-from tests.fakes.chatml import IM_END, FakeTokenizer, assistant_text, text_of
+from tests.fakes.chatml import BYTE_OFFSET, IM_END, FakeTokenizer, assistant_text, text_of
 from tests.fakes.prefix_cache import PrefixCache
 from tests.fakes.server import lifespan, read_body
 from tests.fakes.stream import StreamFaults, StreamWriter, stream_body
-from tests.fakes.wire import Sampled, chat_body, error_body, overflow_message, vllm_032_context_check
+from tests.fakes.wire import (
+    Sampled,
+    chat_body,
+    completions_body,
+    error_body,
+    overflow_message,
+    vllm_032_context_check,
+)
 
 KINDS = ("vllm", "sglang", "openai")
 _DEV_ROUTES = frozenset(
@@ -201,15 +214,20 @@ class FakeInferenceServer:
             return 200, orjson.dumps(self._models()), _JSON
         handler = {
             "/v1/chat/completions": self._chat,
+            "/v1/completions": self._completions,
             "/tokenize": self._tokenize,
             "/v1/tokenize": self._tokenize,
         }
         fn = handler.get(path)
-        if fn is None or (fn == self._tokenize and self.kind == "openai"):
+        served = fn is not None and {
+            self._tokenize: self.kind != "openai",
+            self._completions: self.kind == "vllm",
+        }.get(fn, True)
+        if not served:
             return 404, b'{"detail":"Not Found"}', _JSON
         if method != "POST":
             return 405, b'{"detail":"Method Not Allowed"}', _JSON
-        if fn != self._chat:
+        if fn not in (self._chat, self._completions):
             return await self._handle(fn, raw)
         await self._running.wait()  # a paused server holds new generations
         self._in_flight += 1
@@ -248,7 +266,7 @@ class FakeInferenceServer:
             raise HTTPError(400, f"JSON decode error: {decode_error}")
         if not isinstance(body, dict):
             raise HTTPError(400, "the request body must be a JSON object")
-        if fn == self._chat and (self._slots or self.prefix_cache or self.decode_s):
+        if fn != self._tokenize and (self._slots or self.prefix_cache or self.decode_s):
             await self._generate_slowly(body)
         out = fn(body)
         if isinstance(out, StreamWriter):
@@ -382,6 +400,30 @@ class FakeInferenceServer:
             return StreamWriter(self.kind, out, sampled["ids"], body, self.tokenizer)
         return out
 
+    def _completions(self, body: dict[str, Any]) -> dict[str, Any]:
+        """`/v1/completions` with a prompt of token ids (see the module's docstring)."""
+        if self.record:
+            self.requests.append(body)
+        self._check_model(body)
+        prompt = body.get("prompt")
+        if not isinstance(prompt, list) or not prompt or not all(type(i) is int and i >= 0 for i in prompt):
+            raise HTTPError(400, "fake: prompt must be a non-empty list of token ids")
+        if body.get("stream"):
+            raise HTTPError(400, "fake: streamed /v1/completions is not served")
+        max_tokens = body.get("max_tokens")
+        limit = self.max_model_len
+        if limit is not None and (len(prompt) > limit or (max_tokens and len(prompt) + max_tokens > limit)):
+            raise HTTPError(400, overflow_message(self.kind, limit, len(prompt), max_tokens))
+        self._seq += 1
+        reply = self._next_reply(body)
+        ids = [b + BYTE_OFFSET for b in (reply.content or "").encode()]
+        finish = "stop"
+        if max_tokens is not None and len(ids) >= max_tokens:
+            ids, finish = ids[:max_tokens], "length"
+        else:
+            ids.append(IM_END)
+        return completions_body(self._seq, ids, prompt, finish, body, self.policy_version)
+
     def _next_reply(self, body: dict[str, Any]) -> Reply:
         script = self.script
         if script is None:
@@ -474,6 +516,7 @@ if __name__ == "__main__":  # `python -m tests.fakes.fake_vllm --port 8000`: the
     parser.add_argument("--bytes-per-token", type=int, default=4, help="about 4 for BPE-like id counts")
     parser.add_argument("--token-delay-ms", type=float, default=0.0, help="streamed answers: delay per token")
     parser.add_argument("--answer-chars", type=int, default=0, help="answer every call with this many chars")
+    parser.add_argument("--model", default=None, help="the model it lists and serves (default: any name)")
     cli = parser.parse_args()
     faults = StreamFaults(token_delay_s=cli.token_delay_ms / 1000.0)
     script: Script = None
@@ -483,6 +526,11 @@ if __name__ == "__main__":  # `python -m tests.fakes.fake_vllm --port 8000`: the
         ]
         script = lambda body: Reply(content=text)  # noqa: E731
     app = make_fake_backend(
-        cli.kind, script, record=False, bytes_per_token=cli.bytes_per_token, streaming=faults
+        cli.kind,
+        script,
+        record=False,
+        bytes_per_token=cli.bytes_per_token,
+        streaming=faults,
+        model=cli.model,
     )
     uvicorn.run(app, host="127.0.0.1", port=cli.port, log_level="warning", access_log=False)

@@ -101,6 +101,46 @@ def _logprob_content(tok: FakeTokenizer, ids: list[int]) -> list[dict[str, Any]]
     return out
 
 
+def completions_body(
+    seq: int, ids: list[int], prompt: list[int], finish: str, req: dict[str, Any], version: int | None
+) -> dict[str, Any]:
+    """vLLM 0.32's `/v1/completions` body for a prompt of ids and the sampled `ids` (`return_token_ids`:
+    the ids on the choice; `logprobs`: the legacy per-token lists)."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": "",
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+    }
+    if req.get("logprobs") is not None:
+        choice["logprobs"] = {
+            "text_offset": [0] * len(ids),
+            "token_logprobs": [logprob(pos, i) for pos, i in enumerate(ids)],
+            "tokens": [f"token_id:{i}" for i in ids],
+            "top_logprobs": [{} for _ in ids],
+        }
+    if req.get("return_token_ids"):
+        choice["token_ids"] = ids
+        choice["prompt_token_ids"] = prompt
+    body: dict[str, Any] = {
+        "id": f"cmpl-fake-{seq}",
+        "object": "text_completion",
+        "created": 1_700_000_000 + seq,
+        "model": req.get("model") or "fake-model",
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt) + len(ids),
+        },
+    }
+    if version is not None:
+        body["policy_version"] = version
+    return body
+
+
 def chat_body(
     kind: str, s: Sampled, req: dict[str, Any], tok: FakeTokenizer, with_tokens: bool
 ) -> dict[str, Any]:
