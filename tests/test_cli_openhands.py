@@ -219,6 +219,20 @@ async def test_openhands_runs_the_tasks_mcp_server_and_reads_its_skill(
     assert env["LD_LIBRARY_PATH"] == "/opt/task-lib" and env["POLAR_HOME"]
 
 
+@pytest.mark.cli
+async def test_a_missing_mcp_server_program_ends_the_session_before_openhands_waits_for_it(
+    tmp_path: Path, python312: Path
+) -> None:
+    """OpenHands 1.16.0 given a server whose command does not exist hangs before its first call until the
+    session's deadline (measured); the node looks the program up first and ends the session at setup."""
+    fields = ext.agent_fields()
+    fields["mcp_servers"]["weather"] = {"command": "polar-no-such-mcp-server"}
+    run = await run_preset(tmp_path, "openhands", {}, script, expect=None, agent=fields)
+    assert run.result.status == SessionStatus.ERROR, run.result
+    assert "weather ('polar-no-such-mcp-server' not found on PATH=" in (run.result.reason or "")
+    assert run.records == []  # ERROR at setup, not TIMEOUT at the deadline: OpenHands never ran
+
+
 def ctx(tmp_path: Path, env: dict[str, str] | None = None) -> HarnessContext:
     return HarnessContext(
         session_id="polar-key",

@@ -15,11 +15,12 @@ from pydantic import ValidationError
 
 from polar.harness import HarnessContext, get_harness
 from polar.harness.base import extensions_of
-from polar.harness.extensions import write_skills
+from polar.harness.extensions import check_commands, write_skills
 from polar.harness.presets import claude_code, codex, gemini_cli, opencode, openhands, pi, qwen_code
 from polar.rollout.resolve import TaskProblem, resolve_task
 from polar.rollout.taskfile import TaskFileError, load_tasks
 from polar.runtime import RuntimeSpec, make_runtime
+from polar.runtime.base import RuntimeFailure
 from polar.task import McpServer, Skill, Task
 
 SKILL = "---\nname: tide-reading\ndescription: How to read a tide table.\n---\nRead the table.\n"
@@ -408,3 +409,46 @@ def test_a_symlink_out_of_the_folder_is_refused(tmp_path: Path) -> None:
     (folder / "leak.txt").symlink_to(tmp_path / "secret")
     with pytest.raises(TaskFileError, match=r"agent.skills\[0\].path: leak.txt leads outside"):
         load_tasks(taskfile(base, "    - path: skills/tide-reading\n"))
+
+
+# -- the servers' programs, looked up before the harness starts --------------------------------------------
+
+
+async def test_a_server_whose_program_the_runtime_lacks_is_named(tmp_path: Path) -> None:
+    """Each server is looked up as its harness starts it: a name on the harness's PATH (or the server's own
+    env.PATH), a path that must be an executable file."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name, mode in (("weather-mcp", 0o755), ("notes-mcp", 0o644)):
+        (tools / name).write_text("#!/bin/sh\n")
+        (tools / name).chmod(mode)
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "own-mcp").write_text("#!/bin/sh\n")
+    (own / "own-mcp").chmod(0o755)
+    servers = {
+        "shell": McpServer(command="sh"),
+        "onpath": McpServer(command="weather-mcp"),
+        "absolute": McpServer(command=str(tools / "weather-mcp")),
+        "ownpath": McpServer(command="own-mcp", env={"PATH": str(own)}),
+        "gone": McpServer(command="no-such-mcp-server"),
+        "plainfile": McpServer(command=str(tools / "notes-mcp")),
+        "elsewhere": McpServer(command="weather-mcp", env={"PATH": str(own)}),
+    }
+    env = {"PATH": f"{tools}:{os.environ['PATH']}"}
+    runtime = make_runtime(RuntimeSpec(backend="local", root=tmp_path / "rt"), "sess-x")
+    await runtime.start()
+    try:
+        with pytest.raises(RuntimeFailure) as caught:
+            await check_commands(runtime, servers, env)
+        ok = {k: servers[k] for k in ("shell", "onpath", "absolute", "ownpath")}
+        await check_commands(runtime, ok, env)  # nothing missing: no error
+        with pytest.raises(RuntimeFailure, match="weather-mcp"):
+            await check_commands(runtime, {"onpath": servers["onpath"]}, {})  # not on the runtime's own PATH
+    finally:
+        await runtime.stop()
+    message = str(caught.value)
+    assert message.startswith("agent.mcp_servers: the runtime has no program for ")
+    named = {name for name in servers if f"{name} (" in message}
+    assert named == {"gone", "plainfile", "elsewhere"}
+    assert f"'weather-mcp' not found on PATH={own}" in message

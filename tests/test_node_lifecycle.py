@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from polar.harness.base import Extensions
 from polar.harness.builtin import TRANSCRIPT
 from polar.harness.shell import ShellHarness
 from polar.rollout.protocol import SessionStatus
@@ -149,3 +150,34 @@ def tags_builder(records: list[CompletionRecord], *, status: TrajectoryStatus) -
     return trajectory.model_copy(
         update={"metadata": {**trajectory.metadata, "tags": [list(r.tags) for r in records]}}
     )
+
+
+class McpShell(ShellHarness):
+    """The shell preset, declaring that its program starts the task's MCP servers (it does not)."""
+
+    extensions = Extensions(mcp="nowhere (a test harness)", tool_name="{tool}", skills=None, missing="")
+
+
+async def test_a_missing_mcp_server_program_ends_the_session_before_the_harness_starts(
+    tmp_path: Path,
+) -> None:
+    """Some CLIs wait for a server that cannot start until the deadline (OpenHands 1.16) or go on without
+    its tools (Claude Code): the node ends the session at setup, naming the server, without a call."""
+    marker = tmp_path / "started"
+    task = shell_task(
+        f"touch {marker}",
+        agent={
+            "harness": "tests.test_node_lifecycle:McpShell",
+            "mcp_servers": {"weather": {"command": "no-such-mcp-server"}, "shell": {"command": "sh"}},
+        },
+    )
+    with fake_policy() as (url, fake):
+        async with running_node(url, tmp_path) as node:
+            await node.submit(spec(task, "sess-mcp-missing"))
+            result = await node.wait("sess-mcp-missing")
+    assert result.status == SessionStatus.ERROR
+    assert result.reason is not None and result.reason.startswith(
+        "agent.mcp_servers: the runtime has no program for weather ('no-such-mcp-server' not found on PATH="
+    ), result.reason
+    assert "shell (" not in result.reason
+    assert not marker.exists() and not fake.requests

@@ -137,7 +137,11 @@ class McpServer(_Model):
     """A stdio MCP server. The harness starts it inside the session's runtime, so it sees only the files the
     sandbox sees and reaches only what the sandbox reaches."""
 
-    command: str = Field(min_length=1, description="The program: absolute, or found on the runtime's PATH.")
+    command: str = Field(
+        min_length=1,
+        description="The program: absolute, or found on the runtime's PATH (looked up before the harness "
+        "starts: a session whose runtime lacks it ends in error at setup, naming the server).",
+    )
     args: list[str] = Field(default_factory=list, description="Its arguments.")
     env: dict[str, str] = Field(
         default_factory=dict,

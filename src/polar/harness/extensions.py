@@ -21,6 +21,18 @@ from polar.runtime.base import Runtime, RuntimeFailure
 from polar.task import SKILL_FILE, McpServer, Skill
 
 _EXECUTABLE = 'chmod +x -- "$@"'
+# Prints the PATH it searches (the first argument, else its own), then each further argument that names no
+# program there: a path that is not an executable file, or a name not on PATH (`command -v` also prints a
+# path it does not check, hence the test for paths); NUL after each. The shell is found on its own PATH.
+_MISSING = """[ -z "$1" ] || PATH=$1
+shift
+printf '%s\\0' "$PATH"
+for c do
+  case $c in
+    */*) [ -f "$c" ] && [ -x "$c" ] ;;
+    *) command -v -- "$c" >/dev/null 2>&1 ;;
+  esac || printf '%s\\0' "$c"
+done"""
 
 
 class Refused(ValueError):
@@ -54,6 +66,36 @@ def stdio_entries(servers: Mapping[str, McpServer]) -> dict[str, dict[str, Any]]
     return {
         name: {"command": s.command, "args": list(s.args), "env": dict(s.env)} for name, s in servers.items()
     }
+
+
+async def check_commands(runtime: Runtime, servers: Mapping[str, McpServer], env: dict[str, str]) -> None:
+    """`RuntimeFailure` naming each server whose `command` the runtime does not have, looked up as the
+    harness will start it: on the PATH of the harness's environment `env` (or the server's own `env.PATH`),
+    from the working directory.
+
+    Why before the program starts: the programs differ on a server that cannot start, and some of them
+    badly. OpenHands 1.16 waits for it before its first call until the session's deadline; Claude Code
+    2.1.197 goes on without it, so the policy is trained on sessions without the tools the task gave it;
+    Codex and Hermes end the run. A missing program is the task's or the image's error: it ends the
+    session at once, naming the server, whatever the harness."""
+    by_path: dict[str, list[tuple[str, str]]] = {}
+    for name, server in servers.items():
+        path = server.env.get("PATH", env.get("PATH", ""))
+        by_path.setdefault(path, []).append((name, server.command))
+    missing: list[str] = []
+    for path, named in by_path.items():
+        argv = ["sh", "-c", _MISSING, "sh", path, *(command for _, command in named)]
+        result = await runtime.exec(argv, env=env, timeout_s=60)
+        if result.exit_code != 0:
+            raise RuntimeFailure(f"could not look the MCP servers' commands up: {result.stderr.strip()}")
+        searched, *absent = result.stdout.split("\0")
+        missing += [
+            f"{name} ({command!r} not found on PATH={searched})"
+            for name, command in named
+            if command in absent
+        ]
+    if missing:
+        raise RuntimeFailure(f"agent.mcp_servers: the runtime has no program for {', '.join(missing)}")
 
 
 def tool_name(template: str, server: str, tool: str) -> str:

@@ -46,7 +46,8 @@ LIMITS = (
     "(ENABLE_TOOL_SEARCH, off by default for non-Anthropic hosts) works but each ToolSearch changes `tools`, "
     "splitting the main loop into a new trace; the title side call (only with non-essential traffic on) "
     "asks for JSON output the gateway does not constrain; with a task's MCP servers it waits up to 60 s for "
-    "them before its first call (MCP_CONNECTION_NONBLOCKING=0) and goes on without one that does not start"
+    "them before its first call (MCP_CONNECTION_NONBLOCKING=0) and goes on without one that does not start "
+    "(a server whose program is missing ends the session at setup instead)"
 )
 
 EXTENSIONS = Extensions(

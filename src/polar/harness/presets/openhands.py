@@ -37,7 +37,8 @@ measured against the fake policy:
   reads at each start, `mcp/mcp_utils.py`); the agent starts them and lists their tools while it builds
   its tool list, before its first call (`sdk/agent/base.py`: `create_mcp_tools(config, 30)`; measured
   with a server starting 3 s late). A server that cannot start (a command that does not exist) leaves
-  headless hanging before its first call, until the session's deadline (measured). One server's tools keep their own names; with two or more, fastmcp mounts
+  headless hanging before its first call, until the session's deadline (measured): the node looks every
+  server's program up before the CLI starts (`polar.harness.extensions.check_commands`). One server's tools keep their own names; with two or more, fastmcp mounts
   them as `<server>_<tool>`. Like every tool but finish and think, an MCP tool not marked read-only takes
   a `security_risk` argument.
 - A task's skills go in `~/.agents/skills/<name>/` (first of the SDK's user skill folders, read with
@@ -93,7 +94,7 @@ LIMITS = (
     "for its newest release (no switch: where only the gateway is reachable it fails at once); every tool "
     "call needs a `security_risk` argument; a condensation rewrites the history, so the call after it "
     "starts a new trace; an MCP server that cannot start makes it hang before its first call until the "
-    "session's deadline; one server's tools keep their bare names (two or more: `<server>_<tool>`)"
+    "session's deadline (a server whose program is missing ends the session at setup instead); one server's tools keep their bare names (two or more: `<server>_<tool>`)"
 )
 EXTENSIONS = Extensions(
     mcp="$OPENHANDS_PERSISTENCE_DIR/mcp.json `mcpServers` (command, args, the task's agent.env under the "

@@ -18,6 +18,7 @@ from tenacity import retry_if_exception_type
 from polar.evaluate.base import AgentFault, EvalContext, EvalResult, EvaluatorModels
 from polar.gateway.proxy import Proxy
 from polar.harness.base import HarnessContext
+from polar.harness.extensions import check_commands
 from polar.harness.install import tools_home
 from polar.harness.registry import runs_from_tool_cache
 from polar.retry import retrying
@@ -26,7 +27,7 @@ from polar.rollout.node.session import NodeSession, SessionEnd
 from polar.rollout.node.side_calls import apply_policy, gateway_route
 from polar.rollout.protocol import SessionStatus
 from polar.rollout.rewards import AGENT_BUDGET_EXHAUSTED, SESSION_DEADLINE, assign_rewards
-from polar.runtime.base import ExecResult, Runtime, RuntimeSpec
+from polar.runtime.base import ExecResult, Runtime, RuntimeFailure, RuntimeSpec
 from polar.runtime.factory import IMAGE_BACKENDS, default_backend, make_runtime
 from polar.runtime.leftovers import claim_session_dir, release_session_dir
 from polar.runtime.local import Keep
@@ -232,8 +233,23 @@ async def init_stage(s: NodeSession, env: StageEnv) -> None:
                 await s.harness.setup(s.runtime, s.ctx)
             except Exception as exc:
                 raise SessionEnd(ERROR, f"harness setup failed: {_describe(exc)}") from exc
+            if s.ctx.mcp_servers:
+                await _check_mcp_commands(s, s.runtime, s.ctx)
     except TimeoutError:
         raise SessionEnd(TIMEOUT, f"{SESSION_DEADLINE} during INIT") from None
+
+
+async def _check_mcp_commands(s: NodeSession, runtime: Runtime, ctx: HarnessContext) -> None:
+    """The session ends now, naming the server, when the runtime lacks a program the task's MCP servers
+    name (`polar.harness.extensions.check_commands`: some harnesses wait for it until the deadline)."""
+    try:
+        env = s.harness.env(ctx)
+    except Exception:  # said when the harness is launched ("harness gave no command")
+        return
+    try:
+        await check_commands(runtime, ctx.mcp_servers, env)
+    except RuntimeFailure as exc:
+        raise SessionEnd(ERROR, str(exc)) from None
 
 
 async def fresh_runtime(task: Task, session_id: str, env: StageEnv) -> Runtime:
