@@ -10,7 +10,6 @@ from typing import Any
 
 from polar.evaluate.base import EvalContext
 from polar.rollout.node import Node
-from polar.rollout.node.models import GatewayModels
 from polar.runtime.base import ExecResult, Runtime
 from polar.task import Task
 from polar.trajectory.models import Trace, Trajectory
@@ -63,7 +62,6 @@ def answered(text: str, seq: int = 0) -> Trajectory:
 def context(
     node: Node, runtime: Runtime, trajectory: Trajectory, task: Task | None = None, sid: str = "s-judged"
 ) -> EvalContext:
-    proxy = node.asgi.gateway.state.proxy
     return EvalContext(
         task=task,
         session_id=sid,
@@ -71,7 +69,7 @@ def context(
         fresh=None,
         agent=ExecResult(0, "", ""),
         trajectory=trajectory,
-        models=GatewayModels(proxy, node.url, node.config.gateway.store_path),
+        models=node.models(),
     )
 
 

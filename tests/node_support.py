@@ -65,7 +65,7 @@ async def running_node(
         served_model=overrides.pop("served_model", SERVED_MODEL),
         store_path=tmp_path / "node.db",
         backend=overrides.pop("backend", BackendOptions(retries=0, timeout_s=30.0)),
-        port=0,
+        port=overrides.pop("port", 0),
         control_token=overrides.pop("control_token", TOKEN),  # the test servers' token: nodes register
         # Frozen side-call models in tests listen on loopback, which an operator must allow.
         outbound=overrides.pop("outbound", OutboundPolicy(allow=("127.0.0.1",))),
@@ -79,6 +79,7 @@ async def running_node(
     }
     node = Node(NodeConfig(gateway=gateway, **(defaults | overrides)))
     if wrap_model_api is not None:
+        assert node.data_server is not None, "the model API is served by the gateway's workers"
         node.data_server.app = wrap_model_api(node.data_server.app)
     if wrap_control is not None:
         node.control_server.app = wrap_control(node.control_server.app)

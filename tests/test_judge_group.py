@@ -21,7 +21,7 @@ from polar.evaluate.group_judging import (
     judge_group,
     orderings,
 )
-from polar.rollout.node.models import JUDGED_SESSION, GatewayModels
+from polar.rollout.node.models import JUDGED_SESSION
 from polar.store.sqlite import SQLiteStore
 from tests.fakes.fake_vllm import Reply
 from tests.judge_support import judge_config, scripted_judge
@@ -64,7 +64,7 @@ async def run_group(
 ) -> tuple[Any, list[dict[str, Any]]]:
     with fake_policy() as (policy, _), scripted_judge(script) as (url, judge):
         async with running_node(policy, tmp_path) as node:
-            models = GatewayModels(node.asgi.gateway.state.proxy, node.url, node.config.gateway.store_path)
+            models = node.models()
             verdict = await judge_group(config(url, **over), models, "Name the capital.", outcomes, {})
     return verdict, judge.requests
 
@@ -179,7 +179,7 @@ async def test_the_calls_are_judge_records_linked_to_the_whole_group(tmp_path: P
     # identical inputs are cached: the same group again asks nothing
     with scripted_judge(first_biased) as (url, judge), fake_policy() as (policy, _):
         async with running_node(policy, tmp_path) as node:
-            models = GatewayModels(node.asgi.gateway.state.proxy, node.url, node.config.gateway.store_path)
+            models = node.models()
             again = await judge_group(config(url, repeats=2), models, "Name the capital.", outcomes, {})
     assert again.scores == verdict.scores and judge.requests == []
     assert all(d["judge"]["cached"] for d in again.details)

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from polar.rollout.protocol import SessionSpec
 from polar.serving import free_port
 from tests.conftest import SERVED_MODEL
-from tests.node_support import ON_HOST, fake_policy, pids_under, shell_task
+from tests.node_support import ON_HOST, PY, fake_policy, pids_under, shell_task, write_caller
 from tests.server_support import AUTH, TOKEN, start_server, wait_until
 
 
@@ -90,11 +91,16 @@ def test_bad_options_are_refused(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "polar", "node", "--backend", "http://127.0.0.1:1", "--capacity", "0"]
     bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "capacity must be at least 1" in bad.stderr
+    argv[-2:] = ["--gateway-workers", "0"]
+    bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "gateway_workers must be at least 1" in bad.stderr
 
 
-def test_unreachable_backend_without_model_fails_to_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_unreachable_backend_without_model_fails_to_start(tmp_path: Path, workers: int) -> None:
+    """The same line whether the gateway runs in the node or on workers of its own."""
     argv = [sys.executable, "-m", "polar", "node", "--backend", "http://127.0.0.1:1", "--port", "0"]
-    argv += ["--store", str(tmp_path / "n.db"), "--log-level", "error"]
+    argv += ["--store", str(tmp_path / "n.db"), "--log-level", "error", "--gateway-workers", str(workers)]
     bad = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     # The gateway's own reason, in one line: no traceback, no uvicorn start-up log around it.
     assert bad.returncode == 2, bad.stderr
@@ -151,3 +157,66 @@ def test_a_node_killed_mid_session_reports_it_after_a_restart_and_never_reruns_i
     assert done["status"] == "ERROR" and result["reason"].startswith("node restarted while the session ran")
     assert result["node_id"] == "phoenix"
     assert runs.read_text().split() == [done["session_id"]]  # the agent ran once
+
+
+def test_a_node_on_gateway_workers_serves_and_stops_them_on_sigterm(tmp_path: Path) -> None:
+    """`polar node --gateway-workers 2`: a session's calls are served by the workers, and SIGTERM stops the
+    node and every gateway process it started."""
+    control_port = free_port()
+    caller = write_caller(tmp_path)
+    with fake_policy() as (url, fake):
+        argv = [sys.executable, "-m", "polar", "node", "--backend", url, "--model", SERVED_MODEL]
+        argv += ["--port", "0", "--control-port", str(control_port), "--gateway-workers", "2"]
+        argv += ["--store", str(tmp_path / "node.db"), "--runtime-root", str(tmp_path / "rt")]
+        argv += ["--log-level", "warning"]
+        env = {**os.environ, "POLAR_TOKEN": TOKEN}
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            with httpx.Client(
+                base_url=f"http://127.0.0.1:{control_port}", timeout=10, headers=AUTH
+            ) as client:
+
+                def serving() -> bool:
+                    assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                    try:
+                        return client.get("/node/status").status_code == 200
+                    except httpx.ConnectError:
+                        return False
+
+                wait_until(serving, timeout=60, what="the node to serve")
+                gateway_pids = pids_of_children(proc.pid)
+                assert gateway_pids, "no gateway process under the node"
+                task = shell_task(f"{PY} {caller} 2", runtime=ON_HOST)
+                spec = SessionSpec(session_id="cli-workers-1", task=task)
+                assert client.post("/node/sessions", content=spec.model_dump_json()).status_code == 202
+                state = wait_until(
+                    lambda: (
+                        (s := client.get("/node/sessions/cli-workers-1").json())["status"] == "COMPLETED"
+                        and s
+                    ),
+                    what="the session",
+                )
+            os.kill(proc.pid, signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, out
+    assert state["result"]["reward"] == 1.0 and len(fake.requests) == 2
+    assert not [p for p in gateway_pids if Path(f"/proc/{p}").exists()]
+
+
+def pids_of_children(pid: int) -> list[int]:
+    """`pid`'s descendants (the gateway supervisor and its workers)."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            kids = [int(k) for k in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+        except OSError:
+            continue
+        out += kids
+        todo += kids
+    return out

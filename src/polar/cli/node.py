@@ -14,6 +14,7 @@ import click
 from polar.cli.common import (
     allow_plugins,
     build_gateway_config,
+    cannot_start,
     command_name,
     gateway_options,
     log_level_option,
@@ -119,6 +120,14 @@ class _NodeCommand(click.Command):
 @click.option("--run-workers", default=8, show_default=True, type=int, help="Agents running at once.")
 @click.option("--post-workers", default=4, show_default=True, type=int, help="Evaluations at once.")
 @click.option(
+    "--gateway-workers",
+    default=1,
+    show_default=True,
+    type=int,
+    help="Processes serving the gateway (`polar gateway --workers`): each session is served by one of "
+    "them and its runtime pointed at it. 1: in the node's own process.",
+)
+@click.option(
     "--ready-buffer", default=4, show_default=True, type=int, help="Prepared runtimes kept waiting."
 )
 @click.option(
@@ -188,6 +197,7 @@ def node(
     init_workers: int,
     run_workers: int,
     post_workers: int,
+    gateway_workers: int,
     ready_buffer: int,
     store_path: Path,
     control_host: str,
@@ -224,11 +234,14 @@ def node(
       # submitters you do not trust with this machine: sandboxes only, no host network
       polar node --server http://head:8300 --backend http://gpu:8000 --allow-runtime bwrap \
           --allow-runtime docker --allow-network gateway --allow-network none
+      # many agents with long contexts: the gateway on 4 cores
+      polar node --server http://head:8300 --backend http://gpu:8000 --gateway-workers 4
 
     A node restarted with the same --store and --node-id reports the outcomes its predecessor had not
     delivered (sessions that were running end ERROR "node restarted"; none runs twice).
     """
     from polar.rollout.node import Node, NodeConfig
+    from polar.rollout.node.gateway_link import GatewayStartError
 
     setup_logging(log_level, json=log_json)
     allow_plugins(plugins)
@@ -255,6 +268,7 @@ def node(
             run_workers=run_workers,
             post_workers=post_workers,
             ready_buffer=ready_buffer,
+            gateway_workers=gateway_workers,
             server_url=server_url,
             advertise_url=advertise_url,
             runtime_gateway_url=runtime_gateway_url,
@@ -277,7 +291,10 @@ def node(
         n = Node(config)
         # Both ports bound first; a port in use or a failed start (no --model and the backend unreachable):
         # one line, exit status 2.
-        await start_servers(n.start(), command, store_path)
+        try:
+            await start_servers(n.start(), command, store_path)
+        except GatewayStartError as exc:  # the workers' own one line
+            raise cannot_start(str(exc), command) from None
         from polar.memory import tune_gc
 
         tune_gc()  # a process of its own, serving calls from now on

@@ -173,10 +173,12 @@ def serve_workers(
     classifiers: Classifiers | None,
     options: dict[str, Any],
     on_worker_start: Callable[[], None] | None = None,
+    on_ready: Callable[[str, str, WorkerSet], None] | None = None,
 ) -> None:
     """Bind the gateway's listeners, fork `n` workers and supervise them until SIGINT/SIGTERM. Problems
     of the machine or configuration (a port in use, a store or backend that cannot be used) are
-    `CannotStart` (one line, exit status 2), as for one process."""
+    `CannotStart` (one line, exit status 2), as for one process. `on_ready(model API URL, control URL,
+    workers)` runs in the supervisor once every worker serves (a node's gateway child reports them)."""
     from polar.cli.common import cannot_start, one_line, start_failure
     from polar.gateway.app import _reasoning_key
     from polar.serving import BindError, EmbeddedServer
@@ -222,6 +224,8 @@ def serve_workers(
             listeners[1].url,
             n,
         )
+        if on_ready is not None:
+            on_ready(listeners[0].url, listeners[1].url, workers)
         supervisor.supervise()
     finally:
         for server in listeners:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from polar import plugins
 from polar.auth import Refusal, RequireToken
@@ -220,10 +220,15 @@ class HotPath:
     """
 
     def __init__(
-        self, app: Starlette, workers: WorkerSet | None = None, forward: Forwarder | None = None
+        self,
+        app: Starlette,
+        workers: WorkerSet | None = None,
+        forward: Forwarder | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.app = app
         self.state = app.state
+        self.metrics = metrics if metrics is not None else GatewayMetrics()
         self.routes = {path: endpoint for served in SERVED for path, endpoint in served.hot.items()}
         self.workers = workers if workers is not None and workers.n > 1 else None
         self.forward = forward if forward is not None else Forwarder()
@@ -232,6 +237,7 @@ class HotPath:
         if self.workers is not None and scope["type"] == "http" and scope["method"] == "POST":
             key = request_key(scope)
             if key is not None and (k := self.workers.owner(key)) != self.workers.index:
+                self.metrics.passed_on += 1
                 await self.forward(self.workers.data_urls[k], scope, receive, send)
                 return
         handler = self.routes.get(scope["path"]) if scope["type"] == "http" else None
@@ -271,14 +277,14 @@ class GatewayApp:
 def control_app(
     state: Any,
     token: str,
-    routes: list[Route],
+    routes: Sequence[BaseRoute],
     on_refused: Refusal | None = None,
     around: Callable[[Any], Any] | None = None,
 ) -> Any:
     """A token-guarded Starlette app over `routes` sharing the gateway's `state` (its proxy and config);
     `around` wraps the app inside the token check (the workers' control router)."""
     app = Starlette(
-        routes=routes,
+        routes=list(routes),
         exception_handlers={
             404: control.not_found,
             405: control.not_found,
@@ -375,7 +381,7 @@ def create_app(
             return ControlRouter(app, workers, forward)
 
     return GatewayApp(
-        data=HotPath(data, workers, forward),
+        data=HotPath(data, workers, forward, metrics),
         control=control_app(data.state, config.control_token, control.routes, around=around),
         config=config,
     )

@@ -66,6 +66,7 @@ class GatewayMetrics:
         self.refused: dict[tuple[str, str], int] = {}  # (dialect, reason)
         self.failures: dict[tuple[str, str], int] = {}  # (dialect, error kind)
         self.records = self.prompt_tokens = self.completion_tokens = 0
+        self.passed_on = 0  # requests passed to their session's owner (`--workers`)
         r = self.registry
         self.upstream = Histogram(
             "polar_gateway_upstream_seconds",
@@ -118,6 +119,13 @@ class GatewayMetrics:
         self.overhead.observe(overhead_s)
 
     def _counted(self) -> Iterator[Metric]:
+        yield counter(
+            "polar_gateway_passed_on",
+            "Model API requests that reached a worker other than their session's owner and were passed to "
+            "it (`--workers`): clients that call the shared port rather than their session's base_url.",
+            {(): self.passed_on},
+            (),
+        )
         yield counter(
             "polar_gateway_calls",
             "Generation calls answered, by dialect and HTTP status.",

@@ -25,13 +25,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from polar.gateway.app import GatewayApp, HotPath, control_app, create_app
 from polar.gateway.control import routes as control_routes
+from polar.gateway.forward import Forwarder
 from polar.harness.registry import classifier
 from polar.jsontypes import JSON
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
@@ -70,7 +73,6 @@ class NodeApp:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self.gateway: GatewayApp = create_app(node.config.gateway, classifier)
         node_routes = [
             Route("/node/sessions", self.submit, methods=["POST"]),
             Route("/node/sessions", self.list_sessions, methods=["GET"]),
@@ -81,11 +83,42 @@ class NodeApp:
             Route("/node/judge_group", self.judge_group, methods=["POST"]),
         ]
         token = node.config.gateway.control_token
-        self.control = control_app(self.gateway.state, token, [*node_routes, *control_routes])
+        self.gateway: GatewayApp | None = None
+        if node.config.gateway_workers > 1:
+            # The gateway runs in its own processes (`gateway_link.GatewayChild`): its control routes are
+            # passed to them as they came (the same token opens both), `/metrics` is the node's and theirs.
+            self.registry = CollectorRegistry()
+            self._forward = Forwarder()
+            routes = [
+                *node_routes,
+                Route("/metrics", self.metrics, methods=["GET"]),
+                Mount("", app=self.to_workers),
+            ]
+            self.control = control_app(State(), token, routes)
+        else:
+            self.gateway = create_app(node.config.gateway, classifier)
+            self.registry = self.gateway.state.metrics_registry
+            self.control = control_app(self.gateway.state, token, [*node_routes, *control_routes])
 
     @property
     def data(self) -> HotPath:
+        assert self.gateway is not None, "the gateway's model API is served by its workers"
         return self.gateway.data
+
+    async def to_workers(self, scope: Any, receive: Any, send: Any) -> None:
+        """A gateway control request, to the workers' control listener (which sends it where its session is)."""
+        await self._forward(self.node.gateway_child_url(), scope, receive, send)
+
+    async def metrics(self, request: Request) -> Response:
+        """The node's metrics and the gateway workers' (summed over them by their control router), in
+        Prometheus' text format."""
+        own = generate_latest(self.registry)
+        theirs = await self.node.gateway_metrics()
+        return Response(own + theirs, media_type=CONTENT_TYPE_LATEST)
+
+    async def aclose(self) -> None:
+        if self.gateway is None:
+            await self._forward.aclose()
 
     async def submit(self, request: Request) -> Response:
         from polar.rollout.node.node import AdmissionError
@@ -156,7 +189,6 @@ class NodeApp:
         """A group's outcomes judged together through this node's gateway (the server's group phase)."""
         from polar.evaluate.group_judging import GroupJudgeConfig, GroupRequest, judge_group
         from polar.evaluate.support import EvaluatorError, parse_config
-        from polar.rollout.node.models import GatewayModels
 
         try:
             body = await read_body(request, MAX_GROUP_BYTES, self.node.config.gateway.body_timeout_s)
@@ -170,8 +202,7 @@ class NodeApp:
             config = parse_config("judge_group", GroupJudgeConfig, req.config)
         except ValueError as exc:
             return _error(422, str(exc), "config")
-        gw = self.node.config.gateway
-        models = GatewayModels(self.gateway.state.proxy, self.node.url, gw.store_path)
+        models = self.node.models()
         meta = {"judged_task_id": req.task_id}
         try:
             verdict = await judge_group(config, models, req.instruction, req.outcomes, meta)

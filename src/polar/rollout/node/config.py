@@ -49,13 +49,24 @@ class NodeConfig:
     # Host paths every sandbox of this node sees read-only, besides what its task names (a shared
     # toolchain, datasets): `polar node --sandbox-path`.
     sandbox_paths: tuple[Path, ...] = ()
+    # Processes serving the gateway (`polar gateway --workers N` in a process tree of the node's: each
+    # session is served by one of them, its runtime pointed at that one; docs/gateway-workers.md). 1: the
+    # gateway runs inside the node's own process.
+    gateway_workers: int = 1
     # Report the container images this node holds and pull those the server asks for (docker and podman,
     # where installed and allowed), so the server places sessions where their image is: on for nodes of a
     # fleet (`polar node`, Ray), off for the one node of a local run (placement has no choice there).
     report_images: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("capacity", "init_workers", "run_workers", "post_workers", "ready_buffer"):
+        for name in (
+            "capacity",
+            "init_workers",
+            "run_workers",
+            "post_workers",
+            "ready_buffer",
+            "gateway_workers",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.keep not in ("nothing", "artifacts", "all"):

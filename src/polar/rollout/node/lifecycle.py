@@ -16,13 +16,13 @@ from typing import Any
 from tenacity import retry_if_exception_type
 
 from polar.evaluate.base import AgentFault, EvalContext, EvalResult, EvaluatorModels
-from polar.gateway.proxy import Proxy
 from polar.harness.base import HarnessContext
 from polar.harness.extensions import check_commands
 from polar.harness.install import tools_home
 from polar.harness.registry import runs_from_tool_cache
 from polar.retry import retrying
 from polar.rollout.node.deadline import Deadline, RunLimit
+from polar.rollout.node.gateway_link import NodeGateway
 from polar.rollout.node.session import NodeSession, SessionEnd
 from polar.rollout.node.side_calls import apply_policy, gateway_route
 from polar.rollout.protocol import SessionStatus
@@ -54,9 +54,9 @@ def _uncounted(outcome: str) -> None:
 class StageEnv:
     """What the stages need from the node."""
 
-    proxy: Proxy
+    gateway: NodeGateway
     store_path: Path
-    gateway_url: str  # the gateway as the host reaches it
+    runtime_gateway_url: str | None  # the gateway as runtimes reach it, when not as this machine does
     runtime_root: Path | None
     post_run_timeout_s: float
     sandbox_paths: tuple[Path, ...] = ()  # read-only in every sandbox (NodeConfig.sandbox_paths)
@@ -152,7 +152,8 @@ async def start_runtime(
     """A started and prepared runtime for `task`; stopped again if anything fails (or is cancelled)."""
     try:
         spec = runtime_spec(task, env.runtime_root, env.sandbox_paths)
-        runtime = make_runtime(spec, session_id, gateway_url=env.gateway_url, keep=keep)
+        url = env.runtime_gateway_url or env.gateway.url_for(session_id)
+        runtime = make_runtime(spec, session_id, gateway_url=url, keep=keep)
     except Exception as exc:
         raise SessionEnd(ERROR, f"runtime failed to start: {_describe(exc)}") from exc
     if keep == "nothing":  # a node killed before `stop_runtime` leaves it: the next start removes it
@@ -183,11 +184,11 @@ def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:
     task = s.spec.task
     home = runtime.runtime_path(runtime.home)
     artifacts = runtime.runtime_path(runtime.artifacts)
-    gateway = runtime.gateway_url or env.gateway_url
+    gateway = runtime.gateway_url or env.runtime_gateway_url or env.gateway.url_for(s.session_id)
     return HarnessContext(
         session_id=s.session_id,
         gateway_url=str(gateway).rstrip("/"),
-        model=task.agent.model or env.proxy.served_model,
+        model=task.agent.model or env.gateway.served_model,
         instruction=task.instruction,
         home=home,
         workdir=runtime.runtime_path(runtime.workdir),
@@ -220,7 +221,7 @@ async def init_stage(s: NodeSession, env: StageEnv) -> None:
             try:
                 # The side-call route travels only to the gateway (it is not trajectory metadata).
                 metadata = {**session_metadata(s), **gateway_route(s.spec.task.agent)}
-                await env.proxy.sessions.create(metadata, s.session_id)
+                await env.gateway.open(metadata, s.session_id)
             except KeyError:
                 raise SessionEnd(
                     ERROR, "the gateway store already holds this session id (ids are single-use)"
@@ -347,7 +348,7 @@ async def close_gateway_session(s: NodeSession, env: StageEnv) -> None:
     if s.gateway_open:
         s.gateway_open = False
         try:
-            await env.proxy.close_session(s.session_id)
+            await env.gateway.close(s.session_id)
         except Exception:  # the store write failed; the trajectory reads what was committed
             pass
 

@@ -33,6 +33,7 @@ from polar.auth import default_token_file
 from polar.rollout.node.app import create_node_app
 from polar.rollout.node.config import NodeConfig
 from polar.rollout.node.deadline import Deadline
+from polar.rollout.node.gateway_link import GatewayChild, InProcess, Workers
 from polar.rollout.node.images import ImageInventory, node_engines
 from polar.rollout.node.journal import Journal, State
 from polar.rollout.node.lifecycle import (
@@ -108,9 +109,14 @@ class Node:
             on_settled=self._settled,
         )
         self.asgi = create_node_app(self)
-        self.metrics = NodeMetrics(self.asgi.gateway.state.metrics_registry, self)  # beside the gateway's
+        self.metrics = NodeMetrics(self.asgi.registry, self)  # beside the gateway's
         gw = config.gateway
-        self.data_server = EmbeddedServer(self.asgi.data, gw.host, gw.port)
+        # One gateway process serves in this one; several run in a process tree of their own.
+        self.gateway_child = GatewayChild(gw, config.gateway_workers) if config.gateway_workers > 1 else None
+        self.data_server = (
+            EmbeddedServer(self.asgi.data, gw.host, gw.port) if self.gateway_child is None else None
+        )
+        self.gateway: InProcess | Workers | None = None
         self.control_server = EmbeddedServer(
             self.asgi.control, gw.control_host, gw.control_port, lifespan="off", label="control port"
         )
@@ -150,19 +156,27 @@ class Node:
                 len(interrupted),
             )
         self.journal.prune(self.config.tombstone_ttl_s)
-        await start_all([self.data_server, self.control_server])
-        self.url = self.data_server.url
+        if self.gateway_child is not None:
+            await self.gateway_child.start()
+            await start_all([self.control_server])
+            self.url = self.gateway_child.data_url
+            self.gateway = Workers(self.gateway_child)
+        else:
+            assert self.data_server is not None and self.asgi.gateway is not None
+            await start_all([self.data_server, self.control_server])
+            self.url = self.data_server.url
+            self.gateway = InProcess(self.asgi.gateway.state.proxy, self.url)
         self.control_url = self.control_server.url
         self._env = StageEnv(
-            proxy=self.asgi.gateway.state.proxy,
+            gateway=self.gateway,
             store_path=gw.store_path,
-            gateway_url=self.config.runtime_gateway_url or self.url,
+            runtime_gateway_url=self.config.runtime_gateway_url,
             runtime_root=self.config.runtime_root,
             sandbox_paths=self.config.sandbox_paths,
             post_run_timeout_s=self.config.post_run_timeout_s,
             keep=self.config.keep,
             count_evaluation=self.metrics.evaluated,
-            models=GatewayModels(self.asgi.gateway.state.proxy, self.url, gw.store_path),
+            models=self.models(),
         )
         if self.config.server_url is not None:
             registration = NodeRegistration(
@@ -192,9 +206,37 @@ class Node:
         )
 
     async def serve_forever(self) -> None:
-        """Until `stop()` (e.g. from a signal handler) ends the HTTP servers."""
-        await self.data_server.wait()
+        """Until `stop()` (e.g. from a signal handler) ends the HTTP servers, or the gateway's workers
+        stop (their supervisor was killed)."""
+        if self.data_server is not None:
+            await self.data_server.wait()
+        else:
+            assert self.gateway_child is not None
+            served = asyncio.create_task(self.control_server.wait())
+            child = asyncio.create_task(self.gateway_child.wait())
+            await asyncio.wait((served, child), return_when=asyncio.FIRST_COMPLETED)
+            if child.done() and not self._stopping:
+                log.error(
+                    "node %s: the gateway's workers exited (%s); stopping", self.node_id, child.result()
+                )
+            for task in (served, child):
+                task.cancel()
         await self.stop()  # the server died on its own: still free every runtime
+
+    def models(self) -> GatewayModels:
+        """Frozen models for evaluators and group judging, through this node's gateway."""
+        assert self.gateway is not None, "the node is not started"
+        return GatewayModels(self.gateway, self.config.gateway.store_path)
+
+    def gateway_child_url(self) -> str:
+        """The control listener of the gateway's workers."""
+        assert self.gateway_child is not None
+        return self.gateway_child.control_url
+
+    async def gateway_metrics(self) -> bytes:
+        """The gateway workers' `/metrics` (Prometheus text), or a comment saying why there are none."""
+        assert isinstance(self.gateway, Workers)
+        return await self.gateway.metrics()
 
     async def stop(self, reason: str = "node stopped", *, report: bool = True) -> None:
         """Refuse new sessions, cancel running ones (they end CANCELLED with `reason`), stop serving.
@@ -220,7 +262,12 @@ class Node:
             await asyncio.gather(self._heartbeat, return_exceptions=True)
         await self.images.aclose()
         await self.reporter.aclose()
-        await stop_all([self.data_server, self.control_server])
+        await stop_all([s for s in (self.data_server, self.control_server) if s is not None])
+        if isinstance(self.gateway, Workers):
+            await self.gateway.aclose()
+        if self.gateway_child is not None:
+            await self.gateway_child.stop()
+        await self.asgi.aclose()
         self._env = None  # the gateway's store is closed with it
         if self.journal is not None:
             self.journal.close()
@@ -282,7 +329,7 @@ class Node:
         entry = self.journal.get(session_id) if self.journal is not None else None
         if entry is not None and entry.state is not State.FENCED:
             return True
-        return self._env is not None and self._env.proxy.sessions.get(session_id) is not None
+        return self.gateway is not None and self.gateway.known(session_id)
 
     def _refuse(
         self, spec: SessionSpec, status: int, message: str, field: str | None = None

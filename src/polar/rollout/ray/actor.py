@@ -77,8 +77,7 @@ class GatewayActor:
     async def serve(self) -> str:
         """Returns once the node has stopped (drained, or `stop`): the driver's watch on this actor."""
         await self.start()
-        await self.node.data_server.wait()
-        await self.node.stop()
+        await self.node.serve_forever()  # stops the node once its servers end
         return "stopped"
 
     async def status(self) -> dict[str, Any]:
