@@ -56,16 +56,19 @@ async def running_node(
     *,
     wrap_model_api: Any = None,
     wrap_control: Any = None,
+    seen: list[Node] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Node]:
     """A started node; `wrap_model_api(app)` wraps the ASGI app of its model API listener (a recorder),
-    `wrap_control(app)` that of its control listener (a fault)."""
+    `wrap_control(app)` that of its control listener (a fault); `seen` gets the node before it starts (for
+    a test of a start that fails)."""
     gateway = GatewayConfig(
         backend_url=backend_url,
         served_model=overrides.pop("served_model", SERVED_MODEL),
         store_path=tmp_path / "node.db",
         backend=overrides.pop("backend", BackendOptions(retries=0, timeout_s=30.0)),
         port=overrides.pop("port", 0),
+        control_port=overrides.pop("control_port", 0),
         control_token=overrides.pop("control_token", TOKEN),  # the test servers' token: nodes register
         # Frozen side-call models in tests listen on loopback, which an operator must allow.
         outbound=overrides.pop("outbound", OutboundPolicy(allow=("127.0.0.1",))),
@@ -83,6 +86,8 @@ async def running_node(
         node.data_server.app = wrap_model_api(node.data_server.app)
     if wrap_control is not None:
         node.control_server.app = wrap_control(node.control_server.app)
+    if seen is not None:
+        seen.append(node)
     await node.start()
     try:
         yield node

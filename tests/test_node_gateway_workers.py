@@ -18,8 +18,10 @@ import httpx
 import pytest
 
 from polar.gateway.forward import owner
+from polar.rollout.node import Node
 from polar.rollout.node.gateway_link import GatewayStartError
 from polar.rollout.protocol import SessionStatus
+from polar.serving import BindError
 from polar.trajectory import Trajectory
 from tests.conftest import SERVED_MODEL
 from tests.fakes.fake_vllm import Reply
@@ -194,3 +196,21 @@ async def test_the_node_stops_when_its_gateway_is_killed(tmp_path: Path) -> None
             os.kill(node.gateway_child.proc.pid, signal.SIGKILL)
             await asyncio.wait_for(serving, 60)
             assert node.draining
+
+
+async def test_a_node_that_cannot_serve_its_control_port_stops_its_workers(tmp_path: Path) -> None:
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    started: list[Node] = []
+    try:
+        with fake_policy() as (url, _), pytest.raises(BindError):
+            async with running_node(
+                url, tmp_path, gateway_workers=WORKERS, control_port=taken.getsockname()[1], seen=started
+            ):
+                pass
+    finally:
+        taken.close()
+    (node,) = started
+    assert node.gateway_child is not None and node.gateway_child.proc is not None
+    assert node.gateway_child.proc.poll() is not None  # the workers' supervisor was stopped

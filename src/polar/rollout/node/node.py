@@ -158,7 +158,11 @@ class Node:
         self.journal.prune(self.config.tombstone_ttl_s)
         if self.gateway_child is not None:
             await self.gateway_child.start()
-            await start_all([self.control_server])
+            try:
+                await start_all([self.control_server])
+            except BaseException:  # the node does not start: neither do its gateway's workers stay
+                await self.gateway_child.stop()
+                raise
             self.url = self.gateway_child.data_url
             self.gateway = Workers(self.gateway_child)
         else:
@@ -235,7 +239,8 @@ class Node:
 
     async def gateway_metrics(self) -> bytes:
         """The gateway workers' `/metrics` (Prometheus text), or a comment saying why there are none."""
-        assert isinstance(self.gateway, Workers)
+        if not isinstance(self.gateway, Workers):  # not started, or stopped
+            return b"# the gateway's workers are not running\n"
         return await self.gateway.metrics()
 
     async def stop(self, reason: str = "node stopped", *, report: bool = True) -> None:
@@ -268,7 +273,7 @@ class Node:
         if self.gateway_child is not None:
             await self.gateway_child.stop()
         await self.asgi.aclose()
-        self._env = None  # the gateway's store is closed with it
+        self._env = self.gateway = None  # the gateway's store is closed with it
         if self.journal is not None:
             self.journal.close()
             self.journal = None
