@@ -2,7 +2,7 @@
 each session is created on its owner and its runtime is pointed at that worker's own model API, so no call
 is passed between workers; the node's control listener reaches the workers (records, pause and resume,
 metrics); judges go through them; the workers stop with the node. Real processes: the node starts
-`polar gateway --workers 2` as it ships (`polar.rollout.node.gateway_child`)."""
+`polar gateway --workers 2` as it ships (`polar.cli.node_gateway`)."""
 
 from __future__ import annotations
 

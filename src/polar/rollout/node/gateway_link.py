@@ -149,7 +149,7 @@ def _message(r: httpx.Response) -> str:
 class GatewayChild:
     """`polar gateway --workers N` for a node, in a process of its own: it binds the model API on the
     node's host and port and a control listener on loopback, forks the workers, and reports where they
-    serve on a pipe (`polar.rollout.node.gateway_child`). It gets SIGTERM when the node dies."""
+    serve on a pipe (`polar.cli.node_gateway`). It gets SIGTERM when the node dies."""
 
     def __init__(self, config: GatewayConfig, workers: int) -> None:
         # Its control listener is the node's to reach (on loopback, any free port): the node's own control
@@ -166,7 +166,7 @@ class GatewayChild:
         read, write = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "polar.rollout.node.gateway_child", str(write)],
+                [sys.executable, "-m", "polar.cli.node_gateway", str(write)],
                 stdin=subprocess.PIPE,
                 pass_fds=(write,),
             )

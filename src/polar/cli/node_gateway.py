@@ -1,4 +1,4 @@
-"""`python -m polar.rollout.node.gateway_child FD`: a node's gateway on several workers (`GatewayChild`).
+"""`python -m polar.cli.node_gateway FD`: a node's gateway on several workers (`GatewayChild`).
 
 Reads `(GatewayConfig, workers, log level, JSON logs)` pickled on stdin from the node that started it, runs
 `polar.cli.workers.serve_workers` (bind, fork, supervise) and writes on descriptor FD, once every worker
