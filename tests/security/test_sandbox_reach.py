@@ -62,7 +62,10 @@ for method, path in routes:
                          ("token", {"authorization": "Bearer " + token})):
         found["routes"][f"{method} {path} {who}"] = status(method, path, headers)
 
+own = int(gateway.rsplit(":", 1)[1])
 for name, (host, port) in targets.items():
+    if port == own:  # its own model API (with gateway workers, one of theirs): the forwarder inside answers
+        continue
     try:
         socket.create_connection((host, port), timeout=3).close()
         found["connect"][name] = "open"
@@ -88,12 +91,16 @@ def _report(store: Path, session_id: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    "backend", ["bwrap", "local", pytest.param("docker", marks=pytest.mark.containers),
-                pytest.param("podman", marks=pytest.mark.containers)]
+    ("backend", "workers"),
+    [("bwrap", 1), ("local", 1), pytest.param("docker", 1, marks=pytest.mark.containers),
+     pytest.param("podman", 1, marks=pytest.mark.containers),
+     pytest.param("bwrap", 2, id="bwrap-gateway-workers")],
 )  # fmt: skip
 async def test_a_sandbox_reaches_the_model_api_and_nothing_else(
-    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+    tmp_path: Path, backend: str, workers: int, request: pytest.FixtureRequest
 ) -> None:
+    """With `--gateway-workers` the session's runtime is given its owner's model API: the other workers'
+    model APIs, the shared one and the workers' control listener are as far out of reach as the rest."""
     if backend == "bwrap" and shutil.which("bwrap") is None:
         pytest.skip("needs bubblewrap (scripts/test installs it)")
     runtime: dict[str, Any] = {"backend": backend, "network": "gateway"}
@@ -105,7 +112,9 @@ async def test_a_sandbox_reaches_the_model_api_and_nothing_else(
     try:
         with fake_policy() as (policy_url, _):
             async with (
-                running_node(policy_url, tmp_path, server_url=server.url, heartbeat_s=0.05) as node,
+                running_node(
+                    policy_url, tmp_path, server_url=server.url, heartbeat_s=0.05, gateway_workers=workers
+                ) as node,
                 httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=30) as http,
             ):
 
@@ -115,13 +124,24 @@ async def test_a_sandbox_reaches_the_model_api_and_nothing_else(
 
                 await eventually(registered, "the node to register")
                 # Another session on the same node, whose records the probe must not read.
-                other = await node.asgi.gateway.state.proxy.sessions.create({"task_id": "victim"})
+                assert node.gateway is not None
+                other = "victim-session-1"
+                await node.gateway.open({"task_id": "victim"}, other)
                 host = httpx.URL(node.control_url)
                 targets = {
                     "node control listener": ["127.0.0.1", host.port],
                     "rollout server and its dashboard": ["127.0.0.1", httpx.URL(server.url).port],
                     "policy server": ["127.0.0.1", httpx.URL(policy_url).port],
                 }
+                if node.gateway_child is not None:  # the probe skips its own model API among them
+                    child = node.gateway_child
+                    targets["gateway workers' control listener"] = [
+                        "127.0.0.1",
+                        httpx.URL(child.control_url).port,
+                    ]
+                    targets["shared model API"] = ["127.0.0.1", httpx.URL(child.data_url).port]
+                    for k, url in enumerate(child.worker_urls):
+                        targets[f"worker {k} model API"] = ["127.0.0.1", httpx.URL(url).port]
                 task = {
                     "task_id": f"probe-{backend}",
                     "instruction": "probe",
@@ -134,7 +154,7 @@ async def test_a_sandbox_reaches_the_model_api_and_nothing_else(
                             "PROBE": PROBE,
                             "LEAKED_TOKEN": TOKEN,
                             "TARGETS": json.dumps(targets),
-                            "OTHER_SESSION": other.session_id,
+                            "OTHER_SESSION": other,
                         },
                     },
                 }
@@ -157,6 +177,7 @@ async def test_a_sandbox_reaches_the_model_api_and_nothing_else(
     for route, answer in found["routes"].items():
         assert answer in (404, 405), (route, answer)
     # No other listener of the deployment is reachable from inside.
+    assert len(found["connect"]) == (3 if workers == 1 else 3 + 2 + workers - 1), found["connect"]
     for name, answer in found["connect"].items():
         assert answer != "open", (name, found["connect"])
     # Nothing ran beyond the probe: one task, one session, and the victim session kept its records private.
