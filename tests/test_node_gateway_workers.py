@@ -25,7 +25,16 @@ from polar.serving import BindError
 from polar.trajectory import Trajectory
 from tests.conftest import SERVED_MODEL
 from tests.fakes.fake_vllm import Reply
-from tests.node_support import PY, TOKEN, fake_policy, running_node, shell_task, spec, write_caller
+from tests.node_support import (
+    PY,
+    TOKEN,
+    eventually,
+    fake_policy,
+    running_node,
+    shell_task,
+    spec,
+    write_caller,
+)
 
 WORKERS = 2
 
@@ -214,3 +223,34 @@ async def test_a_node_that_cannot_serve_its_control_port_stops_its_workers(tmp_p
     (node,) = started
     assert node.gateway_child is not None and node.gateway_child.proc is not None
     assert node.gateway_child.proc.poll() is not None  # the workers' supervisor was stopped
+
+
+async def test_a_worker_killed_is_started_again_and_serves_its_sessions(tmp_path: Path) -> None:
+    """kill -9 of one worker: its supervisor starts it again on the same sockets (as for `polar gateway
+    --workers`), and a session it owns then runs through it."""
+    caller = write_caller(tmp_path)
+    sid = ids_on_each_worker()[1]
+    with fake_policy() as (url, fake):
+        async with running_node(url, tmp_path, gateway_workers=WORKERS) as node:
+            assert node.gateway_child is not None and node.gateway_child.proc is not None
+            supervisor = node.gateway_child.proc.pid
+            before = _children(supervisor)
+            assert len(before) == WORKERS
+            os.kill(before[1], signal.SIGKILL)
+
+            async def restarted() -> bool:
+                now = _children(supervisor)
+                return len(now) == WORKERS and before[1] not in now
+
+            await eventually(restarted, "the worker to be started again")
+            owner_url = node.gateway_child.worker_urls[owner(sid, WORKERS)]
+            async with httpx.AsyncClient(timeout=30) as http:  # its sockets were kept: it serves on them
+                assert (await http.get(owner_url + "/health")).status_code == 200
+            await node.submit(spec(shell_task(f"{PY} {caller} 2"), sid))
+            result = await node.wait(sid)
+    assert result.status == SessionStatus.COMPLETED, result.reason
+    assert len(fake.requests) == 2
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

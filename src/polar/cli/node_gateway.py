@@ -29,15 +29,20 @@ def main() -> None:
     _die_with_parent()
     setup_logging(log_level, json=log_json)
 
-    def worker_started() -> None:  # a forked worker must not hold the node's pipe open
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    pipe = [
+        fd
+    ]  # -1 once closed here: a worker forked later (a restart) must not close what reuses the number
+
+    def worker_started() -> None:  # a worker forked while it is open must not hold the node's pipe open
+        if pipe[0] >= 0:
+            os.close(pipe[0])
         tune_gc()
 
     def ready(data: str, control: str, set_: WorkerSet) -> None:
         said = {"data": data, "control": control, "workers": list(set_.data_urls)}
         os.write(fd, b"ok" + json.dumps(said).encode())
         os.close(fd)
+        pipe[0] = -1
 
     options = {"log_level": log_level, "proxy_headers": False}
     try:
