@@ -82,10 +82,10 @@ async def running_node(
     }
     node = Node(NodeConfig(gateway=gateway, **(defaults | overrides)))
     if wrap_model_api is not None:
-        assert node.data_server is not None, "the model API is served by the gateway's workers"
-        node.data_server.app = wrap_model_api(node.data_server.app)
+        assert node.servers.data is not None, "the model API is served by the gateway's workers"
+        node.servers.data.app = wrap_model_api(node.servers.data.app)
     if wrap_control is not None:
-        node.control_server.app = wrap_control(node.control_server.app)
+        node.servers.control.app = wrap_control(node.servers.control.app)
     if seen is not None:
         seen.append(node)
     await node.start()

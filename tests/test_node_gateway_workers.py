@@ -63,8 +63,8 @@ async def test_each_session_runs_on_its_owner_and_nothing_is_passed_between_work
     sids = ids_on_each_worker()
     with fake_policy() as (url, fake):
         async with running_node(url, tmp_path, gateway_workers=WORKERS) as node:
-            assert node.gateway_child is not None and len(node.gateway_child.worker_urls) == WORKERS
-            owners = {sid: node.gateway_child.worker_urls[owner(sid, WORKERS)] for sid in sids}
+            assert node.servers.child is not None and len(node.servers.child.worker_urls) == WORKERS
+            owners = {sid: node.servers.child.worker_urls[owner(sid, WORKERS)] for sid in sids}
             assert len(set(owners.values())) == WORKERS and node.url not in owners.values()
             for sid in sids:
                 task = shell_task(
@@ -124,8 +124,8 @@ async def test_a_judge_session_goes_through_the_workers(tmp_path: Path) -> None:
             await models.close_session(session.session_id)
             with pytest.raises(openai.AuthenticationError):
                 await client.chat.completions.create(model="m", messages=ask)  # type: ignore[arg-type]
-            assert node.gateway_child is not None
-            expected = node.gateway_child.worker_urls[owner(session.session_id, WORKERS)]
+            assert node.servers.child is not None
+            expected = node.servers.child.worker_urls[owner(session.session_id, WORKERS)]
     assert answer.choices[0].message.content == "judged"
     assert session.base_url == f"{expected}/v1"
 
@@ -164,7 +164,7 @@ async def test_a_sandboxed_session_reaches_its_owner_only(tmp_path: Path) -> Non
 async def test_the_workers_stop_with_the_node(tmp_path: Path) -> None:
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path, gateway_workers=WORKERS) as node:
-            child = node.gateway_child
+            child = node.servers.child
             assert child is not None and child.proc is not None
             pid = child.proc.pid
             workers = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -200,9 +200,9 @@ async def test_the_node_stops_when_its_gateway_is_killed(tmp_path: Path) -> None
     node cannot serve its sessions, so it stops rather than admit sessions nothing can serve."""
     with fake_policy() as (url, _):
         async with running_node(url, tmp_path, gateway_workers=WORKERS) as node:
-            assert node.gateway_child is not None and node.gateway_child.proc is not None
+            assert node.servers.child is not None and node.servers.child.proc is not None
             serving = asyncio.create_task(node.serve_forever())
-            os.kill(node.gateway_child.proc.pid, signal.SIGKILL)
+            os.kill(node.servers.child.proc.pid, signal.SIGKILL)
             await asyncio.wait_for(serving, 60)
             assert node.draining
 
@@ -221,8 +221,8 @@ async def test_a_node_that_cannot_serve_its_control_port_stops_its_workers(tmp_p
     finally:
         taken.close()
     (node,) = started
-    assert node.gateway_child is not None and node.gateway_child.proc is not None
-    assert node.gateway_child.proc.poll() is not None  # the workers' supervisor was stopped
+    assert node.servers.child is not None and node.servers.child.proc is not None
+    assert node.servers.child.proc.poll() is not None  # the workers' supervisor was stopped
 
 
 async def test_a_worker_killed_is_started_again_and_serves_its_sessions(tmp_path: Path) -> None:
@@ -232,8 +232,8 @@ async def test_a_worker_killed_is_started_again_and_serves_its_sessions(tmp_path
     sid = ids_on_each_worker()[1]
     with fake_policy() as (url, fake):
         async with running_node(url, tmp_path, gateway_workers=WORKERS) as node:
-            assert node.gateway_child is not None and node.gateway_child.proc is not None
-            supervisor = node.gateway_child.proc.pid
+            assert node.servers.child is not None and node.servers.child.proc is not None
+            supervisor = node.servers.child.proc.pid
             before = _children(supervisor)
             assert len(before) == WORKERS
             os.kill(before[1], signal.SIGKILL)
@@ -243,7 +243,7 @@ async def test_a_worker_killed_is_started_again_and_serves_its_sessions(tmp_path
                 return len(now) == WORKERS and before[1] not in now
 
             await eventually(restarted, "the worker to be started again")
-            owner_url = node.gateway_child.worker_urls[owner(sid, WORKERS)]
+            owner_url = node.servers.child.worker_urls[owner(sid, WORKERS)]
             async with httpx.AsyncClient(timeout=30) as http:  # its sockets were kept: it serves on them
                 assert (await http.get(owner_url + "/health")).status_code == 200
             await node.submit(spec(shell_task(f"{PY} {caller} 2"), sid))

@@ -133,8 +133,8 @@ async def test_a_sandbox_reaches_the_model_api_and_nothing_else(
                     "rollout server and its dashboard": ["127.0.0.1", httpx.URL(server.url).port],
                     "policy server": ["127.0.0.1", httpx.URL(policy_url).port],
                 }
-                if node.gateway_child is not None:  # the probe skips its own model API among them
-                    child = node.gateway_child
+                if node.servers.child is not None:  # the probe skips its own model API among them
+                    child = node.servers.child
                     targets["gateway workers' control listener"] = [
                         "127.0.0.1",
                         httpx.URL(child.control_url).port,

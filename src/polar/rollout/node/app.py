@@ -38,6 +38,7 @@ from polar.gateway.forward import Forwarder
 from polar.harness.registry import classifier
 from polar.jsontypes import JSON
 from polar.limits import BodyError, format_path, json_error, nesting_message, nesting_path, read_body
+from polar.rollout.node.admission import AdmissionError
 from polar.rollout.protocol import NODE_ID_HEADER, RESULT_TOKEN_HEADER, DrainRequest, SessionSpec
 
 if TYPE_CHECKING:
@@ -107,13 +108,15 @@ class NodeApp:
 
     async def to_workers(self, scope: Any, receive: Any, send: Any) -> None:
         """A gateway control request, to the workers' control listener (which sends it where its session is)."""
-        await self._forward(self.node.gateway_child_url(), scope, receive, send)
+        child = self.node.servers.child
+        assert child is not None
+        await self._forward(child.control_url, scope, receive, send)
 
     async def metrics(self, request: Request) -> Response:
         """The node's metrics and the gateway workers' (summed over them by their control router), in
         Prometheus' text format."""
         own = generate_latest(self.registry)
-        theirs = await self.node.gateway_metrics()
+        theirs = await self.node.servers.metrics()
         return Response(own + theirs, media_type=CONTENT_TYPE_LATEST)
 
     async def aclose(self) -> None:
@@ -121,8 +124,6 @@ class NodeApp:
             await self._forward.aclose()
 
     async def submit(self, request: Request) -> Response:
-        from polar.rollout.node.node import AdmissionError
-
         try:
             body = await read_body(request, MAX_SPEC_BYTES, self.node.config.gateway.body_timeout_s)
         except BodyError as exc:

@@ -22,18 +22,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
-from pathlib import Path
 
-from polar.auth import default_token_file
+from polar.rollout.node.admission import AdmissionError, validate
 from polar.rollout.node.app import create_node_app
 from polar.rollout.node.config import NodeConfig
 from polar.rollout.node.deadline import Deadline
-from polar.rollout.node.gateway_link import GatewayChild, InProcess, Workers
+from polar.rollout.node.gateway_link import NodeGateway
 from polar.rollout.node.images import ImageInventory, node_engines
 from polar.rollout.node.journal import Journal, State
 from polar.rollout.node.lifecycle import (
@@ -43,7 +40,6 @@ from polar.rollout.node.lifecycle import (
     init_stage,
     post_stage,
     run_stage,
-    runtime_spec,
     session_metadata,
     stop_runtime,
 )
@@ -51,6 +47,7 @@ from polar.rollout.node.metrics import NodeMetrics
 from polar.rollout.node.models import GatewayModels
 from polar.rollout.node.pools import ReadyBuffer, StagePool
 from polar.rollout.node.reporter import Reporter
+from polar.rollout.node.servers import NodeServers
 from polar.rollout.node.session import NodeSession, SessionEnd
 from polar.rollout.protocol import (
     HeartbeatReply,
@@ -61,16 +58,12 @@ from polar.rollout.protocol import (
     SessionSpec,
     SessionStatus,
 )
-from polar.rollout.resolve import Resolved, TaskProblem, resolve_task
 from polar.rollout.rewards import SESSION_DEADLINE, assign_rewards
-from polar.rollout.uploads import upload_violations
 from polar.runtime import namespaces
 from polar.runtime.base import Runtime
 from polar.runtime.bridge import remove_stale_bridges
 from polar.runtime.docker import reap_containers
-from polar.runtime.factory import check_runtime
 from polar.runtime.leftovers import reap_leftovers, remove_dead_session_dirs
-from polar.serving import EmbeddedServer, start_all, stop_all
 
 log = logging.getLogger("polar.node")
 
@@ -78,14 +71,6 @@ log = logging.getLogger("polar.node")
 async def _reap_containers() -> None:
     for engine in ("docker", "podman"):
         await reap_containers(engine)
-
-
-class AdmissionError(Exception):
-    """A session the node will not take: `status` is the HTTP status to answer, `field` what was wrong."""
-
-    def __init__(self, status: int, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.field = status, message, field
 
 
 class Node:
@@ -110,16 +95,8 @@ class Node:
         )
         self.asgi = create_node_app(self)
         self.metrics = NodeMetrics(self.asgi.registry, self)  # beside the gateway's
-        gw = config.gateway
-        # One gateway process serves in this one; several run in a process tree of their own.
-        self.gateway_child = GatewayChild(gw, config.gateway_workers) if config.gateway_workers > 1 else None
-        self.data_server = (
-            EmbeddedServer(self.asgi.data, gw.host, gw.port) if self.gateway_child is None else None
-        )
-        self.gateway: InProcess | Workers | None = None
-        self.control_server = EmbeddedServer(
-            self.asgi.control, gw.control_host, gw.control_port, lifespan="off", label="control port"
-        )
+        self.servers = NodeServers(self.asgi, config.gateway, config.gateway_workers)
+        self.gateway: NodeGateway | None = None  # while started
         self._heartbeat: asyncio.Task[None] | None = None
         # Images only matter to a server placing sessions over several nodes.
         engines = node_engines(config.allowed_runtimes) if config.server_url and config.report_images else ()
@@ -131,8 +108,6 @@ class Node:
         self._silent = False  # stop(report=False): finished sessions are not reported to the server
         self._draining: asyncio.Task[None] | None = None
         self._pruned_at = 0.0
-        self.url = ""  # the gateway's model API (what runtimes are pointed at)
-        self.control_url = ""  # /node/... and the gateway's control routes, token required
 
     # -- life of the node ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -156,21 +131,7 @@ class Node:
                 len(interrupted),
             )
         self.journal.prune(self.config.tombstone_ttl_s)
-        if self.gateway_child is not None:
-            await self.gateway_child.start()
-            try:
-                await start_all([self.control_server])
-            except BaseException:  # the node does not start: neither do its gateway's workers stay
-                await self.gateway_child.stop()
-                raise
-            self.url = self.gateway_child.data_url
-            self.gateway = Workers(self.gateway_child)
-        else:
-            assert self.data_server is not None and self.asgi.gateway is not None
-            await start_all([self.data_server, self.control_server])
-            self.url = self.data_server.url
-            self.gateway = InProcess(self.asgi.gateway.state.proxy, self.url)
-        self.control_url = self.control_server.url
+        self.gateway = await self.servers.start()
         self._env = StageEnv(
             gateway=self.gateway,
             store_path=gw.store_path,
@@ -185,7 +146,7 @@ class Node:
         if self.config.server_url is not None:
             registration = NodeRegistration(
                 node_id=self.node_id,
-                url=self.config.advertise_url or self.control_server.public_url,
+                url=self.config.advertise_url or self.servers.control.public_url,
                 capacity=self.config.capacity,
             )
             self._heartbeat = asyncio.create_task(
@@ -212,19 +173,9 @@ class Node:
     async def serve_forever(self) -> None:
         """Until `stop()` (e.g. from a signal handler) ends the HTTP servers, or the gateway's workers
         stop (their supervisor was killed)."""
-        if self.data_server is not None:
-            await self.data_server.wait()
-        else:
-            assert self.gateway_child is not None
-            served = asyncio.create_task(self.control_server.wait())
-            child = asyncio.create_task(self.gateway_child.wait())
-            await asyncio.wait((served, child), return_when=asyncio.FIRST_COMPLETED)
-            if child.done() and not self._stopping:
-                log.error(
-                    "node %s: the gateway's workers exited (%s); stopping", self.node_id, child.result()
-                )
-            for task in (served, child):
-                task.cancel()
+        exited = await self.servers.wait()
+        if exited is not None and not self._stopping:
+            log.error("node %s: the gateway's workers exited (%s); stopping", self.node_id, exited)
         await self.stop()  # the server died on its own: still free every runtime
 
     def models(self) -> GatewayModels:
@@ -232,16 +183,15 @@ class Node:
         assert self.gateway is not None, "the node is not started"
         return GatewayModels(self.gateway, self.config.gateway.store_path)
 
-    def gateway_child_url(self) -> str:
-        """The control listener of the gateway's workers."""
-        assert self.gateway_child is not None
-        return self.gateway_child.control_url
+    @property
+    def url(self) -> str:
+        """The gateway's model API (what runtimes are pointed at); "" until started."""
+        return self.servers.url
 
-    async def gateway_metrics(self) -> bytes:
-        """The gateway workers' `/metrics` (Prometheus text), or a comment saying why there are none."""
-        if not isinstance(self.gateway, Workers):  # not started, or stopped
-            return b"# the gateway's workers are not running\n"
-        return await self.gateway.metrics()
+    @property
+    def control_url(self) -> str:
+        """/node/... and the gateway's control routes, token required; "" until started."""
+        return self.servers.control_url
 
     async def stop(self, reason: str = "node stopped", *, report: bool = True) -> None:
         """Refuse new sessions, cancel running ones (they end CANCELLED with `reason`), stop serving.
@@ -267,11 +217,7 @@ class Node:
             await asyncio.gather(self._heartbeat, return_exceptions=True)
         await self.images.aclose()
         await self.reporter.aclose()
-        await stop_all([s for s in (self.data_server, self.control_server) if s is not None])
-        if isinstance(self.gateway, Workers):
-            await self.gateway.aclose()
-        if self.gateway_child is not None:
-            await self.gateway_child.stop()
+        await self.servers.stop()
         await self.asgi.aclose()
         self._env = self.gateway = None  # the gateway's store is closed with it
         if self.journal is not None:
@@ -279,56 +225,6 @@ class Node:
             self.journal = None
 
     # -- admission ----------------------------------------------------------------------------------------
-    def _validate(self, spec: SessionSpec) -> Resolved:
-        task = spec.task
-        try:
-            resolved = resolve_task(task)
-        except TaskProblem as problem:
-            raise AdmissionError(422, f"task.{problem}", f"task.{problem.field}") from None
-        try:
-            runtime = runtime_spec(task, self.config.runtime_root, self.config.sandbox_paths)
-            check_runtime(runtime)
-        except Exception as exc:
-            raise AdmissionError(422, f"task.runtime: {exc}", "task.runtime.backend") from exc
-        for field, asked, allowed in (
-            ("backend", runtime.backend, self.config.allowed_runtimes),
-            ("network", runtime.network, self.config.allowed_networks),
-        ):
-            if allowed is not None and asked not in allowed:
-                raise AdmissionError(
-                    422,
-                    f"task.runtime.{field}: {asked!r} is not allowed on this node "
-                    f"(allowed: {', '.join(allowed)})",
-                    f"task.runtime.{field}",
-                )
-        for i, path in enumerate(task.runtime.read_only_paths):
-            why = self._private_path(path)
-            if why is not None:
-                field = f"task.runtime.read_only_paths[{i}]"
-                raise AdmissionError(422, f"{field}: {path!r} {why}", field)
-        for i, reason in upload_violations(task, self.config.upload_roots):
-            field = f"task.runtime.prepare[{i}].src"
-            raise AdmissionError(422, f"{field}: {reason}", field)
-        return resolved
-
-    def _private_path(self, path: str) -> str | None:
-        """Why a sandbox may not see `path` (it is or holds the node's stores or token, or lies among the
-        session directories), or None."""
-        store = self.config.gateway.store_path.resolve()
-        held = [store, store.with_name(store.name + "-wal"), default_token_file().resolve()]
-        sessions = (self.config.runtime_root or Path(tempfile.gettempdir())).resolve()
-        target = Path(os.path.realpath(path))
-        for item in held:
-            if item == target or item.is_relative_to(target):
-                return f"holds the node's own state ({item})"
-        if target == sessions or sessions.is_relative_to(target):
-            return f"holds the session directories ({sessions})"
-        if self.config.runtime_root is not None and target.is_relative_to(sessions):
-            return f"lies among the session directories ({sessions})"
-        if target.parent == sessions and target.name.startswith("polar-"):
-            return "is a session directory"
-        return None
-
     def _known(self, session_id: str) -> bool:
         """Whether this node (or its store) holds the id: admitted once, it is never admitted again."""
         entry = self.journal.get(session_id) if self.journal is not None else None
@@ -364,7 +260,7 @@ class Node:
         if len(self._sessions) >= self.config.capacity:
             raise self._refuse(spec, 429, f"the node is full ({self.config.capacity} sessions)")
         try:
-            resolved = self._validate(spec)
+            resolved = validate(spec, self.config)
         except AdmissionError as exc:
             raise self._refuse(spec, exc.status, exc.message, exc.field) from None
         harness, evaluator, fresh = resolved.harness, resolved.evaluator, resolved.fresh_runtime
