@@ -15,8 +15,8 @@ the answers in flight, streamed or not, whose deadline has passed.
 
 It serves `UpstreamClient`'s requests to an `http://` server the operator configured (no outbound policy to
 apply per connection: task-named URLs and `https://` stay on aiohttp). What it does not do, because vLLM,
-SGLang and polar's engine never need it there: TLS, redirects, compression, proxies, answers delimited by
-closing the connection (one ends as `Dropped`), pipelining.
+SGLang and polar's engine never need it there: TLS, redirects, compression, proxies, pipelining. An answer
+delimited by closing the connection (an HTTP/1.0 server's) ends at that close.
 """
 
 from __future__ import annotations
