@@ -30,7 +30,10 @@ def polar(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_run_executes_every_session_and_writes_results(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_executes_every_session_and_writes_results(tmp_path: Path, workers: int) -> None:
+    """With --gateway-workers 2 the node's gateway runs on two processes over one store: every call is
+    still recorded there, once."""
     caller = tmp_path / "call_gateway.py"
     caller.write_text(CALL_GATEWAY)
     tasks = {
@@ -53,8 +56,20 @@ def test_run_executes_every_session_and_writes_results(tmp_path: Path) -> None:
     taskfile.write_text(yaml.safe_dump(tasks))
     out = tmp_path / "out"
     with fake_policy() as (url, backend):
-        proc = polar("run", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out))
+        args = [
+            "--backend",
+            url,
+            "--model",
+            SERVED_MODEL,
+            "--out",
+            str(out),
+            "--gateway-workers",
+            str(workers),
+        ]
+        proc = polar("run", str(taskfile), *args, "--log-level", "info")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    if workers > 1:  # the gateway's own start-up line: its per-worker model APIs
+        assert re.search(r"per worker http://\S+, http://\S+\), control at .*; 2 workers", proc.stderr)
     lines = [orjson.loads(line) for line in (out / "results.jsonl").read_bytes().splitlines()]
     assert sorted(r["task_id"] for r in lines) == ["say-0", "say-0", "say-1", "say-1"]
     assert len({r["session_id"] for r in lines}) == 4  # each sample its own single-use session
@@ -113,6 +128,16 @@ def test_run_refuses_a_bad_task_file_with_its_line(tmp_path: Path) -> None:
     assert f"{taskfile}:5: tasks[0].runtime.backend" in proc.stderr
     missing = polar("run", str(tmp_path / "nope.yaml"), "--backend", "http://127.0.0.1:9")
     assert missing.returncode != 0 and "nope.yaml" in missing.stderr
+
+
+def test_run_refuses_gateway_workers_it_cannot_serve(tmp_path: Path) -> None:
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text("tasks:\n  - task_id: a\n    instruction: x\n")
+    none = polar("run", str(taskfile), "--backend", "http://127.0.0.1:9", "--gateway-workers", "0")
+    assert none.returncode == 2 and "--gateway-workers" in none.stderr and "at least 1" in none.stderr
+    on_ray = polar("run", str(taskfile), "--ray", "--gateway-workers", "2", "--out", str(tmp_path / "o"))
+    assert on_ray.returncode == 2 and "--gateway-workers: not with --ray" in on_ray.stderr
+    assert "Traceback" not in none.stderr + on_ray.stderr and not (tmp_path / "o").exists()
 
 
 def test_run_says_when_a_group_is_being_judged(tmp_path: Path) -> None:

@@ -109,6 +109,7 @@ async def local_stack(
     policy: PolicyServer,
     capacity: int,
     *,
+    gateway_workers: int = 1,
     stop_reason: str = "the local run finished",
     allow_callback: tuple[str, ...] = (),
     upload_roots: Sequence[Path] = (),
@@ -116,7 +117,8 @@ async def local_stack(
     ray: RayPlacement | None = None,
 ) -> AsyncIterator[LocalStack]:
     """Start the rollout server (state in `out/server.db`) and one node (records in `out/gateway.db`)
-    whose gateway sends calls to the `policy` server (several URLs: spread over those servers).
+    whose gateway sends calls to the `policy` server (several URLs: spread over those servers), served by
+    `gateway_workers` processes (`NodeConfig.gateway_workers`).
     `allow_callback`: the outbound allowlist (`polar.netguard`) both use for task-given URLs; the node reads
     upload sources only inside `upload_roots` (the task files' directories). `dashboard`: the dashboard's
     `DashboardOptions` (tokenizer, training folder), served by the server under /ui.
@@ -133,6 +135,8 @@ async def local_stack(
     from polar.rollout.server.config import ServerConfig
     from polar.serving import ServerThread
 
+    if ray is not None and gateway_workers > 1:
+        raise ValueError("gateway_workers: a Ray node's gateway serves in its actor's process (one worker)")
     with locked(out), contextlib.ExitStack() as cleanup:
         requeue_orphans(out / "server.db")
         token = new_token()
@@ -150,6 +154,7 @@ async def local_stack(
         server = ServerThread(app, timeout_graceful_shutdown=2, host=host).start()
         try:
             config = _node_config(out, policy, capacity, server.url, token, outbound, upload_roots)
+            config = dataclasses.replace(config, gateway_workers=gateway_workers)
         except BaseException:
             server.stop()
             raise

@@ -66,6 +66,7 @@ class Rollout:
     out: Path
     overwrite: bool = False
     capacity: int = 4
+    gateway_workers: int = 1  # --gateway-workers: the node's gateway on this many processes
     allow_callback: tuple[str, ...] = ()  # the outbound allowlist for task-given URLs (polar.netguard)
     log_level: str = "warning"
     log_json: bool = False
@@ -174,6 +175,7 @@ async def _run(
         state.out,
         launch.policy,
         capacity,
+        gateway_workers=launch.rollout.gateway_workers,
         stop_reason="polar run finished",
         allow_callback=launch.rollout.allow_callback,
         upload_roots=launch.upload_roots,
@@ -282,6 +284,10 @@ def rollout_options(default_out: str) -> Callable[[F], F]:
                          "files polar writes there)."),
             click.option("--capacity", default=4, show_default=True, type=int,
                          help="Sessions the node runs at once."),
+            click.option("--gateway-workers", default=1, show_default=True, type=int, metavar="N",
+                         help="Serve the node's gateway from N processes, one store (as `polar node "
+                         "--gateway-workers`; docs/gateway-workers.md): for many sessions with long "
+                         "contexts, where one core would be busy recording."),
             click.option("--images", type=click.Choice(["check", "build", "pull"]), default="check",
                          show_default=True,
                          help="The tasks' docker/podman images before any session starts. check: a missing "
@@ -300,12 +306,14 @@ def rollout_options(default_out: str) -> Callable[[F], F]:
                 kw.pop("render"),
                 kw.pop("tokenizer"),
             )
-            if kw["capacity"] < 1:
-                raise click.BadParameter("must be at least 1", param_hint="--capacity")
+            for name in ("capacity", "gateway_workers"):
+                if kw[name] < 1:
+                    raise click.BadParameter("must be at least 1", param_hint=f"--{name.replace('_', '-')}")
             outbound_policy(kw["allow_callback"])  # a bad entry is a usage error before anything starts
             rollout = Rollout(
                 policy, kw.pop("policy"), kw.pop("out"), kw.pop("overwrite"), kw.pop("capacity"),
-                kw.pop("allow_callback"), kw.pop("log_level"), kw.pop("log_json"), kw.pop("images"),
+                kw.pop("gateway_workers"), kw.pop("allow_callback"), kw.pop("log_level"), kw.pop("log_json"),
+                kw.pop("images"),
             )  # fmt: skip
             return fn(rollout=rollout, **kw)
 
@@ -573,6 +581,7 @@ def run(
       polar run tasks.yaml --ray head:6379 --ray-resource polar --capacity 16 --backend @servers.txt
       polar run tasks.yaml --backend URL --model M --check   # only check; start nothing
       polar run tasks.yaml --render gateway   # one token chain per session (token ids to the server)
+      polar run tasks.yaml --backend URL --capacity 256 --gateway-workers 2   # the gateway on 2 cores
     (On the embedded engine the token view shows text without --tokenizer: it uses the engine's.)
 
     With --ray, each Ray node offering what a gateway node takes runs one (as a Ray actor) with --capacity
@@ -581,6 +590,9 @@ def run(
     setup_logging(rollout.log_level, json=rollout.log_json)
     interrupt.guard()
     check_ray_options(ray_address, ray_resource, ray_cpus, ray_memory_mb)
+    if ray_address is not None and rollout.gateway_workers > 1:
+        # A Ray actor's gateway serves in the actor's process; its workers there are not built (or tested).
+        raise click.UsageError("--gateway-workers: not with --ray (each Ray node's gateway is one process)")
     ray = None
     if ray_address is not None:
         ray = RayOptions(ray_address, ray_resource, ray_cpus, ray_memory_mb, rollout.log_level)
