@@ -49,7 +49,7 @@ from polar.train.export import trajectory_of
 from polar.train.filters import FilterReason, GroupFilter, Overlong
 from polar.train.metrics import Metrics, StepMetrics
 from polar.train.sync import GatewayGate, PartialSyncError, WeightSync
-from polar.train.trainer import StepResult, Trainer, build_samples
+from polar.train.trainer import StepResult, Trainer, TrainerConfig, build_samples
 from polar.trajectory.models import Trajectory
 
 if TYPE_CHECKING:
@@ -422,15 +422,119 @@ def train(
     `console` gets the progress bar and one line per step (None: metrics go to the JSONL file only);
     `upload_roots` are the directories the tasks' uploads may read (`polar.train.config.upload_roots`).
     """
-    from polar.dashboard import DashboardOptions
-    from polar.stack import PolicyServer, embedded_engine, local_stack
+    from polar.stack import embedded_engine
     from polar.train import distributed, memory
-    from polar.train.schedule import LRSchedule
     from polar.train.sync import EngineSync, VLLMSync
+
+    memory.limit_arenas()  # before any thread allocates: steps from threads otherwise grow the heap (memory.py)
+    # Under torchrun every rank trains on its shard of each batch; rank 0 alone runs the rest.
+    world = distributed.from_env(config.dist_timeout_s)
+    if world is not None and not world.leader:
+        worker = Trainer.load(_trainer_config(config), world)
+        if config.resume is not None:
+            worker.restore(Path(config.resume))
+        try:
+            worker.serve()
+        finally:
+            distributed.leave(clean=sys.exc_info()[1] is None)
+        return []
+
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    m = config.metrics
+    metrics = Metrics.create(
+        out,
+        steps=config.steps,
+        console=console,
+        tensorboard=m.tensorboard,
+        wandb=m.wandb,
+        wandb_project=m.wandb_project,
+        run_name=m.run_name,
+        run_config=config.model_dump(mode="json"),
+    )
+    trainer: Trainer | None = None
+    try:
+        # Sinks first: a missing tensorboard/wandb fails before minutes of model loading.
+        trainer = Trainer.load(_trainer_config(config), world)
+        if config.resume is not None:
+            trainer.restore(Path(config.resume))
+            metrics.resumed_at(trainer.step_count)  # `steps` is the total: the bar starts where it left off
+        run = _Run(
+            config, tasks, trainer, metrics, console, tuple(upload_roots), _active_tasks(out / "server.db")
+        )
+        if config.backend == "embedded":
+            device = None if config.device == "auto" else config.device
+            with embedded_engine(config.resume or config.model, device=device) as (engine, server):
+                return interrupt.run(run.rollouts((server.url,), engine.name, EngineSync(engine)))
+        lora = config.lora
+        adapter = lora.adapter_name if lora is not None and lora.sync == "adapter" else None
+        sync = VLLMSync(
+            config.backend,
+            out / "sync",
+            timeout_s=config.drain_timeout_s,
+            verify=config.verify_weight_sync,
+            adapter=adapter,
+        )
+        # With a runtime adapter, the rollouts ask vLLM for it by name: the base model is not the policy.
+        urls = (config.backend,) if isinstance(config.backend, str) else tuple(config.backend)
+        return interrupt.run(run.rollouts(urls, adapter or config.served_model, sync))
+    finally:
+        if trainer is not None:
+            trainer.close()  # the other ranks' serve() returns, and they come to leave() too
+        distributed.leave(clean=trainer is not None)
+        metrics.close()
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What `train` has ready once the trainer is loaded; `rollouts` runs the loop against a policy server."""
+
+    config: TrainConfig
+    tasks: Sequence[Task]
+    trainer: Trainer
+    metrics: Metrics
+    console: Console | None
+    upload_roots: tuple[Path, ...]
+    leftovers: list[str]  # task groups an earlier, killed run into `out` left open
+
+    async def rollouts(self, urls: tuple[str, ...], model: str | None, sync: WeightSync) -> list[StepMetrics]:
+        """The rollout server and a node over the policy at `urls` (serving `model`), and the loop."""
+        from polar.dashboard import DashboardOptions
+        from polar.stack import PolicyServer, local_stack
+
+        config, out = self.config, Path(self.config.out)
+        async with local_stack(
+            out,
+            PolicyServer(urls, "vllm", model, render=config.render),
+            config.capacity,
+            stop_reason="training ended",
+            allow_callback=tuple(config.allow_callback),
+            upload_roots=self.upload_roots,
+            dashboard=DashboardOptions(train_dir=out),
+        ) as stack:
+            if self.console is not None:  # rollouts live, and this run's curves on the training page
+                self.console.print(f"dashboard: {stack.dashboard_url}", soft_wrap=True, highlight=False)
+            gate = GatewayGate(stack.control_url, control_token=stack.token, timeout_s=config.drain_timeout_s)
+            try:
+                async with RolloutClient(stack.server_url, token=stack.token) as client:
+                    for task_id in self.leftovers:  # nobody takes them: closed, so the server stops waiting
+                        with contextlib.suppress(RolloutError):
+                            await client.cancel(task_id)
+                    loop = TrainLoop(
+                        self.tasks, self.trainer, client, gate, sync, self.metrics, _loop_config(config, out)
+                    )
+                    return await loop.run()
+            finally:
+                await gate.aclose()
+                await sync.aclose()
+
+
+def _trainer_config(config: TrainConfig) -> TrainerConfig:
+    from polar.train.schedule import LRSchedule
     from polar.train.trainer import OptimizerConfig, TrainerConfig
 
     opt = config.optimizer
-    trainer_config = TrainerConfig(
+    return TrainerConfig(
         # A LoRA checkpoint's weights have its adapter merged in: a resumed LoRA run starts from the base
         # model again and takes the adapter from the checkpoint (Trainer.restore).
         model=config.model if config.lora is not None else (config.resume or config.model),
@@ -453,119 +557,34 @@ def train(
         seed=config.seed,
         lora=config.lora.spec() if config.lora is not None else None,
     )
-    memory.limit_arenas()  # before any thread allocates: steps from threads otherwise grow the heap (memory.py)
-    # Under torchrun every rank trains on its shard of each batch; rank 0 alone runs the rest.
-    world = distributed.from_env(config.dist_timeout_s)
-    if world is not None and not world.leader:
-        worker = Trainer.load(trainer_config, world)
-        if config.resume is not None:
-            worker.restore(Path(config.resume))
-        try:
-            worker.serve()
-        finally:
-            distributed.leave(clean=sys.exc_info()[1] is None)
-        return []
 
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    m = config.metrics
-    metrics = Metrics.create(
-        out,
+
+def _loop_config(config: TrainConfig, out: Path) -> LoopConfig:
+    evaluation = config.eval
+    return LoopConfig(
         steps=config.steps,
-        console=console,
-        tensorboard=m.tensorboard,
-        wandb=m.wandb,
-        wandb_project=m.wandb_project,
-        run_name=m.run_name,
-        run_config=config.model_dump(mode="json"),
-    )
-
-    trainer: Trainer | None = None
-    try:
-        # Sinks first: a missing tensorboard/wandb fails before minutes of model loading.
-        trainer = Trainer.load(trainer_config, world)
-        if config.resume is not None:
-            trainer.restore(Path(config.resume))
-            metrics.resumed_at(trainer.step_count)  # `steps` is the total: the bar starts where it left off
-        loop_config = LoopConfig(
-            steps=config.steps,
-            batch_groups=config.batch_groups,
-            group_size=config.group_size,
-            max_staleness=config.max_staleness,
-            max_in_flight=config.in_flight,
-            pace=config.pace,
-            estimator=config.estimator,
+        batch_groups=config.batch_groups,
+        group_size=config.group_size,
+        max_staleness=config.max_staleness,
+        max_in_flight=config.in_flight,
+        pace=config.pace,
+        estimator=config.estimator,
+        pass_threshold=config.pass_threshold,
+        checkpoint_every=config.checkpoint_every,
+        out=out,
+        shuffle=config.shuffle,
+        seed=config.seed,
+        filter=config.group_filter(),
+        overlong=config.overlong.spec(),
+        eval=None
+        if evaluation is None
+        else EvalPlan(
+            tuple(evaluation.loaded_tasks),
+            evaluation.every,
+            before_training=evaluation.before_training,
             pass_threshold=config.pass_threshold,
-            checkpoint_every=config.checkpoint_every,
-            out=out,
-            shuffle=config.shuffle,
-            seed=config.seed,
-            filter=config.group_filter(),
-            overlong=config.overlong.spec(),
-            eval=None
-            if config.eval is None
-            else EvalPlan(
-                tuple(config.eval.loaded_tasks),
-                config.eval.every,
-                before_training=config.eval.before_training,
-                pass_threshold=config.pass_threshold,
-            ),
-        )
-
-        leftovers = _active_tasks(out / "server.db")
-
-        async def go(
-            backend_url: str | Sequence[str], model: str | None, sync: WeightSync
-        ) -> list[StepMetrics]:
-            urls = (backend_url,) if isinstance(backend_url, str) else tuple(backend_url)
-            async with local_stack(
-                out,
-                PolicyServer(urls, "vllm", model, render=config.render),
-                config.capacity,
-                stop_reason="training ended",
-                allow_callback=tuple(config.allow_callback),
-                upload_roots=upload_roots,
-                dashboard=DashboardOptions(train_dir=out),
-            ) as stack:
-                if console is not None:  # rollouts live, and this run's curves on the training page
-                    console.print(f"dashboard: {stack.dashboard_url}", soft_wrap=True, highlight=False)
-                gate = GatewayGate(
-                    stack.control_url, control_token=stack.token, timeout_s=config.drain_timeout_s
-                )
-                try:
-                    async with RolloutClient(stack.server_url, token=stack.token) as client:
-                        for task_id in leftovers:  # groups of an earlier, killed run: nobody takes them
-                            with contextlib.suppress(RolloutError):
-                                await client.cancel(task_id)
-                        loop = TrainLoop(tasks, trainer, client, gate, sync, metrics, loop_config)
-                        return await loop.run()
-                finally:
-                    await gate.aclose()
-                    await sync.aclose()
-
-        if config.backend == "embedded":
-            with embedded_engine(
-                config.resume or config.model, device=None if config.device == "auto" else config.device
-            ) as (
-                engine,
-                server,
-            ):
-                return interrupt.run(go(server.url, engine.name, EngineSync(engine)))
-        adapter = config.lora.adapter_name if config.lora and config.lora.sync == "adapter" else None
-        sync = VLLMSync(
-            config.backend,
-            out / "sync",
-            timeout_s=config.drain_timeout_s,
-            verify=config.verify_weight_sync,
-            adapter=adapter,
-        )
-        # With a runtime adapter, the rollouts ask vLLM for it by name: the base model is not the policy.
-        return interrupt.run(go(config.backend, adapter or config.served_model, sync))
-    finally:
-        if trainer is not None:
-            trainer.close()  # the other ranks' serve() returns, and they come to leave() too
-        distributed.leave(clean=trainer is not None)
-        metrics.close()
+        ),
+    )
 
 
 def _active_tasks(db: Path) -> list[str]:
