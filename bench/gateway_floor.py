@@ -5,6 +5,7 @@ httptools' parsers, no framework) and beside the backend called directly (issue 
 
     .venv/bin/python bench/gateway_floor.py                      # chat, concurrency 1 16 64, 5 rounds
     .venv/bin/python bench/gateway_floor.py --concurrency 16 --repeats 3 --calls 2000
+    .venv/bin/python bench/gateway_floor.py --wrk --seconds 3   # wrk as the client (bench/gateway.py's)
 
 One fake vLLM (tests/fakes), the two relays and one `polar gateway` (capture on, a fresh store) are
 started once and warmed; then each round runs every (concurrency, side) cell with bench/gateway.py's chat
@@ -12,7 +13,9 @@ body (7 kB, 1,610 prompt tokens) from an aiohttp closed loop, the sides' order r
 "CPU ms/call" is the serving process's user + system time over the cell (for direct, the fake's own), from
 /proc; the table gives medians over rounds. polar minus pass-through is what parsing, translating,
 recording and committing cost; the pass-through is the floor on the gateway's libraries, the raw relay that of
-any relay written in Python on asyncio.
+any relay written in Python on asyncio, and "raw relay + commit" (its `--store`) that of any relay that
+commits each call's bytes before answering, as the gateway's capture does. `--wrk`: wrk drives each cell for
+`--seconds` instead (bench/wrk.py; its own CPU per call is a sixth of the aiohttp loop's).
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import wrk  # noqa: E402
 from bench.gateway import bodies, load  # noqa: E402
 from bench.processes import cpu_seconds, rotation, start, start_gateway  # noqa: E402
 
 from polar.serving import free_port  # noqa: E402
 
-SIDES = ("direct", "raw relay", "pass-through", "polar")
+SIDES = ("direct", "raw relay", "raw relay + commit", "pass-through", "polar")
 MIXES = {  # --mixes: one half of the pass-through's libraries at a time (passthrough_raw.py's options)
     "uvicorn + raw client": ["--server", "uvicorn"],
     "raw server + aiohttp": ["--client", "aiohttp"],
@@ -48,8 +52,10 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3000, help="calls per cell (default 3000)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--mixes", action="store_true", help="also the relays with one of uvicorn or aiohttp")
+    ap.add_argument("--wrk", action="store_true", help="wrk as the client, each cell --seconds long")
+    ap.add_argument("--seconds", type=float, default=3.0, help="with --wrk: seconds per cell (default 3)")
     args = ap.parse_args()
-    sides = (*SIDES[:3], *(MIXES if args.mixes else ()), SIDES[3])
+    sides = (*SIDES[:4], *(MIXES if args.mixes else ()), SIDES[4])
 
     tmp = Path(tempfile.mkdtemp(prefix="polar-floor-"))
     bport, pport, rport = free_port(), free_port(), free_port()
@@ -63,6 +69,10 @@ def main() -> None:
         procs.append(start(cmd, passthrough))
         cmd = [py, str(ROOT / "bench" / "passthrough_raw.py"), "--backend", backend, "--port", str(rport)]
         procs.append(start(cmd, relay))
+        cport = free_port()
+        committing = f"http://127.0.0.1:{cport}"
+        cmd = [py, str(ROOT / "bench" / "passthrough_raw.py"), "--backend", backend, "--port", str(cport)]
+        procs.append(start([*cmd, "--store", str(tmp / "relay.db")], committing))
         mixes = {}
         for name, options in MIXES.items() if args.mixes else ():
             port = free_port()
@@ -78,9 +88,10 @@ def main() -> None:
         where = {
             "direct": (backend, plain, procs[0].pid),
             "raw relay": (relay, plain, procs[2].pid),
+            "raw relay + commit": (committing, plain, procs[3].pid),
             "pass-through": (passthrough, plain, procs[1].pid),
             "polar": (gateway.url, {**plain, "authorization": f"Bearer {key}"}, gateway.proc.pid),
-            **{name: (url, plain, procs[3 + i].pid) for i, (name, url) in enumerate(mixes.items())},
+            **{name: (url, plain, procs[4 + i].pid) for i, (name, url) in enumerate(mixes.items())},
         }
         for url, headers, _ in where.values():  # warm-up: imports, pools, caches
             asyncio.run(load(url + path, raw, headers, 16, 500))
@@ -90,18 +101,22 @@ def main() -> None:
             for c, side in rotation(args.concurrency, sides, r):
                 url, headers, pid = where[side]
                 before = cpu_seconds(pid)
-                lat = asyncio.run(load(url + path, raw, headers, c, args.calls))
-                used = cpu_seconds(pid) - before
-                wall = -lat.pop()
-                lat.sort()
-                cells.setdefault((side, c), []).append(
-                    {
+                if args.wrk:
+                    w = wrk.run(url + path, raw, headers, c, args.seconds)
+                    used = cpu_seconds(pid) - before
+                    cell = {"rps": w.rps, "cpu": used / w.calls * 1000, "p50": w.p50_ms, "p99": w.p99_ms}
+                else:
+                    lat = asyncio.run(load(url + path, raw, headers, c, args.calls))
+                    used = cpu_seconds(pid) - before
+                    wall = -lat.pop()
+                    lat.sort()
+                    cell = {
                         "rps": args.calls / wall,
                         "cpu": used / args.calls * 1000,
                         "p50": lat[len(lat) // 2] * 1000,
                         "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
                     }
-                )
+                cells.setdefault((side, c), []).append(cell)
             print(f"round {r + 1} of {args.repeats} done", flush=True)
     finally:
         for p in procs:
@@ -112,7 +127,8 @@ def main() -> None:
     def med(side: str, c: int, key: str) -> float:
         return statistics.median(x[key] for x in cells[(side, c)])
 
-    print(f"\nchat, {args.calls} calls a cell, medians of {args.repeats} rounds")
+    size = f"{args.seconds:g} s of wrk" if args.wrk else f"{args.calls} calls"
+    print(f"\nchat, {size} a cell, medians of {args.repeats} rounds")
     print("| conc | side | calls/s | vs direct | CPU ms/call | p50 ms | p99 ms |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for c in args.concurrency:

@@ -11,6 +11,11 @@ request at a time per connection (no pipelining), and has no timeouts or limits:
 upstream with a pooled aiohttp session: the two halves of bench/passthrough.py, one at a time, to tell which
 of the gateway's libraries costs what.
 
+`--store PATH` makes it the least a relay that captures can cost: each call's request and answer bytes, as
+they came (nothing parsed, encoded or chained), are inserted into SQLite (WAL, synchronous=NORMAL, as the
+gateway's store) and committed before the answer is written; the calls answered in one pass of the loop
+share a transaction, as the gateway's do. What a gateway that commits before answering cannot go below.
+
     .venv/bin/python bench/passthrough_raw.py --backend http://127.0.0.1:8000 --port 8101
     .venv/bin/python bench/passthrough_raw.py --backend http://127.0.0.1:8000 --port 8102 --server uvicorn
 """
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sqlite3
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -99,11 +106,37 @@ class Pool:
         task.add_done_callback(self.connecting.discard)
 
 
+class Capture:
+    """Calls answered in this pass of the loop, committed together in the next one, then answered."""
+
+    def __init__(self, path: str) -> None:
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS calls (at REAL, request BLOB, answer BLOB)")
+        self.pending: list[tuple[Reply, int, bytes, bytes]] = []
+
+    def answered(self, reply: Reply, request: bytes, status: int, answer: bytes) -> None:
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self.commit)
+        self.pending.append((reply, status, request, answer))
+
+    def commit(self) -> None:
+        batch, self.pending = self.pending, []
+        now = time.time()
+        self.db.execute("BEGIN IMMEDIATE")
+        self.db.executemany("INSERT INTO calls VALUES (?, ?, ?)", [(now, q, a) for _, _, q, a in batch])
+        self.db.execute("COMMIT")
+        for reply, status, _, answer in batch:
+            reply(status, answer)
+
+
 class Downstream(asyncio.Protocol):
     """One client connection: each complete request relayed through the pool, its answer written back."""
 
-    def __init__(self, pool: Pool | AiohttpPool) -> None:
+    def __init__(self, pool: Pool | AiohttpPool, capture: Capture | None = None) -> None:
         self.pool = pool
+        self.capture = capture
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
@@ -131,6 +164,9 @@ class Downstream(asyncio.Protocol):
         body, self.body = b"".join(self.body), []
         if path == b"/health":
             self.answer(200, b"ok")
+        elif self.capture is not None:
+            capture, answer = self.capture, self.answer
+            self.pool.send(path, body, lambda status, data: capture.answered(answer, body, status, data))
         else:
             self.pool.send(path, body, self.answer)
 
@@ -191,9 +227,9 @@ class Relay:
         await send({"type": "http.response.body", "body": data})
 
 
-async def serve(pool: Pool | AiohttpPool, port: int) -> None:
+async def serve(pool: Pool | AiohttpPool, port: int, capture: Capture | None) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Downstream(pool), "127.0.0.1", port)
+    server = await loop.create_server(lambda: Downstream(pool, capture), "127.0.0.1", port)
     async with server:
         await server.serve_forever()
 
@@ -204,11 +240,14 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--server", choices=["raw", "uvicorn"], default="raw")
     ap.add_argument("--client", choices=["raw", "aiohttp"], default="raw")
+    ap.add_argument("--store", metavar="PATH", help="commit each call's bytes to SQLite before answering")
     args = ap.parse_args()
     pool = Pool(args.backend) if args.client == "raw" else AiohttpPool(args.backend)
     if args.server == "raw":
-        asyncio.run(serve(pool, args.port))
+        asyncio.run(serve(pool, args.port, Capture(args.store) if args.store else None))
         return
+    if args.store:
+        ap.error("--store: with the raw server only")
     uvicorn.run(
         Relay(pool),
         host="127.0.0.1",
