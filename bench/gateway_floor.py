@@ -6,6 +6,7 @@ httptools' parsers, no framework) and beside the backend called directly (issue 
     .venv/bin/python bench/gateway_floor.py                      # chat, concurrency 1 16 64, 5 rounds
     .venv/bin/python bench/gateway_floor.py --concurrency 16 --repeats 3 --calls 2000
     .venv/bin/python bench/gateway_floor.py --wrk --seconds 3   # wrk as the client (bench/gateway.py's)
+    .venv/bin/python bench/gateway_floor.py --wrk --svg docs/gateway_floor.svg   # and the picture of it
 
 One fake vLLM (tests/fakes), the two relays and one `polar gateway` (capture on, a fresh store) are
 started once and warmed; then each round runs every (concurrency, side) cell with bench/gateway.py's chat
@@ -54,6 +55,7 @@ def main() -> None:
     ap.add_argument("--mixes", action="store_true", help="also the relays with one of uvicorn or aiohttp")
     ap.add_argument("--wrk", action="store_true", help="wrk as the client, each cell --seconds long")
     ap.add_argument("--seconds", type=float, default=3.0, help="with --wrk: seconds per cell (default 3)")
+    ap.add_argument("--svg", type=Path, help="also draw calls/s against direct per concurrency (matplotlib)")
     args = ap.parse_args()
     sides = (*SIDES[:4], *(MIXES if args.mixes else ()), SIDES[4])
 
@@ -140,6 +142,42 @@ def main() -> None:
             )
         own = med("polar", c, "cpu") - med("pass-through", c, "cpu")
         print(f"| {c} | polar's own work | | | {own:.3f} | | |")
+    if args.svg is not None:
+        ratios = {
+            side: [med(side, c, "rps") / med("direct", c, "rps") for c in args.concurrency]
+            for side in sides
+            if side != "direct"
+        }
+        draw(args.svg, args.concurrency, ratios, size)
+        print(f"\nwrote {args.svg}")
+
+
+def draw(path: Path, concurrency: list[int], ratios: dict[str, list[float]], size: str) -> None:
+    """Grouped bars: each side's calls/s as a fraction of direct's, per concurrency, with issue 30's 0.5x.
+    Text stays text and the file carries no date (as bench/reward_curve.py's)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = 0.8 / len(ratios)
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "polar", "font.size": 9}):
+        fig, ax = plt.subplots(figsize=(7.2, 3.8))
+        for i, (side, ys) in enumerate(ratios.items()):
+            xs = [k + (i - (len(ratios) - 1) / 2) * width for k in range(len(concurrency))]
+            bars = ax.bar(xs, ys, width, label=side)
+            ax.bar_label(bars, labels=[f"{y:.2f}" for y in ys], fontsize=7, padding=1)
+        ax.axhline(0.5, color="#c0392b", linewidth=1, linestyle="--", label="issue 30: 0.5x")
+        ax.set_xticks(range(len(concurrency)), [f"concurrency {c}" for c in concurrency])
+        ax.set_ylabel("calls/s, fraction of direct")
+        ax.set_ylim(0, 1.3)
+        ax.set_title(f"Chat, 7 kB body: relays and polar against the backend called directly ({size} a cell)")
+        ax.legend(fontsize=7, ncols=5, loc="upper left")
+        ax.grid(axis="y", color="#e5e5e5")
+        ax.set_axisbelow(True)
+        fig.tight_layout()
+        fig.savefig(path, format="svg", metadata={"Date": None})
+        plt.close(fig)
 
 
 if __name__ == "__main__":
