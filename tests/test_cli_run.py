@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from tests.conftest import SERVED_MODEL
 from tests.fakes.fake_vllm import Reply
 from tests.judge_support import judge_config, scripted_judge
 from tests.node_support import CALL_GATEWAY, fake_policy
+from tests.server_support import interruptible, wait_until
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
 
@@ -128,6 +131,95 @@ def test_run_refuses_a_bad_task_file_with_its_line(tmp_path: Path) -> None:
     assert f"{taskfile}:5: tasks[0].runtime.backend" in proc.stderr
     missing = polar("run", str(tmp_path / "nope.yaml"), "--backend", "http://127.0.0.1:9")
     assert missing.returncode != 0 and "nope.yaml" in missing.stderr
+
+
+def test_ctrl_c_of_a_run_on_gateway_workers_stops_them_after_its_sessions(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the whole foreground process group. The gateway's workers run in a
+    session of their own, so the node alone gets it: it cancels its sessions (closing them through the
+    workers), then stops the workers. In the node's group they began draining at once and the node's
+    SIGTERM reached their supervisor as a second signal: a traceback, and a worker left serving."""
+    caller = tmp_path / "call_gateway.py"
+    caller.write_text(CALL_GATEWAY)
+    task = {
+        "task_id": "wait",
+        "instruction": "call, then wait",
+        "num_samples": 2,
+        "timeout_seconds": 300,
+        "runtime": {"prepare": [{"type": "upload", "src": caller.name, "dst": "call.py"}]},
+        "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} call.py 1 && sleep 600"}},
+        "evaluator": {"strategy": "session_completed"},
+    }
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text(yaml.safe_dump({"tasks": [task]}))
+    out = tmp_path / "out"
+    with fake_policy() as (url, backend):
+        argv = [
+            sys.executable,
+            "-m",
+            "polar",
+            "run",
+            str(taskfile),
+            "--backend",
+            url,
+            "--model",
+            SERVED_MODEL,
+        ]
+        argv += ["--out", str(out), "--gateway-workers", "2"]
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+            preexec_fn=interruptible,
+            start_new_session=True,  # its own group, as a terminal's foreground job: killpg reaches it all
+        )
+        try:
+            wait_until(lambda: len(backend.requests) >= 2, timeout=120, what="both sessions' calls")
+            supervisors = [p for p in children(proc.pid) if b"polar.cli.node_gateway" in cmdline(p)]
+            assert len(supervisors) == 1, "the gateway's workers run as the node's child"
+            tree = [*supervisors, *children(supervisors[0])]
+            assert len(tree) == 3  # the supervisor and its 2 workers
+            os.killpg(proc.pid, signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stderr, stderr
+    assert "interrupted: cancelled the running sessions; nothing finished was lost" in stdout
+    wait_until(lambda: not any(running(p) for p in tree), timeout=30, what="the gateway's processes to exit")
+    with sqlite3.connect(out / "gateway.db") as db:  # each session's key closed through the workers
+        closed = db.execute("SELECT id, closed_at FROM sessions").fetchall()
+    assert len(closed) == 2 and all(at is not None for _, at in closed), closed
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (/proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_run_refuses_gateway_workers_it_cannot_serve(tmp_path: Path) -> None:

@@ -41,13 +41,17 @@ def test_workers_flag_is_documented_and_checked() -> None:
 
 
 @contextlib.contextmanager
-def gateway(store: Path, workers: int) -> Iterator[tuple[subprocess.Popen[bytes], str, str, str]]:
-    """The fake vLLM and `polar gateway --workers N` on `store`: (the supervisor, shared model API URL,
-    control URL, control token); everything killed after."""
+def gateway(
+    store: Path, workers: int, *fake_args: str, stderr: Path | None = None
+) -> Iterator[tuple[subprocess.Popen[bytes], str, str, str]]:
+    """The fake vLLM (`fake_args`: more of its options) and `polar gateway --workers N` on `store` (its
+    stderr to `stderr`, if given): (the supervisor, shared model API URL, control URL, control token);
+    everything killed after."""
     bport, port, cport = free_port(), free_port(), free_port()
     token = new_token()
     env = {**os.environ, "POLAR_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-    backend = subprocess.Popen([sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport)], env=env)
+    fake = [sys.executable, "-m", "tests.fakes.fake_vllm", "--port", str(bport), *fake_args]
+    backend = subprocess.Popen(fake, env=env)
     argv = [
         sys.executable,
         "-m",
@@ -69,7 +73,8 @@ def gateway(store: Path, workers: int) -> Iterator[tuple[subprocess.Popen[bytes]
         str(workers),
     ]
     _wait_up(f"http://127.0.0.1:{bport}", backend)
-    sup = subprocess.Popen([*argv, "--log-level", "warning"], env=env)
+    err = stderr.open("wb") if stderr is not None else None
+    sup = subprocess.Popen([*argv, "--log-level", "warning"], env=env, stderr=err)
     url, control = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{cport}"
     try:
         _wait_up(url, sup)
@@ -85,6 +90,8 @@ def gateway(store: Path, workers: int) -> Iterator[tuple[subprocess.Popen[bytes]
         sup.wait()
         backend.kill()
         backend.wait()
+        if err is not None:
+            err.close()
 
 
 def worker_pids(control: str) -> list[int]:
@@ -258,6 +265,39 @@ def test_kill_9_of_a_worker_then_of_everything_loses_no_answered_call(tmp_path: 
             assert len(seqs) >= len(acked[key]), (key, len(seqs), len(acked[key]))
             assert len(set(seqs)) == len(seqs)
     assert sum(len(v) for v in acked.values()) >= 400
+
+
+def test_a_second_signal_while_the_workers_drain_kills_them_at_once(tmp_path: Path) -> None:
+    """Ctrl-C, then SIGTERM (or Ctrl-C again) while a worker still drains a slow stream: the supervisor kills
+    what is left and exits, without a traceback (the second signal used to raise out of its stop), and long
+    before the stream would have ended."""
+    log = tmp_path / "stderr.txt"
+    with gateway(tmp_path / "gw.db", 2, "--token-delay-ms", "400", stderr=log) as (sup, url, control, token):
+        pids = worker_pids(control)
+        made = httpx.post(
+            f"{control}/sessions", headers=bearer(token), json={"session_id": "slow-one", "task_id": "t"}
+        )
+        assert made.status_code == 201, made.text
+        body = {**CHAT, "stream": True}
+        with (
+            httpx.Client(timeout=60) as http,
+            http.stream(
+                "POST", f"{url}/v1/chat/completions", json=body, headers=bearer("slow-one")
+            ) as stream,
+        ):
+            assert stream.status_code == 200, stream.read()
+            next(stream.iter_raw())  # the first chunk: the ~10 s stream is under way
+            os.kill(sup.pid, signal.SIGINT)
+            time.sleep(0.5)  # the workers drain: the stream's worker waits for it to end
+            assert sup.poll() is None, log.read_text()
+            started = time.monotonic()
+            os.kill(sup.pid, signal.SIGTERM)
+            sup.wait(30)
+            took = time.monotonic() - started
+        assert took < 5, f"the supervisor waited {took:.1f} s after the second signal"
+        for pid in pids:
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    assert "Traceback" not in log.read_text(), log.read_text()
 
 
 def test_a_worker_that_cannot_start_stops_the_gateway_with_one_line(tmp_path: Path) -> None:

@@ -29,9 +29,8 @@ def main() -> None:
     _die_with_parent()
     setup_logging(log_level, json=log_json)
 
-    pipe = [
-        fd
-    ]  # -1 once closed here: a worker forked later (a restart) must not close what reuses the number
+    # -1 once closed here: a worker forked later (a restart) must not close what reuses the number
+    pipe = [fd]
 
     def worker_started() -> None:  # a worker forked while it is open must not hold the node's pipe open
         if pipe[0] >= 0:

@@ -77,6 +77,7 @@ class Supervisor:
     on_worker_start: Callable[[], None] | None = None
     procs: list[Worker] = field(default_factory=list)
     stopping: bool = False
+    hurry: bool = False  # a second signal while stopping: the workers left are killed now
 
     def spawn(self, k: int) -> Worker:
         read, write = os.pipe()
@@ -108,9 +109,15 @@ class Supervisor:
                     raise cannot_start(f"gateway worker {w.index} exited while starting (see its log above)")
 
     def supervise(self) -> None:
-        """Until SIGINT/SIGTERM: start again any worker that exits."""
+        """Until SIGINT/SIGTERM: start again any worker that exits. A second signal while the workers drain
+        (Ctrl-C twice, or a terminal's Ctrl-C followed by a service manager's SIGTERM) ends their grace:
+        the ones left are killed at once, as a single gateway exits at once on a second signal."""
 
         def stop(signum: int, frame: Any) -> None:
+            if self.stopping:
+                self.hurry = True  # raising here would abandon `stop()` half way, with a traceback
+                return
+            self.stopping = True  # before the raise: a signal right behind this one only hurries
             raise _Stop
 
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -148,7 +155,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
-        while live and time.monotonic() < deadline:
+        while live and time.monotonic() < deadline and not self.hurry:
             for pid in list(live):
                 with contextlib.suppress(ChildProcessError):
                     done, _ = os.waitpid(pid, os.WNOHANG)

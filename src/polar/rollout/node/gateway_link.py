@@ -165,10 +165,15 @@ class GatewayChild:
         it cannot (a port in use, a store or backend that cannot be used)."""
         read, write = os.pipe()
         try:
+            # A session of its own: a terminal's Ctrl-C reaches the node alone, which stops it (one SIGTERM:
+            # the workers drain) once its sessions ended and closed through it. In the node's group the
+            # Ctrl-C began their drain at once and the node's SIGTERM came as a second signal, which ends
+            # the drain (`Supervisor.supervise`).
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "polar.cli.node_gateway", str(write)],
                 stdin=subprocess.PIPE,
                 pass_fds=(write,),
+                start_new_session=True,
             )
         finally:
             os.close(write)
