@@ -8,14 +8,11 @@ the stages reach the gateway through one `NodeGateway` (`gateway_link`), and the
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from polar.gateway.config import GatewayConfig
 from polar.rollout.node.app import NodeApp
 from polar.rollout.node.gateway_link import GatewayChild, InProcess, Workers
 from polar.serving import EmbeddedServer, start_all, stop_all
-
-log = logging.getLogger("polar.node")
 
 
 class NodeServers:
