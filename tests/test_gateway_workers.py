@@ -269,16 +269,17 @@ def test_kill_9_of_a_worker_then_of_everything_loses_no_answered_call(tmp_path: 
 
 def test_a_second_signal_while_the_workers_drain_kills_them_at_once(tmp_path: Path) -> None:
     """Ctrl-C, then SIGTERM (or Ctrl-C again) while a worker still drains a slow stream: the supervisor kills
-    what is left and exits, without a traceback (the second signal used to raise out of its stop), and long
-    before the stream would have ended."""
+    what is left and exits without a traceback, the stream cut rather than waited for. Before, the second
+    signal raised out of the supervisor's stop: a traceback, and the worker left draining under init."""
     log = tmp_path / "stderr.txt"
-    with gateway(tmp_path / "gw.db", 2, "--token-delay-ms", "400", stderr=log) as (sup, url, control, token):
+    with gateway(tmp_path / "gw.db", 2, "--token-delay-ms", "2000", stderr=log) as (sup, url, control, token):
         pids = worker_pids(control)
         made = httpx.post(
             f"{control}/sessions", headers=bearer(token), json={"session_id": "slow-one", "task_id": "t"}
         )
         assert made.status_code == 201, made.text
         body = {**CHAT, "stream": True}
+        received = b""
         with (
             httpx.Client(timeout=60) as http,
             http.stream(
@@ -286,15 +287,17 @@ def test_a_second_signal_while_the_workers_drain_kills_them_at_once(tmp_path: Pa
             ) as stream,
         ):
             assert stream.status_code == 200, stream.read()
-            next(stream.iter_raw())  # the first chunk: the ~10 s stream is under way
+            chunks = stream.iter_raw()
+            received += next(chunks)  # the stream is under way: a token every 2 s
             os.kill(sup.pid, signal.SIGINT)
-            time.sleep(0.5)  # the workers drain: the stream's worker waits for it to end
-            assert sup.poll() is None, log.read_text()
-            started = time.monotonic()
+            time.sleep(0.5)
+            assert sup.poll() is None, log.read_text()  # the stream's worker drains: it waits for the stream
             os.kill(sup.pid, signal.SIGTERM)
-            sup.wait(30)
-            took = time.monotonic() - started
-        assert took < 5, f"the supervisor waited {took:.1f} s after the second signal"
+            sup.wait(60)
+            with contextlib.suppress(httpx.TransportError):  # the worker was killed: its connection is gone
+                for chunk in chunks:
+                    received += chunk
+        assert b"[DONE]" not in received  # cut, not drained to its end
         for pid in pids:
             assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
     assert "Traceback" not in log.read_text(), log.read_text()
