@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from polar.gateway.backends.base import BackendOptions
 from polar.gateway.config import GatewayConfig
 from polar.netguard import OutboundPolicy
@@ -114,6 +116,29 @@ def program(name: str, text: str) -> Path:
     return path
 
 
+def run_taskfile(tmp_path: Path, *tasks: dict[str, Any]) -> Path:
+    """`tmp_path/tasks.yaml` holding `tasks` for `polar run`, with CALL_GATEWAY beside it as call_gateway.py
+    (what `caller_task`s upload: the node may read the task file's folder)."""
+    (tmp_path / "call_gateway.py").write_text(CALL_GATEWAY)
+    path = tmp_path / "tasks.yaml"
+    path.write_text(yaml.safe_dump({"tasks": list(tasks)}))
+    return path
+
+
+def caller_task(task_id: str, command: str, **fields: Any) -> dict[str, Any]:
+    """A task-file entry whose shell harness runs `command` with the gateway caller uploaded as call.py
+    (`run_taskfile` puts it beside the task file); `fields` add or replace entries."""
+    return {
+        "task_id": task_id,
+        "instruction": "say something",
+        "num_samples": 2,
+        "timeout_seconds": 60,
+        "runtime": {"prepare": [{"type": "upload", "src": "call_gateway.py", "dst": "call.py"}]},
+        "agent": {"harness": "shell", "settings": {"command": command}},
+        "evaluator": {"strategy": "session_completed"},
+    } | fields
+
+
 def write_caller(tmp_path: Path) -> Path:
     return program("call_gateway.py", CALL_GATEWAY)
 
@@ -121,6 +146,25 @@ def write_caller(tmp_path: Path) -> Path:
 # For sessions that coordinate with their test through host files (gates, pid files, run logs): a trusted
 # program on the host's files, which only `local` gives (a sandbox sees none of the test's tmp_path).
 ON_HOST: dict[str, Any] = {"backend": "local"}
+
+
+def sandboxed_caller_task(tmp_path: Path) -> Task:
+    """Two calls from inside a bubblewrap sandbox (network=gateway), the caller arriving by an upload (the
+    host's /tmp is hidden there): the second answer, which the test's fake scripts as "sandboxed", is written
+    to answer.txt and is what the evaluator passes on."""
+    caller = tmp_path / "call_gateway.py"
+    caller.write_bytes(write_caller(tmp_path).read_bytes())
+    return shell_task(
+        f"{PY} call_gateway.py 2 > answer.txt",
+        runtime={
+            "backend": "bwrap",
+            "prepare": [{"type": "upload", "src": str(caller), "dst": "call_gateway.py"}],
+        },
+        evaluator={
+            "strategy": "test_on_output",
+            "config": {"command": "cat answer.txt", "expect": "sandboxed", "match": "contains"},
+        },
+    )
 
 
 def shell_task(command: str, task_id: str = "t1", **fields: Any) -> Task:

@@ -14,13 +14,12 @@ from typing import Any
 
 import httpx
 import orjson
-import yaml
 
 from polar.serving import free_port
 from tests.conftest import SERVED_MODEL
 from tests.fakes.fake_vllm import FakeInferenceServer, make_fake_backend
 from tests.fakes.server import serve
-from tests.node_support import CALL_GATEWAY
+from tests.node_support import caller_task, run_taskfile
 from tests.server_support import AUTH, TOKEN
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "POLAR_TOKEN": TOKEN, "COLUMNS": "160"}
@@ -113,19 +112,8 @@ def test_backend_list_mistakes_are_usage_errors(tmp_path: Path) -> None:
 
 
 def test_run_spreads_sessions_over_every_backend(tmp_path: Path) -> None:
-    caller = tmp_path / "call_gateway.py"
-    caller.write_text(CALL_GATEWAY)
-    task = {
-        "task_id": "say",
-        "instruction": "say something twice",
-        "num_samples": 4,
-        "timeout_seconds": 60,
-        "runtime": {"prepare": [{"type": "upload", "src": caller.name, "dst": "call.py"}]},
-        "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} call.py 2"}},
-        "evaluator": {"strategy": "session_completed"},
-    }
-    taskfile = tmp_path / "tasks.yaml"
-    taskfile.write_text(yaml.safe_dump({"tasks": [task]}))
+    task = caller_task("say", f"{sys.executable} call.py 2", instruction="say something twice", num_samples=4)
+    taskfile = run_taskfile(tmp_path, task)
     out = tmp_path / "out"
     with two_fakes() as fakes:
         (url_a, app_a), (url_b, app_b) = fakes

@@ -21,7 +21,7 @@ from polar.store.sqlite import SQLiteStore
 from tests.conftest import SERVED_MODEL
 from tests.fakes.fake_vllm import Reply
 from tests.judge_support import judge_config, scripted_judge
-from tests.node_support import CALL_GATEWAY, fake_policy
+from tests.node_support import CALL_GATEWAY, caller_task, fake_policy, run_taskfile
 from tests.server_support import interruptible, wait_until
 
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
@@ -37,26 +37,17 @@ def polar(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 def test_run_executes_every_session_and_writes_results(tmp_path: Path, workers: int) -> None:
     """With --gateway-workers 2 the node's gateway runs on two processes over one store: every call is
     still recorded there, once."""
-    caller = tmp_path / "call_gateway.py"
-    caller.write_text(CALL_GATEWAY)
-    tasks = {
-        "tasks": [
-            {
-                "task_id": f"say-{i}",
-                "instruction": "say something twice",
-                "num_samples": 2,
-                "timeout_seconds": 60,
-                # the caller arrives by an upload relative to the task file (the node may read its dir)
-                "runtime": {"prepare": [{"type": "upload", "src": caller.name, "dst": "call.py"}]},
-                "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} call.py 2"}},
-                "evaluator": {"strategy": "session_completed"},
-                "metadata": {"group_id": f"g{i}", "policy_version": 3},
-            }
-            for i in range(2)
-        ]
-    }
-    taskfile = tmp_path / "tasks.yaml"
-    taskfile.write_text(yaml.safe_dump(tasks))
+    # the caller arrives by an upload relative to the task file (the node may read its dir)
+    tasks = [
+        caller_task(
+            f"say-{i}",
+            f"{sys.executable} call.py 2",
+            instruction="say something twice",
+            metadata={"group_id": f"g{i}", "policy_version": 3},
+        )
+        for i in range(2)
+    ]
+    taskfile = run_taskfile(tmp_path, *tasks)
     out = tmp_path / "out"
     with fake_policy() as (url, backend):
         args = [
@@ -138,19 +129,8 @@ def test_ctrl_c_of_a_run_on_gateway_workers_stops_them_after_its_sessions(tmp_pa
     session of their own, so the node alone gets it: it cancels its sessions (closing them through the
     workers), then stops the workers. In the node's group they began draining at once and the node's
     SIGTERM reached their supervisor as a second signal: a traceback, and a worker left serving."""
-    caller = tmp_path / "call_gateway.py"
-    caller.write_text(CALL_GATEWAY)
-    task = {
-        "task_id": "wait",
-        "instruction": "call, then wait",
-        "num_samples": 2,
-        "timeout_seconds": 300,
-        "runtime": {"prepare": [{"type": "upload", "src": caller.name, "dst": "call.py"}]},
-        "agent": {"harness": "shell", "settings": {"command": f"{sys.executable} call.py 1 && sleep 600"}},
-        "evaluator": {"strategy": "session_completed"},
-    }
-    taskfile = tmp_path / "tasks.yaml"
-    taskfile.write_text(yaml.safe_dump({"tasks": [task]}))
+    task = caller_task("wait", f"{sys.executable} call.py 1 && sleep 600", timeout_seconds=300)
+    taskfile = run_taskfile(tmp_path, task)
     out = tmp_path / "out"
     with fake_policy() as (url, backend):
         argv = [
@@ -235,8 +215,6 @@ def test_run_refuses_gateway_workers_it_cannot_serve(tmp_path: Path) -> None:
 def test_run_says_when_a_group_is_being_judged(tmp_path: Path) -> None:
     """A judge_group task's results wait for its group's judgement: with stdout not a terminal, `polar run`
     prints a line when the server starts judging the group, before the session lines it releases."""
-    caller = tmp_path / "call_gateway.py"
-    caller.write_text(CALL_GATEWAY)
 
     def slow_judge(body: dict[str, Any]) -> Reply:
         time.sleep(1.5)  # longer than the run's one-second look at the server's group phases
@@ -244,24 +222,17 @@ def test_run_says_when_a_group_is_being_judged(tmp_path: Path) -> None:
         return Reply(content=json.dumps({"reasoning": "alike", "scores": dict.fromkeys(labels, 6)}))
 
     with fake_policy() as (url, _backend), scripted_judge(slow_judge) as (judge_url, _judge):
-        task = {
-            "task_id": "grouped",
-            "instruction": "sign it",
-            "num_samples": 2,
-            "timeout_seconds": 60,
-            "runtime": {"prepare": [{"type": "upload", "src": caller.name, "dst": "call.py"}]},
-            "agent": {
-                "harness": "shell",
-                "settings": {"command": f'{sys.executable} call.py 1 && echo "by $POLAR_SESSION_ID" > a.md'},
-            },
-            "evaluator": {
+        task = caller_task(
+            "grouped",
+            f'{sys.executable} call.py 1 && echo "by $POLAR_SESSION_ID" > a.md',
+            instruction="sign it",
+            evaluator={
                 "strategy": "judge_group",
                 "config": judge_config(judge_url, files=["a.md"], answer=False, repeats=1),
                 "timeout_seconds": 60,
             },
-        }
-        taskfile = tmp_path / "tasks.yaml"
-        taskfile.write_text(yaml.safe_dump({"tasks": [task]}))
+        )
+        taskfile = run_taskfile(tmp_path, task)
         out = tmp_path / "out"
         refused = polar("run", str(taskfile), "--backend", url, "--model", SERVED_MODEL, "--out", str(out))
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr

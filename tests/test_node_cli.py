@@ -56,13 +56,7 @@ def test_polar_node_process(tmp_path: Path) -> None:
 
                     done = SessionSpec(session_id="cli-sess-1", task=shell_task("true"))
                     assert client.post("/node/sessions", content=done.model_dump_json()).status_code == 202
-                    state = wait_until(
-                        lambda: (
-                            (s := client.get("/node/sessions/cli-sess-1").json())["status"] == "COMPLETED"
-                            and s
-                        ),
-                        what="the session",
-                    )
+                    state = completed(client, "cli-sess-1")
                     assert state["result"]["reward"] == 1.0
 
                     pid_file = tmp_path / "child.pid"
@@ -189,13 +183,7 @@ def test_a_node_on_gateway_workers_serves_and_stops_them_on_sigterm(tmp_path: Pa
                 task = shell_task(f"{PY} {caller} 2", runtime=ON_HOST)
                 spec = SessionSpec(session_id="cli-workers-1", task=task)
                 assert client.post("/node/sessions", content=spec.model_dump_json()).status_code == 202
-                state = wait_until(
-                    lambda: (
-                        (s := client.get("/node/sessions/cli-workers-1").json())["status"] == "COMPLETED"
-                        and s
-                    ),
-                    what="the session",
-                )
+                state = completed(client, "cli-workers-1")
             os.kill(proc.pid, signal.SIGTERM)
             out, _ = proc.communicate(timeout=60)
         finally:
@@ -220,3 +208,11 @@ def pids_of_children(pid: int) -> list[int]:
         out += kids
         todo += kids
     return out
+
+
+def completed(client: httpx.Client, session_id: str) -> Any:
+    """The node's state of the session once it is COMPLETED (the test's bound on waiting is wait_until's)."""
+    return wait_until(
+        lambda: (s := client.get(f"/node/sessions/{session_id}").json())["status"] == "COMPLETED" and s,
+        what="the session",
+    )

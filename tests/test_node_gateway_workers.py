@@ -31,6 +31,7 @@ from tests.node_support import (
     eventually,
     fake_policy,
     running_node,
+    sandboxed_caller_task,
     shell_task,
     spec,
     write_caller,
@@ -136,20 +137,8 @@ async def test_a_judge_session_goes_through_the_workers(tmp_path: Path) -> None:
 async def test_a_sandboxed_session_reaches_its_owner_only(tmp_path: Path) -> None:
     """In a bubblewrap sandbox (network=gateway) the forwarder inside leads to the session's owner: the
     calls are answered and none was passed between workers."""
-    caller = tmp_path / "call_gateway.py"
-    caller.write_bytes(write_caller(tmp_path).read_bytes())
     sid = ids_on_each_worker()[1]
-    task = shell_task(
-        f"{PY} call_gateway.py 2 > answer.txt",
-        runtime={
-            "backend": "bwrap",
-            "prepare": [{"type": "upload", "src": str(caller), "dst": "call_gateway.py"}],
-        },
-        evaluator={
-            "strategy": "test_on_output",
-            "config": {"command": "cat answer.txt", "expect": "sandboxed", "match": "contains"},
-        },
-    )
+    task = sandboxed_caller_task(tmp_path)
     with fake_policy([Reply("one"), Reply("sandboxed")]) as (url, fake):
         async with running_node(url, tmp_path, upload_roots=(tmp_path,), gateway_workers=WORKERS) as node:
             await node.submit(spec(task, sid))

@@ -17,7 +17,15 @@ from polar.store.records import CompletionRecord
 from polar.trajectory import Trajectory, TrajectoryStatus
 from polar.trajectory.per_request import per_request
 from tests.fakes.fake_vllm import Reply
-from tests.node_support import PY, fake_policy, running_node, shell_task, spec, write_caller
+from tests.node_support import (
+    PY,
+    fake_policy,
+    running_node,
+    sandboxed_caller_task,
+    shell_task,
+    spec,
+    write_caller,
+)
 
 
 async def test_shell_session_completes_with_trajectory_and_reward(tmp_path: Path) -> None:
@@ -100,19 +108,7 @@ async def test_nonzero_exit_is_evaluated_not_an_error(tmp_path: Path) -> None:
 async def test_bwrap_session_reaches_only_the_gateway(tmp_path: Path) -> None:
     """In a bubblewrap sandbox (network=gateway) the harness reaches the node's gateway through the URL the
     runtime publishes; the caller script arrives by an upload prepare step (the host's /tmp is hidden)."""
-    caller = tmp_path / "call_gateway.py"
-    caller.write_bytes(write_caller(tmp_path).read_bytes())
-    task = shell_task(
-        f"{PY} call_gateway.py 2 > answer.txt",
-        runtime={
-            "backend": "bwrap",
-            "prepare": [{"type": "upload", "src": str(caller), "dst": "call_gateway.py"}],
-        },
-        evaluator={
-            "strategy": "test_on_output",
-            "config": {"command": "cat answer.txt", "expect": "sandboxed", "match": "contains"},
-        },
-    )
+    task = sandboxed_caller_task(tmp_path)
     with fake_policy([Reply("one"), Reply("sandboxed")]) as (url, fake):
         async with running_node(url, tmp_path, upload_roots=(tmp_path,)) as node:
             await node.submit(spec(task, "sess-bwrap-1"))

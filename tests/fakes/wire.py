@@ -101,6 +101,31 @@ def _logprob_content(tok: FakeTokenizer, ids: list[int]) -> list[dict[str, Any]]
     return out
 
 
+def _envelope(
+    id_: str,
+    obj: str,
+    seq: int,
+    req: dict[str, Any],
+    choice: dict[str, Any],
+    prompt: list[int],
+    ids: list[int],
+) -> dict[str, Any]:
+    """What a completion body and a chat completion body share: id, object, created, model, the one choice
+    and the usage counts."""
+    return {
+        "id": id_,
+        "object": obj,
+        "created": 1_700_000_000 + seq,
+        "model": req.get("model") or "fake-model",
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(ids),
+            "total_tokens": len(prompt) + len(ids),
+        },
+    }
+
+
 def completions_body(
     seq: int, ids: list[int], prompt: list[int], finish: str, req: dict[str, Any], version: int | None
 ) -> dict[str, Any]:
@@ -124,18 +149,7 @@ def completions_body(
     if req.get("return_token_ids"):
         choice["token_ids"] = ids
         choice["prompt_token_ids"] = prompt
-    body: dict[str, Any] = {
-        "id": f"cmpl-fake-{seq}",
-        "object": "text_completion",
-        "created": 1_700_000_000 + seq,
-        "model": req.get("model") or "fake-model",
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": len(ids),
-            "total_tokens": len(prompt) + len(ids),
-        },
-    }
+    body = _envelope(f"cmpl-fake-{seq}", "text_completion", seq, req, choice, prompt, ids)
     if version is not None:
         body["policy_version"] = version
     return body
@@ -150,18 +164,7 @@ def chat_body(
     message: dict[str, Any] = {"role": "assistant", "content": s["content"] or None}
     calls = _tool_calls(s)
     choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None, "finish_reason": s["finish"]}
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-fake-{s['seq']}",
-        "object": "chat.completion",
-        "created": 1_700_000_000 + s["seq"],
-        "model": req.get("model") or "fake-model",
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": len(ids),
-            "total_tokens": len(prompt) + len(ids),
-        },
-    }
+    body = _envelope(f"chatcmpl-fake-{s['seq']}", "chat.completion", s["seq"], req, choice, prompt, ids)
     if kind == "vllm":
         if s["reasoning"] is not None:
             message["reasoning"] = s["reasoning"]
