@@ -64,6 +64,11 @@ class StageEnv:
     count_evaluation: Callable[[str], None] = _uncounted  # the node's metrics (`evaluate`)
     models: EvaluatorModels | None = None  # frozen models for evaluators, through this gateway (a judge)
 
+    def gateway_url_for(self, session_id: str) -> str:
+        """The model API a session's runtime is pointed at: the node's address for runtimes when it names
+        one, else the gateway process that serves the session (`NodeGateway.url_for`)."""
+        return self.runtime_gateway_url or self.gateway.url_for(session_id)
+
 
 def _tail(text: str, n: int = 400) -> str:
     text = text.strip()
@@ -152,8 +157,7 @@ async def start_runtime(
     """A started and prepared runtime for `task`; stopped again if anything fails (or is cancelled)."""
     try:
         spec = runtime_spec(task, env.runtime_root, env.sandbox_paths)
-        url = env.runtime_gateway_url or env.gateway.url_for(session_id)
-        runtime = make_runtime(spec, session_id, gateway_url=url, keep=keep)
+        runtime = make_runtime(spec, session_id, gateway_url=env.gateway_url_for(session_id), keep=keep)
     except Exception as exc:
         raise SessionEnd(ERROR, f"runtime failed to start: {_describe(exc)}") from exc
     if keep == "nothing":  # a node killed before `stop_runtime` leaves it: the next start removes it
@@ -184,7 +188,7 @@ def _context(s: NodeSession, runtime: Runtime, env: StageEnv) -> HarnessContext:
     task = s.spec.task
     home = runtime.runtime_path(runtime.home)
     artifacts = runtime.runtime_path(runtime.artifacts)
-    gateway = runtime.gateway_url or env.runtime_gateway_url or env.gateway.url_for(s.session_id)
+    gateway = runtime.gateway_url or env.gateway_url_for(s.session_id)
     return HarnessContext(
         session_id=s.session_id,
         gateway_url=str(gateway).rstrip("/"),
