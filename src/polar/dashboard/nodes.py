@@ -16,6 +16,7 @@ import httpx
 
 from polar.auth import bearer
 from polar.jsontypes import JSON
+from polar.rollout.protocol import error_message
 
 HEALTH_TTL_S = 5.0
 
@@ -42,10 +43,7 @@ class NodeReader:
         except httpx.HTTPError as exc:
             return Fetched(error=f"the node did not answer ({type(exc).__name__}: {exc})")
         if r.status_code != 200:
-            try:
-                message = r.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = r.text[:200]
+            message = error_message(r.content) or r.text[:200]
             return Fetched(error=f"the node answered HTTP {r.status_code}: {message}")
         try:
             return Fetched(r.json())

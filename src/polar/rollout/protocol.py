@@ -31,6 +31,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar.task import Task
@@ -62,6 +63,17 @@ class SessionStatus(StrEnum):
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def error_message(body: bytes) -> str | None:
+    """The `message` of an error as polar's servers answer one (`{"error": {"message": ..., "field": ...}}`:
+    the rollout server, nodes, the gateway's control routes); None when `body` is not such an error."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    message = error.get("message") if isinstance(error, dict) else None
+    return None if message is None else str(message)
 
 
 RESULT_TOKEN_HEADER = "x-polar-result-token"

@@ -29,6 +29,7 @@ from polar.gateway.config import GatewayConfig
 from polar.gateway.forward import owner
 from polar.gateway.proxy import Proxy
 from polar.logs import JsonFormatter
+from polar.rollout.protocol import error_message
 from polar.store.sqlite import SQLiteStore
 
 START_TIMEOUT_S = 120.0  # the workers' start-up: the store, the backend's first answers
@@ -140,10 +141,7 @@ class Workers:
 
 
 def _message(r: httpx.Response) -> str:
-    try:
-        return str(r.json()["error"]["message"])
-    except Exception:
-        return r.text[:200]
+    return error_message(r.content) or r.text[:200]
 
 
 class GatewayChild:

@@ -30,6 +30,7 @@ from polar.rollout.protocol import (
     NodeRegistration,
     NodeStatus,
     SessionResult,
+    error_message,
 )
 
 log = logging.getLogger("polar.node")
@@ -247,7 +248,4 @@ def _refused_token(state: RetryCallState) -> httpx.Response | None:
 
 
 def _message(r: httpx.Response) -> str:
-    try:
-        return str(r.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {r.status_code}"
+    return error_message(r.content) or f"HTTP {r.status_code}"

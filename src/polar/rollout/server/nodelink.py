@@ -23,6 +23,7 @@ from polar.rollout.protocol import (
     NodeSessionState,
     NodeStatus,
     SessionSpec,
+    error_message,
 )
 from polar.rollout.server.scheduler import DispatchOutcome, classify_dispatch
 
@@ -35,12 +36,7 @@ class ProbeAnswer:
 
 
 def _error_text(r: httpx.Response) -> str:
-    try:
-        body = r.json()
-        msg = body.get("error", {}).get("message") if isinstance(body, dict) else None
-    except ValueError:
-        msg = None
-    return f"HTTP {r.status_code}: {msg or r.text[:300]}"
+    return f"HTTP {r.status_code}: {error_message(r.content) or r.text[:300]}"
 
 
 def outcome_is_auth(error: str | None) -> bool:
