@@ -310,11 +310,9 @@ def rollout_options(default_out: str) -> Callable[[F], F]:
                 if kw[name] < 1:
                     raise click.BadParameter("must be at least 1", param_hint=f"--{name.replace('_', '-')}")
             outbound_policy(kw["allow_callback"])  # a bad entry is a usage error before anything starts
-            rollout = Rollout(
-                policy, kw.pop("policy"), kw.pop("out"), kw.pop("overwrite"), kw.pop("capacity"),
-                kw.pop("gateway_workers"), kw.pop("allow_callback"), kw.pop("log_level"), kw.pop("log_json"),
-                kw.pop("images"),
-            )  # fmt: skip
+            # Every field but the two built above is an option of the same name, taken by keyword.
+            named = {f.name: kw.pop(f.name) for f in dataclasses.fields(Rollout)[2:]}
+            rollout = Rollout(policy=policy, engine_model=kw.pop("policy"), **named)
             return fn(rollout=rollout, **kw)
 
         wrapped: Callable[..., object] = command
