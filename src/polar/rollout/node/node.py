@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable
 
 from polar.rollout.node.admission import AdmissionError, validate
@@ -45,6 +44,7 @@ from polar.rollout.node.lifecycle import (
 )
 from polar.rollout.node.metrics import NodeMetrics
 from polar.rollout.node.models import GatewayModels
+from polar.rollout.node.outcomes import Outcomes
 from polar.rollout.node.pools import ReadyBuffer, StagePool
 from polar.rollout.node.reporter import Reporter
 from polar.rollout.node.servers import NodeServers
@@ -82,10 +82,6 @@ class Node:
         self.run_pool = StagePool("run", config.run_workers)
         self.post_pool = StagePool("post", config.post_workers)
         self._sessions: dict[str, NodeSession] = {}  # admitted, not finished
-        self._results: OrderedDict[str, SessionResult] = OrderedDict()  # finished, newest last
-        self._archived: dict[str, SessionResult] = {}  # older finished ones, without their trajectory
-        self._returned: set[str] = set()  # handed back to the server unrun (a drain)
-        self.journal: Journal | None = None  # open while the node is started
         self.draining = False
         self.reporter = Reporter(
             config.gateway.control_token,
@@ -93,6 +89,7 @@ class Node:
             config.report_backoff_s,
             on_settled=self._settled,
         )
+        self.outcomes = Outcomes(config, self.reporter)  # every id once it is not live: results, journal
         self.asgi = create_node_app(self)
         self.metrics = NodeMetrics(self.asgi.registry, self)  # beside the gateway's
         self.servers = NodeServers(self.asgi, config.gateway, config.gateway_workers)
@@ -105,9 +102,7 @@ class Node:
         self._env: StageEnv | None = None
         self._stopping: asyncio.Task[None] | None = None
         self._reaper: asyncio.Task[None] | None = None
-        self._silent = False  # stop(report=False): finished sessions are not reported to the server
         self._draining: asyncio.Task[None] | None = None
-        self._pruned_at = 0.0
 
     # -- life of the node ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,15 +117,13 @@ class Node:
         # Containers in the background: asking an engine takes a while, and none of them is in the way.
         self._reaper = asyncio.create_task(_reap_containers(), name="reap-containers")
         await asyncio.to_thread(namespaces.probe)
-        self.journal = Journal(gw.store_path, gw.durability)
-        interrupted = self.journal.interrupted(self.node_id)
+        interrupted = self.outcomes.open(gw.store_path, gw.durability)
         if interrupted:
             log.warning(
                 "node %s: %d session(s) were running when the node stopped; they end ERROR (not run again)",
                 self.node_id,
                 len(interrupted),
             )
-        self.journal.prune(self.config.tombstone_ttl_s)
         self.gateway = await self.servers.start()
         self._env = StageEnv(
             gateway=self.gateway,
@@ -161,7 +154,7 @@ class Node:
             )
             await self.images.start()
         else:
-            await self._report_owed()  # outcomes for sessions' own server_url, if any
+            self.outcomes.report_owed(self._sessions)  # outcomes for sessions' own server_url, if any
         log.info(
             "node %s: model API at %s, control at %s (capacity %d)",
             self.node_id,
@@ -184,6 +177,11 @@ class Node:
         return GatewayModels(self.gateway, self.config.gateway.store_path)
 
     @property
+    def journal(self) -> Journal | None:
+        """The node's journal in the store file; open while the node is started."""
+        return self.outcomes.journal
+
+    @property
     def url(self) -> str:
         """The gateway's model API (what runtimes are pointed at); "" until started."""
         return self.servers.url
@@ -201,7 +199,7 @@ class Node:
         interrupted, whose server keeps those sessions open so that resuming the run runs them again
         (`ServerStore.requeue_orphans`), rather than recording the interruption as their outcome."""
         if not report:
-            self._silent = True
+            self.outcomes.silent = True
         if self._stopping is None:
             self._stopping = asyncio.create_task(self._stop(reason))
         await asyncio.shield(self._stopping)
@@ -220,16 +218,14 @@ class Node:
         await self.servers.stop()
         await self.asgi.aclose()
         self._env = self.gateway = None  # the gateway's store is closed with it
-        if self.journal is not None:
-            self.journal.close()
-            self.journal = None
+        self.outcomes.close()
 
     # -- admission ----------------------------------------------------------------------------------------
     def _known(self, session_id: str) -> bool:
         """Whether this node (or its store) holds the id: admitted once, it is never admitted again."""
-        entry = self.journal.get(session_id) if self.journal is not None else None
-        if entry is not None and entry.state is not State.FENCED:
-            return True
+        return self.outcomes.seen(session_id) or self._in_store(session_id)
+
+    def _in_store(self, session_id: str) -> bool:
         return self.gateway is not None and self.gateway.known(session_id)
 
     def _refuse(
@@ -237,8 +233,7 @@ class Node:
     ) -> AdmissionError:
         """A refusal is final for this dispatch: fenced first, so that a copy of it still in flight (a
         resend, a proxy's retry) can never be admitted after the server requeued the session."""
-        if spec.result_token is not None and self.journal is not None:
-            self.journal.fence(spec.session_id, spec.result_token)
+        self.outcomes.fence(spec.session_id, spec.result_token)
         return AdmissionError(status, message, field)
 
     async def submit(self, spec: SessionSpec) -> bool:
@@ -281,53 +276,20 @@ class Node:
         s = self._sessions.get(session_id)
         if s is not None:
             return NodeSessionState(session_id=session_id, status=s.status)
-        result = self._result(session_id)
-        if result is not None:
-            return NodeSessionState(session_id=session_id, status=result.status, result=result)
-        if session_id in self._returned:
-            return None
-        entry = self.journal.get(session_id) if self.journal is not None else None
-        if entry is not None and entry.state in (State.ENDED, State.SETTLED) and entry.status is not None:
-            # A previous process's outcome: whole until the server acknowledged it, then status and reason
-            kept = entry.result or SessionResult(
-                session_id=session_id,
-                task_id=entry.task_id or "",
-                node_id=self.node_id,
-                status=entry.status,
-                reason=entry.reason,
-            )
-            return NodeSessionState(session_id=session_id, status=kept.status, result=kept)
-        if entry is not None and entry.state in (State.FENCED, State.RETURNED):
-            return None
-        if self._known(session_id):
-            # In this node's store but not in memory: a previous process ran it and died with it.
-            lost = SessionResult(
-                session_id=session_id,
-                task_id="",
-                node_id=self.node_id,
-                status=SessionStatus.ERROR,
-                reason="the node restarted while this session ran; its outcome was lost",  # a pre-journal store
-            )
-            return NodeSessionState(session_id=session_id, status=lost.status, result=lost)
-        return None
+        return self.outcomes.state(session_id, self._in_store)
 
     def probe(self, session_id: str, dispatch: str | None) -> NodeSessionState | None:
         """`state`, asked by the server about its dispatch `dispatch` (its result token). A "never had it" is
         fenced before it is answered: the server requeues the session on that answer, so that dispatch's
         request, if still in flight towards this node, must never be admitted after it."""
         state = self.state(session_id)
-        if state is None and dispatch is not None and self.journal is not None:
-            self.journal.fence(session_id, dispatch)
+        if state is None:
+            self.outcomes.fence(session_id, dispatch)
         return state
 
     def sessions(self) -> list[NodeSessionState]:
         live = [NodeSessionState(session_id=k, status=s.status) for k, s in self._sessions.items()]
-        done = [
-            NodeSessionState(session_id=k, status=r.status)
-            for results in (self._archived, self._results)
-            for k, r in results.items()
-        ]
-        return live + done
+        return live + self.outcomes.finished()
 
     def status(self) -> NodeStatus:
         by_stage: dict[str, int] = {}
@@ -359,7 +321,7 @@ class Node:
         s = self._sessions.get(session_id)
         if s is not None:
             await s.done.wait()
-        result = self._result(session_id)
+        result = self.outcomes.result(session_id)
         if result is None:
             raise KeyError(session_id)
         return result
@@ -451,7 +413,7 @@ class Node:
                 log.info("node %s left %s", self.node_id, server)
                 return
             log.info("node %s: the server is not ready to let it leave (%s)", self.node_id, why)
-            await self._report_owed()
+            self.outcomes.report_owed(self._sessions)
             await self.reporter.flush()
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
@@ -571,84 +533,27 @@ class Node:
         s.status = s.outcome
         s.result = result
         self.metrics.ended(s.outcome)
-        server = s.spec.server_url or self.config.server_url
-        report = server is not None and not self._silent
-        if self.journal is not None:  # on disk before anyone hears of it
-            self.journal.end(result, owed=report)
-        self._results[s.session_id] = result
+        self.outcomes.ended(result, s.spec.server_url or self.config.server_url, s.spec.result_token)
         self._sessions.pop(s.session_id, None)
         self.reporter.beat_now()
-        self._trim()
         s.done.set()
         log.info("session %s %s%s", s.session_id, result.status.value, f": {s.reason}" if s.reason else "")
-        if report:
-            assert server is not None
-            self.reporter.report(server, result, s.spec.result_token)
-        self._prune()
 
     def _hand_back(self, s: NodeSession, reason: str) -> None:
-        """A session stopped before its agent ran (a drain): the server gets it back to run elsewhere, as a
-        report with status REGISTERED, and this node answers "not here" for it from now on."""
+        """A session stopped before its agent ran (a drain): handed back to the server (`Outcomes`)."""
         server = s.spec.server_url or self.config.server_url
-        report = server is not None and not self._silent
-        if self.journal is not None:
-            self.journal.hand_back(s.session_id, reason, owed=report)
+        self.outcomes.handed_back(s.session_id, s.spec.task.task_id, reason, server, s.spec.result_token)
         s.status = SessionStatus.REGISTERED
-        self._returned.add(s.session_id)
         self._sessions.pop(s.session_id, None)
         s.done.set()
         log.info("session %s handed back to the server: %s", s.session_id, reason)
-        if report:
-            assert server is not None
-            returned = self._returned_result(s.session_id, s.spec.task.task_id, reason)
-            self.reporter.report(server, returned, s.spec.result_token)
-
-    def _returned_result(self, session_id: str, task_id: str, reason: str) -> SessionResult:
-        return SessionResult(
-            session_id=session_id,
-            task_id=task_id,
-            node_id=self.node_id,
-            status=SessionStatus.REGISTERED,
-            reason=reason,
-        )
 
     def _settled(self, session_id: str) -> None:
-        if self.journal is not None:
-            self.journal.settle(session_id)
+        self.outcomes.settled(session_id)
 
     async def _report_owed(self) -> None:
-        """Send again every outcome the server has not acknowledged (a restart, a re-registration)."""
-        if self.journal is None or self._silent:
-            return
-        for e in self.journal.owed():
-            # To this node's server when it has one (a restarted node reports to where it registers now),
-            # else where the session's dispatch said.
-            server = self.config.server_url or e.server_url
-            if server is None or self.reporter.sending(e.session_id) or e.session_id in self._sessions:
-                continue
-            if e.state is State.RETURNED:
-                result = self._returned_result(e.session_id, e.task_id or "", e.reason or "handed back")
-            elif e.result is not None:
-                result = e.result
-            else:
-                continue
-            self.reporter.report(server, result, e.dispatch)
-
-    def _prune(self) -> None:
-        """Tombstones past their time, at most once a minute."""
-        now = time.monotonic()
-        if self.journal is not None and now - self._pruned_at > 60.0:
-            self._pruned_at = now
-            self.journal.prune(self.config.tombstone_ttl_s)
-
-    def _trim(self) -> None:
-        """Old results keep their status and reason but drop the trajectory (memory stays bounded)."""
-        while len(self._results) > self.config.keep_results:
-            sid, old = self._results.popitem(last=False)
-            self._archived[sid] = old.model_copy(update={"trajectory": None})
-
-    def _result(self, session_id: str) -> SessionResult | None:
-        return self._results.get(session_id) or self._archived.get(session_id)
+        """The reporter's `on_registered`: every outcome the server has not acknowledged, again."""
+        self.outcomes.report_owed(self._sessions)
 
 
 def _done_runtime(task: asyncio.Task[Runtime] | None) -> Runtime | None:
