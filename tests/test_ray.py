@@ -9,6 +9,7 @@ drained one ends. `polar run --ray ADDRESS` drives the same cluster from the CLI
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from polar.netguard import OutboundPolicy
 from polar.rollout.node import NodeConfig
 from polar.rollout.ray import NodeRequest, RayNodeSpec
 from tests.conftest import SERVED_MODEL
-from tests.node_support import fake_policy
+from tests.node_support import caller_task, fake_policy, run_taskfile
 from tests.server_support import AUTH, TOKEN, start_server
 
 pytestmark = pytest.mark.ray
@@ -49,7 +50,7 @@ def cluster() -> Iterator[Any]:
         c.shutdown()
 
 
-def _spec(backend_url: str, tmp_path: Path, capacity: int) -> RayNodeSpec:
+def _spec(backend_url: str, tmp_path: Path, capacity: int, gateway_workers: int = 1) -> RayNodeSpec:
     gateway = GatewayConfig(
         backend_url=backend_url,
         served_model=SERVED_MODEL,
@@ -63,6 +64,7 @@ def _spec(backend_url: str, tmp_path: Path, capacity: int) -> RayNodeSpec:
         server_url="http://placeholder.invalid",  # replaced below
         heartbeat_s=0.2,
         runtime_root=tmp_path / "runtimes",
+        gateway_workers=gateway_workers,
     )
     return RayNodeSpec(config=config, store_dir=tmp_path / "nodes", log_level="warning")
 
@@ -112,7 +114,9 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
 ) -> None:
     """SIGKILL of an actor's worker process: Ray restarts the actor on the same Ray node, the driver starts
     its node again under the same id and store, and the journal ends the session that was running there
-    ERROR "node restarted" (never run again); the other nodes' sessions are untouched."""
+    ERROR "node restarted" (never run again); the other nodes' sessions are untouched. The nodes serve
+    their gateways on two worker processes each: the killed actor's go with it, the restarted one has its
+    own."""
     import os
     import signal
 
@@ -125,7 +129,7 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
     nodes: RayNodes | None = None
     try:
         with fake_policy() as (url, _):
-            spec = _with_server(_spec(url, tmp_path, capacity=2), server.url)
+            spec = _with_server(_spec(url, tmp_path, capacity=2, gateway_workers=2), server.url)
             nodes = RayNodes(spec, NodeRequest(resource="polar", cpus=1), server.url, TOKEN, poll_s=0.2)
             started = await nodes.start(wait_for_one=True)
             assert len(started) == 3
@@ -141,6 +145,9 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
                 victim = next(iter(nodes.placed.values()))
                 (on_victim,) = [s["session_id"] for s in first["sessions"] if s["node_id"] == victim.node_id]
                 old_pid = (await victim.handle.status.remote())["pid"]
+                store = tmp_path / "nodes" / victim.node_id / "gateway.db"
+                workers = _store_holders(tmp_path / "nodes")[store] - {old_pid}
+                assert len(workers) >= 2  # its gateway's processes, beside the actor's
                 os.kill(old_pid, signal.SIGKILL)
 
                 async def victim_ended() -> bool:
@@ -150,6 +157,12 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
                     )
 
                 await _wait(victim_ended, "the restarted node to report the session it lost")
+
+                async def workers_gone() -> bool:
+                    return not any(_alive(pid) for pid in workers)
+
+                await _wait(workers_gone, "the killed actor's gateway workers to exit")
+                restarted = _store_holders(tmp_path / "nodes")[store]
                 gate.touch()
 
                 async def done() -> dict[str, Any] | None:
@@ -187,6 +200,7 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
     assert results[on_victim]["node_id"] == victim.node_id
     assert [r["status"] for sid, r in results.items() if sid != on_victim] == ["COMPLETED", "COMPLETED"]
     assert new_status["started"] and new_status["pid"] != old_pid  # the same actor, a new process
+    assert len(restarted - {new_status["pid"]}) >= 2 and not restarted & workers  # workers of its own
     assert listed[victim.node_id]["healthy"] and not listed[victim.node_id]["lost"]
     assert kept == (False, True, None)
     runs = Counter(ran.read_text().split())
@@ -196,32 +210,76 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
 def test_polar_run_on_a_ray_cluster_spreads_the_task_file_over_the_ray_nodes(
     cluster: Any, tmp_path: Path
 ) -> None:
-    """`polar run --ray ADDRESS --ray-resource polar`: the CLI's own driver connects to the running
-    cluster, places a gateway node on each Ray node offering `polar`, and writes every result."""
+    """`polar run --ray ADDRESS --ray-resource polar --gateway-workers 2`: the CLI's own driver connects to
+    the running cluster, places a gateway node on each Ray node offering `polar`, each serving its gateway
+    on two worker processes beside its actor, and writes every result; every call is recorded in its node's
+    store, and no worker outlives the run."""
     import json
     import subprocess
     import sys
+    import time
 
-    tasks = tmp_path / "tasks.yaml"
-    tasks.write_text(
-        "tasks:\n  - task_id: spread\n    instruction: say hi\n    num_samples: 3\n"
-        "    agent: {harness: shell, settings: {command: 'echo hi; sleep 1'}}\n"
-    )
+    taskfile = run_taskfile(tmp_path, caller_task("spread", f"{sys.executable} call.py 2", num_samples=3))
     out = tmp_path / "out"
-    with fake_policy() as (url, _):
-        proc = subprocess.run(
-            [sys.executable, "-m", "polar", "run", str(tasks), "--backend", url, "--model", SERVED_MODEL,
-             "--out", str(out), "--capacity", "1", "--ray", cluster.address, "--ray-resource", "polar"],
-            capture_output=True, text=True, timeout=300,
+    most = 0
+    with fake_policy() as (url, backend):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "polar", "run", str(taskfile), "--backend", url, "--model", SERVED_MODEL,
+             "--out", str(out), "--capacity", "1", "--ray", cluster.address, "--ray-resource", "polar",
+             "--gateway-workers", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+        end = time.monotonic() + 300  # a bound on a hung run, not a timing assertion
+        while proc.poll() is None and time.monotonic() < end:
+            # Who holds a node's store open: its actor (the journal), and with workers their processes.
+            most = max([most, *map(len, _store_holders(out / "nodes").values())])
+            time.sleep(0.1)
+        stdout, stderr = proc.communicate(timeout=max(1.0, end - time.monotonic()))
+        calls = len(backend.requests)
+    assert proc.returncode == 0, stdout + stderr
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["status"] for r in results] == ["COMPLETED"] * 3
+    assert all(r["trajectory"]["metadata"]["calls"] == 2 for r in results)
     live = sum(1 for n in ray.nodes() if n["Alive"] and "polar" in n["Resources"])
     assert len({r["node_id"] for r in results}) == live == 3  # capacity 1 each: one session per Ray node
     assert all(r["node_id"].startswith("ray-") for r in results)
-    assert len(list((out / "nodes").glob("ray-*/gateway.db"))) == 3
-    assert "gateway nodes on Ray: ray-" in proc.stdout
+    stores = sorted((out / "nodes").glob("ray-*/gateway.db"))
+    assert len(stores) == 3
+    recorded = 0
+    for store in stores:
+        with contextlib.closing(sqlite3.connect(store)) as db:  # (a connection's `with` does not close it)
+            recorded += db.execute("SELECT count(*) FROM completions").fetchone()[0]
+    assert recorded == calls == 6  # every call its node's workers answered, recorded once
+    assert most >= 3  # the actor and two workers (one process holds it without workers)
+    assert not _store_holders(out / "nodes")  # the workers stopped with their nodes
+    assert "gateway nodes on Ray: ray-" in stdout
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _store_holders(root: Path) -> dict[Path, set[int]]:
+    """The processes holding each `gateway.db` under `root` open, from /proc."""
+    import os
+
+    held: dict[Path, set[int]] = {}
+    for fds in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            names = list(fds.iterdir())
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in names:
+            try:
+                target = Path(os.readlink(fd))
+            except OSError:  # closed meanwhile
+                continue
+            if target.name == "gateway.db" and root in target.parents:
+                held.setdefault(target, set()).add(int(fds.parent.name))
+    return held
 
 
 async def test_sessions_spread_over_ray_nodes_and_a_lost_node_runs_nothing_twice(
@@ -237,7 +295,7 @@ async def test_sessions_spread_over_ray_nodes_and_a_lost_node_runs_nothing_twice
     nodes: RayNodes | None = None
     try:
         with fake_policy() as (url, _):
-            spec = _with_server(_spec(url, tmp_path, capacity=2), server.url)
+            spec = _with_server(_spec(url, tmp_path, capacity=2, gateway_workers=2), server.url)
             nodes = RayNodes(spec, NodeRequest(resource="polar", cpus=1), server.url, TOKEN, poll_s=0.2)
             started = await nodes.start(wait_for_one=True)
             async with httpx.AsyncClient(base_url=server.url, timeout=30, headers=AUTH) as client:

@@ -31,6 +31,8 @@ def test_a_node_asks_for_capacity_times_the_largest_runtime_and_one_cpu_at_least
     assert request.wants() == {"CPU": 8.0, "memory": 2048 * (1 << 20), "polar": 1.0}
     assert request.actor_options() == {"num_cpus": 8.0, "memory": 2048 * (1 << 20), "resources": {"polar": 1}}
     assert NodeRequest.for_tasks([_task()], 4).wants() == {"CPU": 1.0}  # the node itself
+    assert NodeRequest.for_tasks([_task()], 4, gateway_workers=3).wants() == {"CPU": 3.0}  # a core a worker
+    assert NodeRequest.for_tasks(tasks, 4, gateway_workers=3).cpus == 8.0  # the sessions' share covers them
     assert NodeRequest.for_tasks(tasks, 4, cpus=0, memory_mb=0).wants() == {}  # given: taken as is
 
 

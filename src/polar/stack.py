@@ -124,8 +124,9 @@ async def local_stack(
     `DashboardOptions` (tokenizer, training folder), served by the server under /ui.
 
     `ray` (a `polar.rollout.ray.RayPlacement`): instead of the one node, a gateway node as a Ray actor on
-    each eligible Ray node (records in `out/nodes/<node id>/gateway.db` on that Ray node's disk); the
-    server then listens on this machine's Ray address, so they reach it (the token guards it).
+    each eligible Ray node (records in `out/nodes/<node id>/gateway.db` on that Ray node's disk), its
+    gateway on `gateway_workers` processes beside the actor's; the server then listens on this machine's
+    Ray address, so they reach it (the token guards it).
 
     `out` is held by this process meanwhile (`rundir.locked`). State an earlier run left there is resumed:
     finished sessions stay, sessions it left on its node are requeued (`requeue_orphans`)."""
@@ -135,8 +136,6 @@ async def local_stack(
     from polar.rollout.server.config import ServerConfig
     from polar.serving import ServerThread
 
-    if ray is not None and gateway_workers > 1:
-        raise ValueError("gateway_workers: a Ray node's gateway serves in its actor's process (one worker)")
     with locked(out), contextlib.ExitStack() as cleanup:
         requeue_orphans(out / "server.db")
         token = new_token()

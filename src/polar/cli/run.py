@@ -347,8 +347,8 @@ def run_taskfile(
         tasks = load_tasks(taskfile, outbound=outbound_policy(rollout.allow_callback))
     except TaskFileError as exc:
         raise click.ClickException(str(exc)) from None
-    backend, capacity = rollout.policy, rollout.capacity
-    placement = _ray_placement(ray, tasks, capacity, taskfile) if ray is not None else None
+    backend = rollout.policy
+    placement = _ray_placement(ray, tasks, rollout, taskfile) if ray is not None else None
     if not backend.urls:
         from polar.extras import ENGINE, require_cli
 
@@ -459,13 +459,19 @@ def _serve_and_run(
         interrupt.run(_run(tasks, plan, state, sink, launch, console))
 
 
-def _ray_placement(ray: RayOptions, tasks: list[Task], capacity: int, taskfile: Path) -> RayPlacement:
-    """--ray: what each gateway node takes (the task file's runtime.cpus and memory_mb, unless given)."""
+def _ray_placement(ray: RayOptions, tasks: list[Task], rollout: Rollout, taskfile: Path) -> RayPlacement:
+    """--ray: what each gateway node takes (the task file's runtime.cpus and memory_mb, and a CPU for each
+    gateway worker, unless given)."""
     from polar.rollout.ray.spec import NodeRequest, RayPlacement, trusted_imports
 
     try:
         request = NodeRequest.for_tasks(
-            tasks, capacity, resource=ray.resource, cpus=ray.cpus, memory_mb=ray.memory_mb
+            tasks,
+            rollout.capacity,
+            resource=ray.resource,
+            cpus=ray.cpus,
+            memory_mb=ray.memory_mb,
+            gateway_workers=rollout.gateway_workers,
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ray-resource") from None
@@ -583,14 +589,12 @@ def run(
     (On the embedded engine the token view shows text without --tokenizer: it uses the engine's.)
 
     With --ray, each Ray node offering what a gateway node takes runs one (as a Ray actor) with --capacity
-    sessions; the server on this machine places sessions on them (docs/deploy.md).
+    sessions, its gateway on --gateway-workers processes; the server on this machine places sessions on
+    them (docs/deploy.md).
     """
     setup_logging(rollout.log_level, json=rollout.log_json)
     interrupt.guard()
     check_ray_options(ray_address, ray_resource, ray_cpus, ray_memory_mb)
-    if ray_address is not None and rollout.gateway_workers > 1:
-        # A Ray actor's gateway serves in the actor's process; its workers there are not built (or tested).
-        raise click.UsageError("--gateway-workers: not with --ray (each Ray node's gateway is one process)")
     ray = None
     if ray_address is not None:
         ray = RayOptions(ray_address, ray_resource, ray_cpus, ray_memory_mb, rollout.log_level)

@@ -42,14 +42,15 @@ class NodeRequest:
         resource: str | None = None,
         cpus: float | None = None,
         memory_mb: int | None = None,
+        gateway_workers: int = 1,
     ) -> NodeRequest:
         """What a node running `capacity` of these tasks' sessions at once needs: `capacity` times the
-        largest `runtime.cpus` and `runtime.memory_mb` any task asks for (at least one CPU, for the node
-        itself), unless given."""
+        largest `runtime.cpus` and `runtime.memory_mb` any task asks for (at least one CPU for the node
+        itself, or one for each of its `gateway_workers`), unless given."""
         tasks = list(tasks)
         if cpus is None:
             per = max((t.runtime.cpus or 0.0 for t in tasks), default=0.0)
-            cpus = max(1.0, capacity * per)
+            cpus = max(float(gateway_workers), capacity * per)
         if memory_mb is None:
             memory_mb = capacity * max((t.runtime.memory_mb or 0 for t in tasks), default=0)
         return cls(resource=resource, cpus=cpus, memory_mb=memory_mb)
