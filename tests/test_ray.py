@@ -25,8 +25,8 @@ from polar.netguard import OutboundPolicy
 from polar.rollout.node import NodeConfig
 from polar.rollout.ray import NodeRequest, RayNodeSpec
 from tests.conftest import SERVED_MODEL
-from tests.node_support import caller_task, fake_policy, run_taskfile
-from tests.server_support import AUTH, TOKEN, start_server
+from tests.node_support import caller_task, fake_policy, run_taskfile, write_caller
+from tests.server_support import AUTH, TOKEN, start_server, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -253,6 +253,72 @@ def test_polar_run_on_a_ray_cluster_spreads_the_task_file_over_the_ray_nodes(
     assert most >= 3  # the actor and two workers (one process holds it without workers)
     assert not _store_holders(out / "nodes")  # the workers stopped with their nodes
     assert "gateway nodes on Ray: ray-" in stdout
+
+
+def test_polar_serve_on_a_ray_cluster_runs_submitted_tasks_on_its_gateway_workers(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """`polar serve --ray ADDRESS --gateway-workers 2`: the server places a gateway node on each Ray node
+    offering `polar`, each serving its gateway on two processes beside its actor; a submitted task's
+    sessions complete through them with every call recorded, and SIGTERM stops the server with its nodes
+    and their workers (`ray.init` had made SIGTERM exit the driver with status 15 and a stack dump)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from polar.serving import free_port
+
+    caller = write_caller(tmp_path)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    most = 0
+    with fake_policy() as (url, backend):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "polar", "serve", "--port", str(port), "--db", str(tmp_path / "server.db"),
+             "--ray", cluster.address, "--ray-resource", "polar", "--capacity", "1", "--gateway-workers", "2",
+             "--backend", url, "--model", SERVED_MODEL],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "POLAR_TOKEN": TOKEN},
+        )  # fmt: skip
+        try:
+
+            def nodes() -> bool:
+                assert proc.poll() is None, proc.communicate()[0]
+                try:
+                    listed = httpx.get(f"{base}/nodes", headers=AUTH).json()["nodes"]
+                except (httpx.TransportError, ValueError):
+                    return False
+                return sum(1 for n in listed if n["healthy"]) == 3
+
+            wait_until(nodes, timeout=120, what="a gateway node on each Ray node")
+            task = _task("served", f"{sys.executable} {caller} 2", 3) | {
+                "evaluator": {"strategy": "session_completed"}
+            }
+            assert httpx.post(f"{base}/rollout/task/submit", json=task, headers=AUTH).status_code == 201
+
+            def done() -> Any:
+                nonlocal most
+                most = max([most, *map(len, _store_holders(tmp_path / "nodes").values())])
+                view = httpx.get(f"{base}/rollout/task/served", headers=AUTH).json()
+                return view if view["state"] == "DONE" else None
+
+            view = wait_until(done, timeout=120, what="the task's sessions")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            output = proc.communicate(timeout=120)[0]
+        calls = len(backend.requests)
+    assert proc.returncode == 0 and "SIGTERM received" not in output, output  # not Ray's exit (status 15)
+    results = view["results"]
+    assert [r["status"] for r in results] == ["COMPLETED"] * 3, results
+    assert all(r["trajectory"]["metadata"]["calls"] == 2 for r in results)
+    assert len({r["node_id"] for r in results}) == 3  # capacity 1 each: one session per Ray node
+    recorded = 0
+    for store in (tmp_path / "nodes").glob("ray-*/gateway.db"):
+        with contextlib.closing(sqlite3.connect(store)) as db:
+            recorded += db.execute("SELECT count(*) FROM completions").fetchone()[0]
+    assert recorded == calls == 6
+    assert most >= 3  # the actor and two workers hold a node's store
+    assert not _store_holders(tmp_path / "nodes")  # stopped with the server
 
 
 def _alive(pid: int) -> bool:

@@ -71,8 +71,15 @@ def _polar(*args: str) -> Any:
         (("run", "examples/tasks.yaml", "--ray-cpus", "2"), "--ray-cpus: needs --ray"),
         (("serve", "--backend", "http://127.0.0.1:9"), "--backend: needs --ray"),
         (("serve", "--ray"), "--backend: --ray needs the policy's inference server"),
+        (("serve", "--gateway-workers", "2"), "--gateway-workers: needs --ray"),
     ],
-    ids=["file-as-address", "ray-cpus-alone", "serve-backend-alone", "serve-ray-without-backend"],
+    ids=[
+        "file-as-address",
+        "ray-cpus-alone",
+        "serve-backend-alone",
+        "serve-ray-without-backend",
+        "serve-workers",
+    ],
 )
 def test_ray_usage_errors_say_what_to_change(args: tuple[str, ...], message: str) -> None:
     proc = _polar(*args)

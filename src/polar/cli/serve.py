@@ -109,6 +109,15 @@ if TYPE_CHECKING:
     help="With --ray: sessions each gateway node runs at once.",
 )
 @click.option(
+    "--gateway-workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="With --ray: each gateway node serves its gateway on N processes beside its actor, one store "
+    "(docs/gateway-workers.md); it asks Ray for at least N CPUs.",
+)
+@click.option(
     "--ray-store",
     type=click.Path(path_type=Path, file_okay=False),
     help="With --ray: each gateway node's store on its Ray node, DIR/<node id>/gateway.db "
@@ -137,6 +146,7 @@ def serve(
     backend_kind: str,
     served_model: str | None,
     capacity: int,
+    gateway_workers: int,
     ray_store: Path | None,
     log_level: str,
     log_json: bool,
@@ -163,6 +173,7 @@ def serve(
       polar serve --train polar-train --tokenizer ./my-policy   # + training curves, token text
       polar serve --host 0.0.0.0 --ray --backend http://gpu1:8000 --backend http://gpu2:8000
       polar serve --host 0.0.0.0 --ray head:6379 --ray-resource polar --capacity 16 --backend @vllm.txt
+      polar serve --host 0.0.0.0 --ray --capacity 256 --gateway-workers 4 --backend @vllm.txt
 
     With --ray, the server also starts a gateway node as a Ray actor on each Ray node offering what one
     takes (--ray-resource, --ray-cpus, --ray-memory), keeps one on every such node that joins, and ends
@@ -198,6 +209,7 @@ def serve(
             ("--backend", backend_urls),
             ("--model", served_model),
             ("--ray-store", ray_store),
+            ("--gateway-workers", gateway_workers > 1),
         ):
             if given:
                 raise click.BadParameter(
@@ -243,13 +255,14 @@ def serve(
     attach = None
     if ray_address is not None:
         try:
-            request = NodeRequest(ray_resource, 1.0 if ray_cpus is None else ray_cpus, ray_memory_mb or 0)
+            cpus = float(gateway_workers) if ray_cpus is None else ray_cpus  # a core for each gateway worker
+            request = NodeRequest(ray_resource, cpus, ray_memory_mb or 0)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--ray-resource") from None
         attach = _ray_gateways(
             config, server, ray_address or None, request,
             backend_urls=backend_urls, backend_kind=backend_kind, served_model=served_model, capacity=capacity,
-            store_dir=(ray_store or db_path.resolve().parent / "nodes").resolve(), plugins=plugins,
+            gateway_workers=gateway_workers, store_dir=(ray_store or db_path.resolve().parent / "nodes").resolve(), plugins=plugins,
             allow_callback=allow_callback, log_level=log_level,
         )  # fmt: skip
     serve_until_stopped([server], started=started, database=db_path, attach=attach)
@@ -265,6 +278,7 @@ def _ray_gateways(
     backend_kind: str,
     served_model: str | None,
     capacity: int,
+    gateway_workers: int,
     store_dir: Path,
     plugins: tuple[str, ...],
     allow_callback: tuple[str, ...],
@@ -291,6 +305,7 @@ def _ray_gateways(
             run_workers=capacity,
             server_url=server_url,
             report_images=True,
+            gateway_workers=gateway_workers,
         )
         spec = RayNodeSpec(config=node, store_dir=store_dir, log_level=log_level, plugins=plugins)
         try:

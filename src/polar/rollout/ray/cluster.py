@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,11 +52,21 @@ def connect(address: str | None, *, log_to_driver: bool = False) -> bool:
     if ray.is_initialized():
         return False
     _reachable(address)
+    # `ray.init` makes SIGTERM `sys.exit(15)` in the driver (ray/_private/worker.py, "terminate any signal
+    # before connecting driver") and its core worker then dumps a stack on it: `polar serve --ray` under a
+    # SIGTERM (systemd, Kubernetes) died with status 15 and "*** SIGTERM received" instead of stopping its
+    # gateway nodes and exiting 0. A handler the command installed (serve's, on its event loop) is put back
+    # once connected; a command without one (`polar run`) keeps Ray's exit, which still runs its cleanup.
+    main = threading.current_thread() is threading.main_thread()
+    ours = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(address=address, log_to_driver=log_to_driver, configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = address or "the local Ray cluster"
         raise RayError(f"cannot connect to Ray at {where}: {str(exc).splitlines()[0]}") from None
+    finally:
+        if callable(ours):
+            signal.signal(signal.SIGTERM, ours)
     return True
 
 
