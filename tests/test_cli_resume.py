@@ -284,6 +284,47 @@ def test_sessions_the_infrastructure_failed_are_retried_by_a_plain_rerun(tmp_pat
     assert open_sessions(out) == 0
 
 
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    """A batch system's or service manager's stop (SIGTERM, then SIGKILL after a grace period) used to kill
+    `polar run` at once: running sessions' containers left until the next node start, nothing said. Now it
+    is a Ctrl-C: the agents are stopped, what finished is kept, and the exit status is 143."""
+    marks = tmp_path / "started"
+    taskfile = write_tasks(
+        tmp_path / "tasks.yaml", [say("slow", f"echo $$ >> {marks}; sleep 600", on_host=True)]
+    )
+    out = tmp_path / "out"
+    with fake_policy() as (url, _):
+        argv = [sys.executable, "-m", "polar", "run", str(taskfile), "--backend", url]
+        argv += ["--model", SERVED_MODEL, "--out", str(out)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        try:
+            wait_until(
+                lambda: marks.is_file() and len(marks.read_text().split()) == 2,
+                timeout=120,
+                what="both sessions to run",
+            )
+            sleepers = wait_until(
+                lambda: len(found := pids_under(Path(tempfile.gettempdir()), "sleep", "600")) >= 2 and found,
+                what="the agents' sleeps",
+            )
+            proc.send_signal(signal.SIGTERM)
+            printed, errors = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 143, printed + errors
+    assert "Traceback" not in errors
+    assert "interrupted: cancelled the running sessions; nothing finished was lost" in printed
+    assert "2 sessions left: run the same command again to resume them" in printed
+    assert open_sessions(out) == 2  # left to the next run, not lost
+    for pid in sleepers:  # the agents were stopped, not left behind
+        deadline = time.monotonic() + 10
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pid)
+
+
 def test_ctrl_c_twice_is_as_clean_as_once(tmp_path: Path) -> None:
     """Was: a second Ctrl-C while the first one's cleanup ran (a few seconds) raised KeyboardInterrupt
     inside that cleanup: ~190 lines of traceback, and what it had not cleaned up was left behind."""

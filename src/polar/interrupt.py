@@ -7,6 +7,11 @@ KeyboardInterrupt wherever the cleanup happens to be (about 190 lines of traceba
 runtime and asyncio, and whatever that cleanup had not done yet is left undone). Here a second press prints
 one line and the cleanup goes on; a third quits at once (exit 130), leaving what was not cleaned up.
 
+SIGTERM is a press too: a batch system or a service manager (SLURM at a job's time limit, Kubernetes, systemd)
+asks a command to stop with it, then kills it after a grace period. It used to kill the run at once: its
+containers were left running until the next node start on that machine, and nothing said what was kept. The
+exit status is then 143 (128 + SIGTERM), 130 after a Ctrl-C (`exit_status`).
+
 `guard()` installs the handler for the rest of the command; `run(coro)` is `asyncio.run` under it (and plain
 `asyncio.run` where no guard is installed, as for a library caller).
 """
@@ -24,18 +29,20 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 SECOND_PRESS = b"polar: stopping (cancelling what runs, keeping what finished); Ctrl-C again quits at once\n"
-EXIT_STATUS = 130  # 128 + SIGINT
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _Guard:
     def __init__(self) -> None:
         self.presses = 0
+        self.first = signal.SIGINT  # the signal of the first press
         self.loop: asyncio.AbstractEventLoop | None = None
         self.task: asyncio.Task[Any] | None = None
 
     def on_sigint(self, signum: int, frame: FrameType | None) -> None:
         self.presses += 1
         if self.presses == 1:
+            self.first = signal.Signals(signum)
             if self.loop is not None and self.task is not None and not self.task.done():
                 self.loop.call_soon_threadsafe(self.task.cancel)
                 return
@@ -43,7 +50,7 @@ class _Guard:
         if self.presses == 2:
             os.write(2, SECOND_PRESS)
             return
-        os._exit(EXIT_STATUS)
+        os._exit(exit_status())
 
 
 _guard: _Guard | None = None
@@ -53,15 +60,22 @@ def guard() -> None:
     """From now on in this process, Ctrl-C behaves as the module says (call at a command's start)."""
     global _guard
     _guard = _Guard()
-    signal.signal(signal.SIGINT, _guard.on_sigint)
+    for sig in SIGNALS:
+        signal.signal(sig, _guard.on_sigint)
     atexit.register(_ignore_once_interrupted, _guard)
+
+
+def exit_status() -> int:
+    """The status of a command stopped by its guard: 128 + the first signal (130 Ctrl-C, 143 SIGTERM)."""
+    return 128 + (_guard.first if _guard is not None else signal.SIGINT)
 
 
 def _ignore_once_interrupted(g: _Guard) -> None:
     # At exit the interpreter puts a Python-level handler back to the default (death by SIGINT, status -2
     # to a parent) but leaves an ignored signal ignored: a press while an interrupted command exits is moot.
     if g.presses:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def run(main: Coroutine[Any, Any, T]) -> T:

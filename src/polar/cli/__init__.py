@@ -22,7 +22,7 @@ OK = 0
 BUG = 1  # an internal error: a traceback and a request to report it
 USER_ERROR = 2  # bad input, options or settings; a missing extra; something the command needs is not there
 FAILURES = 3  # the command ran, but part of its work failed (sessions, image builds, audits): it says which
-INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), after keeping what finished
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), after keeping what finished; SIGTERM: 143 (`polar.interrupt`)
 
 # Frames of a bug's traceback shown (the innermost ones: where it went wrong, not how click got there).
 BUG_FRAMES = 8

@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from polar import interrupt
-from polar.cli import FAILURES, INTERRUPTED
+from polar.cli import FAILURES
 from polar.cli.common import (
     BACKEND_HELP,
     F,
@@ -484,10 +484,11 @@ def _ray_placement(ray: RayOptions, tasks: list[Task], rollout: Rollout, taskfil
 
 
 def interrupted(state: RunState) -> NoReturn:
-    """Ctrl-C: say what was kept and where, then exit with status 130 (no traceback, no "Aborted!")."""
+    """Ctrl-C or SIGTERM: say what was kept and where, then exit with status 130 or 143 (no traceback, no
+    "Aborted!")."""
     if not state.started and not state.out.exists():
         click.echo("interrupted before any session started: nothing was written")
-        raise click.exceptions.Exit(INTERRUPTED)
+        raise click.exceptions.Exit(interrupt.exit_status())
     unfinished = max(0, state.total - len(state.results))
     cancelled = "cancelled the running sessions; " if state.started else ""
     click.echo(f"interrupted: {cancelled}nothing finished was lost")
@@ -498,7 +499,7 @@ def interrupted(state: RunState) -> NoReturn:
         )
         if unfinished:
             click.echo(f"{unfinished} sessions left: run the same command again to resume them")
-    raise click.exceptions.Exit(INTERRUPTED)
+    raise click.exceptions.Exit(interrupt.exit_status())
 
 
 @dataclass

@@ -227,7 +227,8 @@ def _start(cfg: TrainConfig, out: Path, *, resume_latest: bool, overwrite: bool)
 
 
 def _interrupted(out: Path, total: int) -> NoReturn:
-    """Ctrl-C: what the run kept and how to go on, then exit status 130 (no traceback, no "Aborted!")."""
+    """Ctrl-C or SIGTERM: what the run kept and how to go on, then exit status 130 or 143 (no traceback, no
+    "Aborted!")."""
     steps, saved = metrics_steps(out), checkpoints(out)
     click.echo(f"interrupted: rollouts in flight were cancelled; {len(steps)} step(s) of {total} recorded")
     click.echo(f"metrics: {out / 'metrics.jsonl'}")
@@ -235,4 +236,4 @@ def _interrupted(out: Path, total: int) -> NoReturn:
         click.echo(f"last checkpoint: {saved[-1]}; continue with the same command and --resume")
     else:
         click.echo("no checkpoint yet (checkpoint_every saves them along the way)")
-    raise click.exceptions.Exit(130)
+    raise click.exceptions.Exit(interrupt.exit_status())

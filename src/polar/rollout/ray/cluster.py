@@ -55,8 +55,8 @@ def connect(address: str | None, *, log_to_driver: bool = False) -> bool:
     # `ray.init` makes SIGTERM `sys.exit(15)` in the driver (ray/_private/worker.py, "terminate any signal
     # before connecting driver") and its core worker then dumps a stack on it: `polar serve --ray` under a
     # SIGTERM (systemd, Kubernetes) died with status 15 and "*** SIGTERM received" instead of stopping its
-    # gateway nodes and exiting 0. A handler the command installed (serve's, on its event loop) is put back
-    # once connected; a command without one (`polar run`) keeps Ray's exit, which still runs its cleanup.
+    # gateway nodes and exiting 0. A handler the command installed (serve's on its event loop, `polar run`'s
+    # `interrupt.guard`) is put back once connected; a caller without one keeps Ray's.
     main = threading.current_thread() is threading.main_thread()
     ours = signal.getsignal(signal.SIGTERM) if main else None
     try:
