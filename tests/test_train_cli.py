@@ -75,6 +75,27 @@ def test_train_writes_metrics_and_a_loadable_checkpoint(tmp_path: Path) -> None:
     assert "step    1" in proc.stdout and "policy version 1" in proc.stdout
 
 
+@pytest.mark.slow  # loads the tiny model and runs the whole stack
+def test_train_with_render_gateway_trains_on_the_gateways_token_chains(tmp_path: Path) -> None:
+    """`render: gateway` end to end: the gateway renders every rollout's prompt itself (token ids to the
+    embedded engine), two steps with a weight sync between them train on those ids, one trace a session,
+    and the trainer's log-probabilities of the sampled tokens match the engine's."""
+    import contextlib
+    import sqlite3
+
+    proc = polar("train", str(small_config(tmp_path, render="gateway", steps=2)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = tmp_path / "run"
+    lines = [orjson.loads(line) for line in (run / "metrics.jsonl").read_bytes().splitlines()]
+    assert [line["policy_version"] for line in lines] == [1, 2]
+    for line in lines:
+        assert line["traces"] == line["samples"] == 2 and line["trainable_tokens"] > 0
+        assert line["logprob_diff"] < 1e-3, line  # the ids trained on are the ones the engine sampled
+    with contextlib.closing(sqlite3.connect(run / "gateway.db")) as db:
+        flags = [orjson.loads(f) for (f,) in db.execute("SELECT flags FROM completions")]
+    assert len(flags) >= 4 and all("render:gateway" in f for f in flags)
+
+
 def test_a_bad_config_points_at_the_line(tmp_path: Path) -> None:
     path = tmp_path / "train.yaml"
     path.write_text("tasks: tasks.yaml\nsteps: 3\noptimizer:\n  lr: 0\n")
