@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sqlite3
 from collections import Counter
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from polar.netguard import OutboundPolicy
 from polar.rollout.node import NodeConfig
 from polar.rollout.ray import NodeRequest, RayNodeSpec
 from tests.conftest import SERVED_MODEL
-from tests.node_support import caller_task, fake_policy, run_taskfile, write_caller
+from tests.node_support import alive, caller_task, fake_policy, pids_under, run_taskfile, write_caller
 from tests.server_support import AUTH, TOKEN, start_server, wait_until
 
 pytestmark = pytest.mark.ray
@@ -118,7 +119,6 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
     their gateways on two worker processes each: the killed actor's go with it, the restarted one has its
     own."""
     import os
-    import signal
 
     from polar.rollout.ray.cluster import RayNodes
 
@@ -159,7 +159,7 @@ async def test_a_gateway_actor_killed_by_its_process_restarts_on_its_ray_node_an
                 await _wait(victim_ended, "the restarted node to report the session it lost")
 
                 async def workers_gone() -> bool:
-                    return not any(_alive(pid) for pid in workers)
+                    return not any(alive(pid) for pid in workers)
 
                 await _wait(workers_gone, "the killed actor's gateway workers to exit")
                 restarted = _store_holders(tmp_path / "nodes")[store]
@@ -255,6 +255,46 @@ def test_polar_run_on_a_ray_cluster_spreads_the_task_file_over_the_ray_nodes(
     assert "gateway nodes on Ray: ray-" in stdout
 
 
+def test_sigterm_stops_a_polar_run_on_ray_as_ctrl_c_does(cluster: Any, tmp_path: Path) -> None:
+    """`ray.init` makes SIGTERM `sys.exit(15)` in its driver; `polar run --ray` keeps its own handler: the
+    sessions are cancelled on their Ray nodes, the summary says where each node's records are, exit 143."""
+    import subprocess
+    import sys
+    import tempfile
+
+    taskfile = tmp_path / "tasks.yaml"
+    taskfile.write_text(
+        "tasks:\n  - task_id: slow\n    instruction: wait\n    num_samples: 2\n"
+        "    runtime: {backend: local}\n    agent: {harness: shell, settings: {command: 'sleep 613'}}\n"
+    )
+    out = tmp_path / "out"
+    with fake_policy() as (url, _):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "polar", "run", str(taskfile), "--backend", url, "--model", SERVED_MODEL,
+             "--out", str(out), "--capacity", "1", "--ray", cluster.address, "--ray-resource", "polar"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+
+            def sleeping() -> list[int] | None:
+                assert proc.poll() is None, proc.communicate()
+                found = pids_under(Path(tempfile.gettempdir()), "sleep", "613")
+                return found if len(found) == 2 else None
+
+            sleepers = wait_until(sleeping, timeout=120, what="both sessions' agents")
+            proc.send_signal(signal.SIGTERM)
+            printed, errors = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 143, printed + errors
+    assert "Traceback" not in errors and "SIGTERM received" not in errors
+    assert "interrupted: cancelled the running sessions; nothing finished was lost" in printed
+    assert f"records in {out / 'nodes'}/*/gateway.db" in printed
+    wait_until(lambda: not any(alive(pid) for pid in sleepers), timeout=30, what="the agents to stop")
+
+
 def test_polar_serve_on_a_ray_cluster_runs_submitted_tasks_on_its_gateway_workers(
     cluster: Any, tmp_path: Path
 ) -> None:
@@ -263,7 +303,6 @@ def test_polar_serve_on_a_ray_cluster_runs_submitted_tasks_on_its_gateway_worker
     sessions complete through them with every call recorded, and SIGTERM stops the server with its nodes
     and their workers (`ray.init` had made SIGTERM exit the driver with status 15 and a stack dump)."""
     import os
-    import signal
     import subprocess
     import sys
 
@@ -319,13 +358,6 @@ def test_polar_serve_on_a_ray_cluster_runs_submitted_tasks_on_its_gateway_worker
     assert recorded == calls == 6
     assert most >= 3  # the actor and two workers hold a node's store
     assert not _store_holders(tmp_path / "nodes")  # stopped with the server
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _store_holders(root: Path) -> dict[Path, set[int]]:

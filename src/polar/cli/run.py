@@ -94,10 +94,16 @@ class RunState:
     end, and the one Ctrl-C prints."""
 
     out: Path
+    on_ray: bool = False  # its gateway nodes are Ray actors, each with its own records
     total: int = 0  # sessions the task file asks for
     results: dict[str, SessionResult] = field(default_factory=dict)  # by session id, in finish order
     new: int = 0  # of them finished by this run
     started: bool = False  # the sessions were submitted (Ctrl-C before: nothing ran)
+
+    @property
+    def records(self) -> Path:
+        """Where the gateway's records are: OUT/gateway.db, or each Ray node's under OUT/nodes."""
+        return self.out / ("nodes/*/gateway.db" if self.on_ray else "gateway.db")
 
     def add(self, result: SessionResult, *, new: bool) -> bool:
         if result.session_id in self.results:
@@ -495,7 +501,7 @@ def interrupted(state: RunState) -> NoReturn:
     if state.total:
         click.echo(
             f"kept {len(state.results)} of {state.total} sessions in {state.out / 'results.jsonl'} "
-            f"({state.new} finished by this run); records in {state.out / 'gateway.db'}"
+            f"({state.new} finished by this run); records in {state.records}"
         )
         if unfinished:
             click.echo(f"{unfinished} sessions left: run the same command again to resume them")
@@ -602,7 +608,7 @@ def run(
     dashboard = dashboard_options(rollout.policy.tokenizer)
     console = _console()
     out = rollout.out
-    state = RunState(out)
+    state = RunState(out, on_ray=ray is not None)
     try:
         results = run_taskfile(
             taskfile, rollout, state, console, dashboard=dashboard, ray=ray, check_only=check_only
@@ -612,7 +618,6 @@ def run(
     if check_only:
         return
     console.print(_summary(results))
-    records = out / ("nodes/*/gateway.db" if ray is not None else "gateway.db")
-    console.print(f"results: {out / 'results.jsonl'}   records: {records}")
+    console.print(f"results: {out / 'results.jsonl'}   records: {state.records}")
     console.print(f"browse them: {polar_command()} dashboard {out}")  # the run's own dashboard ended with it
     exit_for(results)
