@@ -39,7 +39,7 @@ class _Guard:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.task: asyncio.Task[Any] | None = None
 
-    def on_sigint(self, signum: int, frame: FrameType | None) -> None:
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.presses += 1
         if self.presses == 1:
             self.first = signal.Signals(signum)
@@ -61,7 +61,7 @@ def guard() -> None:
     global _guard
     _guard = _Guard()
     for sig in SIGNALS:
-        signal.signal(sig, _guard.on_sigint)
+        signal.signal(sig, _guard.on_signal)
     atexit.register(_ignore_once_interrupted, _guard)
 
 
@@ -82,7 +82,7 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     """Run `main` to completion on a new event loop; under `guard()` the first Ctrl-C cancels it and, once
     its cleanup has run, raises KeyboardInterrupt here."""
     g = _guard
-    if g is None or signal.getsignal(signal.SIGINT) != g.on_sigint:
+    if g is None or signal.getsignal(signal.SIGINT) != g.on_signal:
         return asyncio.run(main)
     loop = asyncio.new_event_loop()
     task = loop.create_task(main)
