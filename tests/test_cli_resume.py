@@ -142,7 +142,7 @@ def test_ctrl_c_keeps_what_finished_and_a_resume_runs_the_rest(tmp_path: Path) -
     caller.write_text(CALL_GATEWAY)
     flag, marks = tmp_path / "go-on", tmp_path / "started"
     # The slow task's sessions wait until `flag` exists: forever in the first run, not in the second.
-    slow = f"echo $$ >> {marks}; test -f {flag} || sleep 600; {sys.executable} {caller} 1"
+    slow = f"echo $$ >> {marks}; test -f {flag} || sleep 601; {sys.executable} {caller} 1"  # 601: its own
     quick = f"{sys.executable} {caller} 1"
     taskfile = write_tasks(
         tmp_path / "tasks.yaml", [say("quick", quick, on_host=True), say("slow", slow, on_host=True)]
@@ -165,7 +165,7 @@ def test_ctrl_c_keeps_what_finished_and_a_resume_runs_the_rest(tmp_path: Path) -
                 # The slow agents' sleeps, by host pid (`$$` inside a session is its PID namespace's own).
                 sleepers = wait_until(
                     lambda: (
-                        len(found := pids_under(Path(tempfile.gettempdir()), "sleep", "600")) >= 2 and found
+                        len(found := pids_under(Path(tempfile.gettempdir()), "sleep", "601")) >= 2 and found
                     ),
                     what="the slow agents' sleeps",
                 )
@@ -290,8 +290,8 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
     is a Ctrl-C: the agents are stopped, what finished is kept, and the exit status is 143."""
     marks = tmp_path / "started"
     taskfile = write_tasks(
-        tmp_path / "tasks.yaml", [say("slow", f"echo $$ >> {marks}; sleep 600", on_host=True)]
-    )
+        tmp_path / "tasks.yaml", [say("slow", f"echo $$ >> {marks}; sleep 607", on_host=True)]
+    )  # 607: no other test's sleep, which `pids_under` would find too
     out = tmp_path / "out"
     with fake_policy() as (url, _):
         argv = [sys.executable, "-m", "polar", "run", str(taskfile), "--backend", url]
@@ -304,7 +304,7 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
                 what="both sessions to run",
             )
             sleepers = wait_until(
-                lambda: len(found := pids_under(Path(tempfile.gettempdir()), "sleep", "600")) >= 2 and found,
+                lambda: len(found := pids_under(Path(tempfile.gettempdir()), "sleep", "607")) >= 2 and found,
                 what="the agents' sleeps",
             )
             proc.send_signal(signal.SIGTERM)
