@@ -255,8 +255,11 @@ def serve(
     attach = None
     if ray_address is not None:
         try:
-            cpus = float(gateway_workers) if ray_cpus is None else ray_cpus  # a core for each gateway worker
-            request = NodeRequest(ray_resource, cpus, ray_memory_mb or 0)
+            # No task file here: the CPUs default to the node's own (one per gateway worker), as in `polar run`.
+            request = NodeRequest.for_tasks(
+                (), capacity, resource=ray_resource, cpus=ray_cpus, memory_mb=ray_memory_mb,
+                gateway_workers=gateway_workers,
+            )  # fmt: skip
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--ray-resource") from None
         attach = _ray_gateways(
