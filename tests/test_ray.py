@@ -13,7 +13,7 @@ import contextlib
 import signal
 import sqlite3
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,11 +245,7 @@ def test_polar_run_on_a_ray_cluster_spreads_the_task_file_over_the_ray_nodes(
     assert all(r["node_id"].startswith("ray-") for r in results)
     stores = sorted((out / "nodes").glob("ray-*/gateway.db"))
     assert len(stores) == 3
-    recorded = 0
-    for store in stores:
-        with contextlib.closing(sqlite3.connect(store)) as db:  # (a connection's `with` does not close it)
-            recorded += db.execute("SELECT count(*) FROM completions").fetchone()[0]
-    assert recorded == calls == 6  # every call its node's workers answered, recorded once
+    assert _recorded(stores) == calls == 6  # every call its node's workers answered, recorded once
     assert most >= 3  # the actor and two workers (one process holds it without workers)
     assert not _store_holders(out / "nodes")  # the workers stopped with their nodes
     assert "gateway nodes on Ray: ray-" in stdout
@@ -351,13 +347,18 @@ def test_polar_serve_on_a_ray_cluster_runs_submitted_tasks_on_its_gateway_worker
     assert [r["status"] for r in results] == ["COMPLETED"] * 3, results
     assert all(r["trajectory"]["metadata"]["calls"] == 2 for r in results)
     assert len({r["node_id"] for r in results}) == 3  # capacity 1 each: one session per Ray node
-    recorded = 0
-    for store in (tmp_path / "nodes").glob("ray-*/gateway.db"):
-        with contextlib.closing(sqlite3.connect(store)) as db:
-            recorded += db.execute("SELECT count(*) FROM completions").fetchone()[0]
-    assert recorded == calls == 6
+    assert _recorded((tmp_path / "nodes").glob("ray-*/gateway.db")) == calls == 6
     assert most >= 3  # the actor and two workers hold a node's store
     assert not _store_holders(tmp_path / "nodes")  # stopped with the server
+
+
+def _recorded(stores: Iterable[Path]) -> int:
+    """The calls recorded in these gateway stores."""
+    count = 0
+    for store in stores:
+        with contextlib.closing(sqlite3.connect(store)) as db:  # (a connection's `with` does not close it)
+            count += db.execute("SELECT count(*) FROM completions").fetchone()[0]
+    return count
 
 
 def _store_holders(root: Path) -> dict[Path, set[int]]:
